@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install.
+# TORCH_SPEC picks the torch to install when the venv has none: the default pins a release that
+# exists as a CPU build on our dev/CI machines and as a CUDA build on PyPI for GPU users;
+# override it, e.g. `make test TORCH_SPEC="torch==2.11.0"`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvoffload-installed
+
+.PHONY: install demo simulate test test-interpret test-gpu bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m kvoffload demo $(ARGS)
+
+simulate: $(STAMP)
+	$(PY) -m kvoffload simulate $(ARGS)
+
+# Everything that runs on this machine: CPU tests, Triton kernels through the interpreter,
+# GPU-marked tests too when CUDA is present.
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-interpret: $(STAMP)
+	$(PY) -m pytest -q -m interpreter $(PYTEST_ARGS)
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m kvoffload bench $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m ruff check kvoffload tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks

@@ -1,0 +1,43 @@
+"""Exception classes raised by kvoffload.
+
+Every error the package raises on bad input derives from :class:`KVOffloadError` *and* from
+the builtin exception an engine author would catch anyway (``ValueError``/``TypeError``/
+``RuntimeError``), so ``except ValueError`` keeps working.
+
+This module imports nothing from the rest of the package: every subpackage may use it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KVOffloadError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "KeyStateError",
+    "BackendUnavailableError",
+    "TransferError",
+]
+
+
+class KVOffloadError(Exception):
+    """Base class of every exception raised by kvoffload."""
+
+
+class InvalidArgumentError(KVOffloadError, ValueError):
+    """An argument has the right type but a wrong value (range, length, duplicates...)."""
+
+
+class InvalidTypeError(KVOffloadError, TypeError):
+    """An argument has the wrong type (e.g. ``str`` where ``bytes`` is expected, ``bool`` for ``int``)."""
+
+
+class KeyStateError(KVOffloadError, ValueError):
+    """A key is not in the state the call requires (absent, pending, not pinned...)."""
+
+
+class BackendUnavailableError(KVOffloadError, RuntimeError):
+    """An explicitly requested kernel backend cannot run in this environment."""
+
+
+class TransferError(KVOffloadError, RuntimeError):
+    """A transfer could not be set up (the worker reports run-time failures as ``success=False``)."""

@@ -1,0 +1,1 @@
+"""Scheduler layer: lookups, touch, load/store jobs and their completion."""
