@@ -1,0 +1,195 @@
+"""Workloads for the demo and the simulator: multi-turn chat, and JSONL request traces.
+
+A multi-turn chat workload has many conversations. Each starts with one of a few shared system
+prompts; turn ``t`` of a conversation sends the whole history so far (system prompt, earlier user
+messages and assistant replies) plus a new user message. Consecutive turns of a conversation
+therefore share a growing prefix, and conversations share system prompts: exactly the reuse a CPU
+tier of the KV cache is for. Turn ``t + 1`` of a conversation may only arrive after turn ``t``
+finished; :meth:`ChatWorkload.turns` yields turns in an arrival order that respects this when the
+caller admits them in order and waits for each conversation's previous turn.
+
+Trace format (JSONL, one request per line, in arrival order)::
+
+    {"token_ids": [1, 2, 3, ...]}                         # hashed into blocks by the reader
+    {"block_hashes": ["9f2c...", "77ab..."], "num_tokens": 48}   # hex chained hashes, one per block
+
+Optional fields: ``"request_id"`` (string), ``"max_tokens"`` (int, decode length, default 0).
+Blank lines and lines starting with ``#`` are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvoffload.errors import InvalidArgumentError
+
+__all__ = ["ChatTurn", "ChatWorkload", "TraceRequest", "read_trace", "write_trace"]
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """One request of a chat workload.
+
+    Attributes:
+        request_id: unique id, ``"c{conversation}-t{turn}"``.
+        conversation: conversation index.
+        turn: turn index within the conversation (0-based).
+        prompt_token_ids: the full prompt (history + new user message).
+        max_tokens: tokens to decode.
+    """
+
+    request_id: str
+    conversation: int
+    turn: int
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass
+class ChatWorkload:
+    """A deterministic multi-turn chat workload.
+
+    Args:
+        conversations: number of conversations.
+        turns: turns per conversation.
+        system_prompts: number of distinct shared system prompts.
+        system_tokens: length of each system prompt.
+        user_tokens: (min, max) length of a user message.
+        reply_tokens: (min, max) length of an assistant reply (= the turn's ``max_tokens``).
+        vocab: token ids are drawn from ``[0, vocab)``.
+        seed: everything is a function of the seed.
+    """
+
+    conversations: int = 24
+    turns: int = 4
+    system_prompts: int = 3
+    system_tokens: int = 96
+    user_tokens: tuple[int, int] = (24, 64)
+    reply_tokens: tuple[int, int] = (8, 24)
+    vocab: int = 32_000
+    seed: int = 0
+    _turns: list[ChatTurn] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("conversations", "turns", "system_prompts", "system_tokens", "vocab"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+        for name in ("user_tokens", "reply_tokens"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise InvalidArgumentError(f"{name} must be (min, max) with 1 <= min <= max, got {(lo, hi)}")
+        self._turns = self._generate()
+
+    def _generate(self) -> list[ChatTurn]:
+        rng = random.Random(self.seed)
+        systems = [[rng.randrange(self.vocab) for _ in range(self.system_tokens)] for _ in range(self.system_prompts)]
+        histories = [list(systems[c % self.system_prompts]) for c in range(self.conversations)]
+        # Arrival order: rounds of turns; within a round the conversations come shuffled, so a
+        # conversation's next turn arrives after its previous one, with other traffic between.
+        out: list[ChatTurn] = []
+        for t in range(self.turns):
+            order = list(range(self.conversations))
+            rng.shuffle(order)
+            for c in order:
+                history = histories[c]
+                history.extend(rng.randrange(self.vocab) for _ in range(rng.randint(*self.user_tokens)))
+                reply = rng.randint(*self.reply_tokens)
+                out.append(ChatTurn(f"c{c}-t{t}", c, t, tuple(history), reply))
+                # The next turn's prompt carries this turn's reply (the engine's own decode output
+                # is not fed back: its KV blocks are recomputed, as a chat front-end re-tokenises).
+                history.extend(rng.randrange(self.vocab) for _ in range(reply))
+        return out
+
+    def turns_in_order(self) -> list[ChatTurn]:
+        """All turns in arrival order."""
+        return list(self._turns)
+
+    def __iter__(self) -> Iterator[ChatTurn]:
+        return iter(self._turns)
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Total prompt tokens over all turns."""
+        return sum(len(t.prompt_token_ids) for t in self._turns)
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a JSONL trace: either token ids or precomputed block hashes."""
+
+    request_id: str
+    token_ids: tuple[int, ...] | None
+    block_hashes: tuple[bytes, ...] | None
+    num_tokens: int
+    max_tokens: int = 0
+
+
+def _parse_line(obj: object, lineno: int, path: Path) -> TraceRequest:
+    where = f"{path}:{lineno}"
+    if not isinstance(obj, dict):
+        raise InvalidArgumentError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    rid = obj.get("request_id", f"r{lineno}")
+    max_tokens = obj.get("max_tokens", 0)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise InvalidArgumentError(f"{where}: max_tokens must be a non-negative int, got {max_tokens!r}")
+    if "token_ids" in obj:
+        ids = obj["token_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InvalidArgumentError(f"{where}: token_ids must be a list of ints")
+        return TraceRequest(str(rid), tuple(ids), None, len(ids), max_tokens)
+    if "block_hashes" in obj:
+        hashes = obj["block_hashes"]
+        num_tokens = obj.get("num_tokens")
+        if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+            raise InvalidArgumentError(f"{where}: block_hashes must be a list of hex strings")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise InvalidArgumentError(f"{where}: num_tokens must be a non-negative int with block_hashes")
+        try:
+            decoded = tuple(bytes.fromhex(h) for h in hashes)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"{where}: block_hashes must be hex strings ({exc})") from None
+        return TraceRequest(str(rid), None, decoded, num_tokens, max_tokens)
+    raise InvalidArgumentError(f"{where}: each line needs 'token_ids' or 'block_hashes'")
+
+
+def read_trace(path: str | Path) -> list[TraceRequest]:
+    """Read a JSONL trace (format in the module docstring).
+
+    Raises:
+        InvalidArgumentError: the file cannot be read, a line is not JSON, or a field is malformed
+            (the message names the file and line).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"trace {p} cannot be read: {exc}") from None
+    out: list[TraceRequest] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+        out.append(_parse_line(obj, lineno, p))
+    if not out:
+        raise InvalidArgumentError(f"trace {p} holds no request")
+    return out
+
+
+def write_trace(path: str | Path, turns: list[ChatTurn]) -> None:
+    """Write chat turns as a JSONL trace with ``token_ids`` (readable by :func:`read_trace`)."""
+    with Path(path).open("w") as f:
+        for t in turns:
+            f.write(json.dumps({"request_id": t.request_id, "token_ids": list(t.prompt_token_ids),
+                                "max_tokens": t.max_tokens}) + "\n")
