@@ -1,0 +1,232 @@
+"""The host pool: one page-locked CPU buffer holding ``num_slots`` offloaded blocks.
+
+Layout (SPEC §4)::
+
+    buffer: 1-D torch.uint8, exactly num_slots * slot_bytes bytes
+    slot s  = buffer[s * slot_bytes : (s + 1) * slot_bytes]
+            = block_size_factor GPU-block *records* back to back (a record = every page of its
+              KV-cache group, packed), zero-padded up to slot_bytes for the smaller groups
+
+The bytes are allocated exactly (no power-of-two rounding, which ``torch.empty(...,
+pin_memory=True)`` does through its caching host allocator) and then page-locked with
+``cudaHostRegister`` in bounded chunks (:data:`REGISTER_CHUNK_BYTES`), so a pool of hundreds of GiB
+neither doubles its footprint nor needs one giant registration. With UVA the GPU addresses the
+registered memory directly, so kernels read and write the pool without a bounce buffer.
+
+Without CUDA there is nothing to pin: the pool falls back to pageable memory and logs ONE warning
+per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HostPool", "REGISTER_CHUNK_BYTES"]
+
+#: Largest single ``cudaHostRegister`` call. Chunk boundaries are page aligned, so neighbouring
+#: registrations never share a page.
+REGISTER_CHUNK_BYTES = 1 << 30
+
+_OS_PAGE = 4096
+
+_warned_pageable = False
+_warn_lock = threading.Lock()
+
+
+def _warn_pageable_once(reason: str) -> None:
+    global _warned_pageable
+    with _warn_lock:
+        if _warned_pageable:
+            return
+        _warned_pageable = True
+    logger.warning("kvoffload host pool: %s; using pageable host memory (transfers will be slower)", reason)
+
+
+def _check_int(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if v < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def _chunk_ranges(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
+    """Split ``[base, base + nbytes)`` into ranges of at most ~``chunk`` bytes whose inner
+    boundaries are OS-page aligned (so two registrations never cover the same page)."""
+    out: list[tuple[int, int]] = []
+    start, end = base, base + nbytes
+    while start < end:
+        stop = min(end, ((start + chunk) // _OS_PAGE) * _OS_PAGE)
+        if stop <= start:  # chunk smaller than a page: take the rest of this page
+            stop = min(end, (start // _OS_PAGE + 1) * _OS_PAGE)
+        out.append((start, stop - start))
+        start = stop
+    return out
+
+
+def _cuda_ok(rc: Any) -> bool:
+    try:
+        return int(rc) == 0
+    except (TypeError, ValueError):
+        return str(rc).rsplit(".", 1)[-1].lower() == "success"
+
+
+def _unregister(ptrs: list[int]) -> None:
+    """Unregister every chunk start in ``ptrs`` (idempotent: empties the list)."""
+    if not ptrs:
+        return
+    cudart = torch.cuda.cudart()
+    while ptrs:
+        ptr = ptrs.pop()
+        rc = cudart.cudaHostUnregister(ptr)
+        if not _cuda_ok(rc):
+            logger.warning("cudaHostUnregister(0x%x) failed: %s", ptr, rc)
+
+
+class HostPool:
+    """One host buffer of ``num_slots`` equally sized slots.
+
+    Args:
+        num_slots: number of slots (offloaded blocks), ``>= 1``.
+        slot_bytes: bytes per slot, ``>= 1``; the buffer is exactly ``num_slots * slot_bytes`` bytes.
+        device: the device whose KV cache the pool mirrors (the buffer itself is always host
+            memory). A CUDA device *requires* a pinned pool: ``pin=False`` is an error and a
+            failure to pin raises :class:`~kvoffload.errors.TransferError`.
+        pin: True: page-lock or raise; False: pageable memory; None (default): pin when CUDA is
+            available, else pageable with one warning per process.
+
+    Attributes:
+        buffer: 1-D ``torch.uint8`` CPU tensor of ``num_slots * slot_bytes`` bytes.
+        pinned: whether ``buffer`` is page-locked (registered with CUDA).
+        num_slots, slot_bytes, nbytes, device: as given / derived.
+
+    Raises:
+        InvalidTypeError / InvalidArgumentError: bad sizes, a device that is neither CPU nor CUDA,
+            ``pin=False`` for a CUDA device.
+        BackendUnavailableError: pinning was required (``pin=True`` or a CUDA device) but CUDA
+            is not available.
+        TransferError: pinning was required and ``cudaHostRegister`` failed.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        slot_bytes: int,
+        device: torch.device | str = "cpu",
+        pin: bool | None = None,
+    ) -> None:
+        self.num_slots = _check_int(num_slots, "num_slots", 1)
+        self.slot_bytes = _check_int(slot_bytes, "slot_bytes", 1)
+        if pin is not None and not isinstance(pin, bool):
+            raise InvalidTypeError(f"pin must be a bool or None, got {type(pin).__name__}")
+        if not isinstance(device, (torch.device, str)):
+            raise InvalidTypeError(f"device must be a torch.device or str, got {type(device).__name__}")
+        try:
+            dev = torch.device(device)
+        except RuntimeError as exc:
+            raise InvalidArgumentError(f"device: cannot parse {device!r}: {exc}") from exc
+        if dev.type not in ("cpu", "cuda"):
+            raise InvalidArgumentError(f"device must be a CPU or CUDA device, got {dev}")
+        self.device = dev
+        self.nbytes = self.num_slots * self.slot_bytes
+
+        needs_pin = dev.type == "cuda"
+        if needs_pin and pin is False:
+            raise InvalidArgumentError(
+                f"pin=False is not allowed for device {dev}: the GPU kernels need a pinned host pool"
+            )
+        cuda = torch.cuda.is_available()
+        must_pin = needs_pin or pin is True
+        if must_pin and not cuda:
+            raise BackendUnavailableError(
+                f"a pinned host pool was required ({'device ' + str(dev) if needs_pin else 'pin=True'}) "
+                "but CUDA is not available"
+            )
+        want_pin = must_pin or (pin is None and cuda)
+
+        self._registered: list[int] = []
+        buf = torch.empty(self.nbytes, dtype=torch.uint8)
+        self.pinned = False
+        if want_pin:
+            err = self._register(buf)
+            if err is None:
+                self.pinned = True
+            elif must_pin:
+                raise TransferError(f"cannot pin a host pool of {self.nbytes} bytes: {err}")
+            else:
+                _warn_pageable_once(f"pinning {self.nbytes} bytes failed ({err})")
+        elif pin is None:
+            _warn_pageable_once("CUDA is not available, nothing to pin")
+        self._buffer: torch.Tensor | None = buf
+        # Unregister even if the owner forgets shutdown(); holds the buffer, never self.
+        self._finalizer = weakref.finalize(self, _release, self._registered, [buf])
+
+    def _register(self, buf: torch.Tensor) -> str | None:
+        """Page-lock ``buf`` in bounded chunks; on failure undo what was done and return why."""
+        try:
+            cudart = torch.cuda.cudart()
+        except Exception as exc:  # noqa: BLE001 - no usable CUDA runtime
+            return f"CUDA runtime unavailable: {exc}"
+        for ptr, size in _chunk_ranges(buf.data_ptr(), self.nbytes, REGISTER_CHUNK_BYTES):
+            rc = cudart.cudaHostRegister(ptr, size, 0)
+            if not _cuda_ok(rc):
+                _unregister(self._registered)
+                return f"cudaHostRegister(0x{ptr:x}, {size}) returned {rc}"
+            self._registered.append(ptr)
+        return None
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The whole pool, a 1-D ``torch.uint8`` CPU tensor (raises after :meth:`shutdown`)."""
+        if self._buffer is None:
+            raise TransferError("the host pool has been shut down")
+        return self._buffer
+
+    @property
+    def is_shutdown(self) -> bool:
+        """Whether :meth:`shutdown` was called."""
+        return self._buffer is None
+
+    def _check_slot(self, slot: int) -> int:
+        s = _check_int(slot, "slot", 0)
+        if s >= self.num_slots:
+            raise InvalidArgumentError(f"slot must be < num_slots={self.num_slots}, got {s}")
+        return s
+
+    def slot_offset(self, slot: int) -> int:
+        """Byte offset of ``slot`` in :attr:`buffer` (``slot * slot_bytes``)."""
+        return self._check_slot(slot) * self.slot_bytes
+
+    def slot_view(self, slot: int) -> torch.Tensor:
+        """The ``slot_bytes`` bytes of ``slot``: a view into :attr:`buffer` (writes go to the pool)."""
+        off = self.slot_offset(slot)
+        return self.buffer[off : off + self.slot_bytes]
+
+    def shutdown(self) -> None:
+        """Unregister the memory and drop the buffer. Idempotent. The caller must make sure no
+        transfer still uses the pool (the transfer worker synchronises before calling this)."""
+        self._buffer = None
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        state = "shut down" if self._buffer is None else ("pinned" if self.pinned else "pageable")
+        return f"HostPool(num_slots={self.num_slots}, slot_bytes={self.slot_bytes}, {state})"
+
+
+def _release(registered: list[int], holder: list[torch.Tensor]) -> None:
+    """Finalizer: unregister chunks, then let the buffer go."""
+    try:
+        _unregister(registered)
+    finally:
+        holder.clear()
