@@ -1,0 +1,424 @@
+"""The CPU offloading manager: which offloaded blocks live in the host pool (SPEC §2, §3).
+
+:class:`CPUOffloadingManager` keeps its per-slot state in flat arrays
+(:class:`~kvoffload.offload.keytable.SlotTable`) and delegates ordering to a pluggable
+:class:`~kvoffload.offload.policies.base.CachePolicy` (``lru``, ``arc``, ``s3fifo`` or
+``"module:Class"``). Batches are handled with array operations: a call on ``k`` keys costs a
+C-level dict pass over the keys plus a fixed number of numpy operations on ``k`` elements,
+independent of the pool's capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvoffload.errors import InvalidTypeError, KeyStateError
+from kvoffload.offload.base import (
+    LOOKUP_HIT,
+    LOOKUP_MISS,
+    LOOKUP_PENDING,
+    CPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    validate_keys,
+)
+from kvoffload.offload.keytable import PENDING, SlotTable, as_key_list
+from kvoffload.offload.policies.base import CachePolicy, get_policy_class
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CPUOffloadingManager", "OffloadingStats"]
+
+#: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
+CPU_MEDIUM = CPULoadStoreSpec.medium()
+_EMPTY_I64 = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class OffloadingStats:
+    """Snapshot returned by :meth:`CPUOffloadingManager.get_stats`.
+
+    Gauges (current values): ``num_blocks``, ``num_used`` (pending + ready), ``num_pending``,
+    ``num_pinned`` (ready with ref count > 0), ``usage`` = ``num_used / num_blocks``
+    (pending blocks count as used; 0.0 for an empty pool), ``write_usage`` =
+    ``num_pending / num_blocks``.
+
+    Counters (deltas since the previous ``get_stats`` call): ``lookups`` (keys looked up,
+    per-key and batched), ``hits`` (ready), ``pending_hits`` (present but pending),
+    ``misses``, ``evictions`` (blocks evicted), ``stores_started`` (slots allocated by
+    ``prepare_store``), ``stores_skipped`` (keys not stored: already present, or filtered
+    out by a reuse filter), ``stores_failed`` (keys of ``prepare_store`` calls that returned
+    None), ``stores_completed``, ``stores_aborted`` (pending blocks removed by a failed
+    ``complete_store``), ``loads`` (blocks pinned by ``prepare_load``).
+    """
+
+    num_blocks: int = 0
+    num_used: int = 0
+    num_pending: int = 0
+    num_pinned: int = 0
+    usage: float = 0.0
+    write_usage: float = 0.0
+    lookups: int = 0
+    hits: int = 0
+    pending_hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    stores_started: int = 0
+    stores_skipped: int = 0
+    stores_failed: int = 0
+    stores_completed: int = 0
+    stores_aborted: int = 0
+    loads: int = 0
+
+
+_COUNTERS = (
+    "hits",
+    "pending_hits",
+    "misses",
+    "evictions",
+    "stores_started",
+    "stores_skipped",
+    "stores_failed",
+    "stores_completed",
+    "stores_aborted",
+    "loads",
+)
+
+
+def _check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+class CPUOffloadingManager(OffloadingManager):
+    """Offloading manager for a pool of ``num_blocks`` CPU slots, vLLM semantics (SPEC §2).
+
+    States: a key is absent, *pending* (store in flight: not loadable, not evictable) or
+    *ready*; a ready block with ref count > 0 is *pinned* by loads. Slot ids returned in
+    specs are CPU block ids ``0..num_blocks-1``: never-used slots first, in increasing
+    order, then freed slots last-in-first-out.
+
+    Per-slot state is in numpy/``array`` buffers (see :mod:`kvoffload.offload.keytable`);
+    the only per-key Python structure is the ``dict`` key -> slot. Every method validates
+    all of its arguments before changing anything; a failing call changes nothing.
+
+    Args:
+        num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
+        cache_policy: ``"lru"`` (default), ``"arc"``, ``"s3fifo"``, a registered name, or
+            an out-of-tree ``"package.module:Class"`` (a
+            :class:`~kvoffload.offload.policies.base.CachePolicy` subclass).
+        enable_events: record :class:`OffloadingEvent` s, drained by :meth:`take_events`:
+            one ``removed=True`` event per ``prepare_store`` that evicted (all its evicted
+            keys, in eviction order), one ``removed=False`` event per successful
+            ``complete_store`` that made keys ready (just those keys, in call order).
+
+    Raises:
+        InvalidTypeError: ``num_blocks`` not an int (bools rejected), ``cache_policy`` not
+            a str, ``enable_events`` not a bool.
+        InvalidArgumentError: ``num_blocks < 0`` or an unknown policy name.
+    """
+
+    def __init__(self, num_blocks: int, cache_policy: str = "lru", enable_events: bool = False) -> None:
+        enable_events = _check_bool(enable_events, "enable_events")
+        policy_cls = get_policy_class(cache_policy)
+        self._table = SlotTable(num_blocks)
+        self.num_blocks: int = self._table.num_blocks
+        self.cache_policy: str = cache_policy
+        self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._closed = False
+        self._lookups = 0
+        for name in _COUNTERS:
+            setattr(self, "_n_" + name, 0)
+        # hot-path aliases
+        self._index = self._table.index
+        self._ref_buf = self._table.ref_buf
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def policy(self) -> CachePolicy:
+        """The policy instance (read-only use)."""
+        return self._policy
+
+    @property
+    def table(self) -> SlotTable:
+        """The slot table (read-only use)."""
+        return self._table
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
+
+    def _keys(self, keys: Iterable[OffloadKey], allow_duplicates: bool) -> list[bytes]:
+        if self._closed:
+            self._check_open()
+        return as_key_list(keys, "keys", allow_duplicates=allow_duplicates)
+
+    # ------------------------------------------------------------------ lookups
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+        """True if ``key`` is stored and ready, False if absent, None if its store is pending."""
+        if key.__class__ is not bytes:
+            validate_keys([key], "key")
+        if self._closed:
+            self._check_open()
+        self._lookups += 1
+        s = self._index.get(key)
+        if s is None:
+            self._n_misses += 1
+            return False
+        if self._ref_buf[s] >= 0:
+            self._n_hits += 1
+            return True
+        self._n_pending_hits += 1
+        return None
+
+    def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
+        """Look up many keys at once (duplicates allowed).
+
+        Returns:
+            ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or
+            ``LOOKUP_PENDING`` (2) per key, same as calling :meth:`lookup` on each.
+        """
+        keys = self._keys(keys, allow_duplicates=True)
+        n = len(keys)
+        out = np.zeros(n, dtype=np.int8)
+        if n == 0:
+            return out
+        slots = self._table.slots_of(keys)
+        present = slots >= 0
+        states = self._table.ref[slots[present]]
+        ready = states >= 0
+        codes = np.where(ready, LOOKUP_HIT, LOOKUP_PENDING).astype(np.int8)
+        out[present] = codes
+        n_present = len(states)
+        n_ready = int(np.count_nonzero(ready))
+        self._lookups += n
+        self._n_hits += n_ready
+        self._n_pending_hits += n_present - n_ready
+        self._n_misses += n - n_present
+        return out
+
+    # ------------------------------------------------------------------ loads
+    def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        """Pin ``keys`` (all stored and ready, no repeats) and return their CPU slots.
+
+        Raises:
+            KeyStateError: a key is absent or pending (nothing is pinned then).
+        """
+        keys = self._keys(keys, allow_duplicates=False)
+        t = self._table
+        slots = t.slots_of(keys)
+        if len(slots):
+            absent = np.flatnonzero(slots < 0)
+            if len(absent):
+                raise KeyStateError(f"prepare_load: keys[{int(absent[0])}] {keys[int(absent[0])]!r} is not stored")
+            states = t.ref[slots]
+            pend = np.flatnonzero(states < 0)
+            if len(pend):
+                i = int(pend[0])
+                raise KeyStateError(f"prepare_load: keys[{i}] {keys[i]!r} is not ready (its store is in flight)")
+            newly = int(np.count_nonzero(states == 0))
+            t.ref[slots] = states + 1
+            t.num_evictable -= newly
+            t.num_pinned += newly
+            self._n_loads += len(slots)
+        return CPULoadStoreSpec(slots)
+
+    def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        """Unpin ``keys`` (ref count -1 per occurrence).
+
+        Raises:
+            KeyStateError: a key is absent, pending, or not pinned (often enough, counting
+                repeats); nothing is unpinned then.
+        """
+        keys = self._keys(keys, allow_duplicates=True)
+        if not keys:
+            return
+        t = self._table
+        slots = t.slots_of(keys)
+        absent = np.flatnonzero(slots < 0)
+        if len(absent):
+            raise KeyStateError(f"complete_load: keys[{int(absent[0])}] {keys[int(absent[0])]!r} is not stored")
+        uniq, counts = np.unique(slots, return_counts=True)
+        states = t.ref[uniq]
+        bad = np.flatnonzero(states < counts)
+        if len(bad):
+            s = int(uniq[bad[0]])
+            what = "pending" if states[bad[0]] == PENDING else f"pinned {int(states[bad[0]])} time(s)"
+            raise KeyStateError(
+                f"complete_load: key {t.keys[s]!r} is {what}, cannot unpin it {int(counts[bad[0]])} time(s)"
+            )
+        new_states = states - counts.astype(np.int32)
+        t.ref[uniq] = new_states
+        freed = uniq[new_states == 0]
+        t.num_evictable += len(freed)
+        t.num_pinned -= len(freed)
+        if len(freed):
+            self._policy.on_evictable(freed)
+
+    def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
+        keys = self._keys(keys, allow_duplicates=True)
+        if keys:
+            self._policy.touch(keys, self._table.slots_of(keys))
+
+    # ------------------------------------------------------------------ stores
+    def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        """Allocate pending slots for the keys not present yet, evicting if needed.
+
+        Keys already present (ready or pending) are dropped. Only ready, unpinned blocks
+        not named in ``keys`` are evicted. All-or-nothing: returns None and changes
+        nothing when room cannot be made.
+
+        Raises:
+            InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
+        """
+        keys = self._keys(keys, allow_duplicates=False)
+        t = self._table
+        slots = t.slots_of(keys)
+        absent_mask = slots < 0
+        n_new = int(np.count_nonzero(absent_mask))
+        n_present = len(keys) - n_new
+        if n_new == 0:
+            self._n_stores_skipped += n_present
+            return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec(_EMPTY_I64), evicted_keys=[])
+        if n_present == 0:
+            to_store = keys
+        else:
+            to_store = [keys[i] for i in np.flatnonzero(absent_mask).tolist()]
+        need = n_new - t.num_free
+        evicted: list[bytes] = []
+        if need > 0:
+            protected = slots[~absent_mask] if n_present else _EMPTY_I64
+            prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if n_present else 0
+            if need > t.num_evictable - prot_ev:
+                self._n_stores_failed += len(keys)
+                return None
+            victims = self._policy.evict(need, protected)
+            if victims is None:
+                self._n_stores_failed += len(keys)
+                return None
+            if len(victims) != need:  # pragma: no cover - policy contract violation
+                raise RuntimeError(f"policy {self.cache_policy!r} returned {len(victims)} victims, expected {need}")
+            evicted = t.release(victims)
+            self._n_evictions += need
+            if self._events is not None:
+                self._events.append(OffloadingEvent(keys=list(evicted), medium=CPU_MEDIUM, removed=True))
+        new_slots = t.allocate(to_store)
+        self._policy.insert(new_slots, to_store)
+        self._n_stores_started += n_new
+        self._n_stores_skipped += n_present
+        return PrepareStoreOutput(
+            keys_to_store=list(to_store), store_spec=CPULoadStoreSpec(new_slots), evicted_keys=evicted
+        )
+
+    def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        """Finish stores: pending keys become ready (``success``) or are removed (failure).
+
+        Ready keys are untouched and absent keys ignored, in both cases.
+        """
+        success = _check_bool(success, "success")
+        keys = self._keys(keys, allow_duplicates=True)
+        if not keys:
+            return
+        t = self._table
+        slots = t.slots_of(keys)
+        sel = np.flatnonzero(slots >= 0)
+        if len(sel) == 0:
+            return
+        sel = sel[t.ref[slots[sel]] == PENDING]
+        if len(sel) == 0:
+            return
+        pend = slots[sel]
+        if len(pend) > 1:
+            uniq, first = np.unique(pend, return_index=True)
+            if len(uniq) != len(pend):
+                order = np.sort(first)
+                sel = sel[order]
+                pend = pend[order]
+        if success:
+            t.ref[pend] = 0
+            t.num_pending -= len(pend)
+            t.num_evictable += len(pend)
+            self._n_stores_completed += len(pend)
+            self._policy.on_evictable(pend)
+            if self._events is not None:
+                self._events.append(
+                    OffloadingEvent(keys=[keys[i] for i in sel.tolist()], medium=CPU_MEDIUM, removed=False)
+                )
+        else:
+            self._policy.remove(pend)
+            t.release(pend)
+            self._n_stores_aborted += len(pend)
+
+    # ------------------------------------------------------------------ misc
+    def take_events(self) -> list[OffloadingEvent]:
+        """Drain the events recorded since the last call (always empty without ``enable_events``)."""
+        if not self._events:
+            return []
+        out = self._events
+        self._events = []
+        return out
+
+    def get_stats(self) -> OffloadingStats:
+        """Current gauges and the counters accumulated since the previous call (then reset)."""
+        t = self._table
+        n = self.num_blocks
+        stats = OffloadingStats(
+            num_blocks=n,
+            num_used=t.num_used,
+            num_pending=t.num_pending,
+            num_pinned=t.num_pinned,
+            usage=t.num_used / n if n else 0.0,
+            write_usage=t.num_pending / n if n else 0.0,
+            lookups=self._lookups,
+        )
+        self._lookups = 0
+        for name in _COUNTERS:
+            setattr(stats, name, getattr(self, "_n_" + name))
+            setattr(self, "_n_" + name, 0)
+        return stats
+
+    def reset_cache(self) -> None:
+        """Drop every block (pending and pinned ones too) and the policy's history.
+
+        Slot allocation restarts from slot 0. No event is emitted (SPEC §2 defines events
+        for stores and evictions only); event consumers should treat a reset as "all
+        cleared". Statistics counters are kept.
+        """
+        self._check_open()
+        self._table.clear()
+        self._policy.clear()
+
+    def shutdown(self) -> None:
+        """Release the tables; every later call raises :class:`KeyStateError`. Idempotent."""
+        if self._closed:
+            return
+        self._table.clear()
+        self._policy.clear()
+        if self._events is not None:
+            self._events = []
+        self._closed = True
+
+    def __len__(self) -> int:
+        """Number of keys present (pending or ready)."""
+        return self._table.num_used
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __repr__(self) -> str:
+        t = self._table
+        return (
+            f"CPUOffloadingManager(num_blocks={self.num_blocks}, cache_policy={self.cache_policy!r}, "
+            f"used={t.num_used}, pending={t.num_pending}, pinned={t.num_pinned})"
+        )

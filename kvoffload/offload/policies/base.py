@@ -1,0 +1,143 @@
+"""The cache-policy contract of :class:`~kvoffload.offload.manager.CPUOffloadingManager`, and its registry.
+
+A policy decides *order* (which ready block goes first); the manager owns everything else:
+the key index, slot allocation, ref counts, pending/ready states, events and statistics
+(:class:`~kvoffload.offload.keytable.SlotTable`). Policies work on slot ids (``int64`` numpy
+arrays), never on per-block objects.
+
+Out-of-tree policies: subclass :class:`CachePolicy` and either :func:`register_policy` it or
+pass ``"package.module:ClassName"`` as ``cache_policy``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.offload.keytable import SlotTable
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CachePolicy", "register_policy", "get_policy_class", "available_policies"]
+
+
+class CachePolicy(ABC):
+    """Ordering and victim selection over the slots of a :class:`SlotTable`.
+
+    The manager calls, with ``int64`` slot arrays:
+
+    * :meth:`insert` for blocks that just became pending (in call order),
+    * :meth:`remove` for pending blocks whose store failed,
+    * :meth:`touch` with the keys of a ``touch`` call and their slots (``-1`` = absent),
+    * :meth:`on_evictable` when ready blocks reach ref count 0 (store completed, or last
+      load completed),
+    * :meth:`evict` to pick victims, and :meth:`clear` on reset.
+
+    A block is *evictable* iff ``table.ref[s] == 0``. ``evict`` must pick only evictable
+    slots not in ``protected``; it either returns exactly ``n`` slots (and forgets them) or
+    returns None and leaves every observable decision unchanged. The manager only calls
+    ``evict`` when at least ``n`` evictable, unprotected blocks exist.
+
+    Args:
+        capacity: number of slots (``table.num_blocks``).
+        table: the manager's slot table (read ``ref``/``keys`` from it; never mutate it).
+    """
+
+    #: Registry name (informational).
+    name: str = ""
+
+    def __init__(self, capacity: int, table: SlotTable) -> None:
+        self.capacity = capacity
+        self.table = table
+
+    @abstractmethod
+    def insert(self, slots: np.ndarray, keys: list[bytes]) -> None:
+        """New pending blocks ``slots`` holding ``keys`` (same order, call order)."""
+
+    @abstractmethod
+    def remove(self, slots: np.ndarray) -> None:
+        """Forget ``slots`` (failed stores; still pending)."""
+
+    @abstractmethod
+    def touch(self, keys: list[bytes], slots: np.ndarray) -> None:
+        """Mark recently used; ``slots[i]`` is the slot of ``keys[i]`` or -1 if absent.
+
+        The first key ends up most recent. Keys may repeat.
+        """
+
+    def on_evictable(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """``slots`` just became evictable (ref count 0)."""
+
+    @abstractmethod
+    def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
+        """Pick and forget exactly ``n`` evictable slots not in ``protected``, in eviction order."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget everything (blocks, history, adaptive state)."""
+
+    def metadata_nbytes(self) -> int:
+        """Bytes held by the policy's arrays (for memory reports)."""
+        return 0
+
+
+_REGISTRY: dict[str, type[CachePolicy]] = {}
+_BUILTIN_MODULES = {
+    "lru": "kvoffload.offload.policies.lru:LRUPolicy",
+    "arc": "kvoffload.offload.policies.arc:ARCPolicy",
+    "s3fifo": "kvoffload.offload.policies.s3fifo:S3FIFOPolicy",
+}
+
+
+def register_policy(name: str, cls: type[CachePolicy]) -> None:
+    """Make ``cls`` selectable as ``cache_policy=name``."""
+    if not isinstance(name, str) or not name:
+        raise InvalidTypeError(f"policy name must be a non-empty str, got {name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, CachePolicy)):
+        raise InvalidTypeError(f"policy class must be a CachePolicy subclass, got {cls!r}")
+    _REGISTRY[name] = cls
+
+
+def _load(spec: str) -> type[CachePolicy]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise InvalidArgumentError(f"cache_policy {spec!r}: expected 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidArgumentError(f"cache_policy {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise InvalidArgumentError(f"cache_policy {spec!r}: module has no attribute {attr!r}") from exc
+    if not (isinstance(obj, type) and issubclass(obj, CachePolicy)):
+        raise InvalidTypeError(f"cache_policy {spec!r} is not a CachePolicy subclass")
+    return obj
+
+
+def get_policy_class(name: str) -> type[CachePolicy]:
+    """The policy class for ``name``: a registered name, a built-in, or ``'module:Class'``."""
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"cache_policy must be a str, got {type(name).__name__}")
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name in _BUILTIN_MODULES:
+        cls = _load(_BUILTIN_MODULES[name])
+        _REGISTRY.setdefault(name, cls)
+        return cls
+    if ":" in name:
+        return _load(name)
+    raise InvalidArgumentError(
+        f"unknown cache_policy {name!r}: expected one of {sorted(available_policies())} or 'module:Class'"
+    )
+
+
+def available_policies() -> list[str]:
+    """Names accepted by :func:`get_policy_class` (besides ``'module:Class'``)."""
+    return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))

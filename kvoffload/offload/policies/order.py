@@ -1,0 +1,224 @@
+"""An ordered list of slots (oldest first) in numpy arrays: an append-only log with lazy deletion.
+
+Why not an intrusive doubly-linked list? Moving ``k`` slots to the most-recent end of a linked
+list is ``k`` dependent Python-level pointer updates (~0.3 us each); here it is one
+``buf[tail:tail+k] = slots`` and one ``pos[slots] = ...`` (numpy, ~ns per slot).
+
+Representation (shared by all the lists of one policy; a slot is in at most one list):
+
+* ``member[s]`` (``int8``): id of the list holding slot ``s`` (0 = none).
+* ``pos[s]`` (``int64``): the slot's position in its list. Positions only ever grow, so
+  list order is position order.
+* each list has a log ``buf`` (``int32`` slot ids); the entry at physical index ``i`` has
+  position ``base + i``. An entry is *current* iff ``member[slot] == lid and pos[slot] ==
+  base + i``; moving or removing a slot just makes its old entry stale.
+
+Scanning for eviction victims walks the log from ``head``. Stale entries are dropped. A current
+entry that cannot be evicted (pinned, or pending) is *parked*: ``head`` moves past it and it
+keeps its position, so a later scan never looks at it again -- the cost of evicting ``k``
+blocks does not grow with the number of pinned blocks at the old end, nor with capacity.
+When a parked slot becomes evictable again (unpinned, or its store completed), it is pushed on
+a small heap keyed by its position. Every heap entry is older than every log entry (parked
+positions are all below the position at ``head``), so a scan takes the heap first, then the
+log: the exact list order is preserved. A slot moved to the tail (touched) simply stops being
+parked: its heap entry, if any, becomes stale.
+
+Compaction: when the log is full, the current entries from ``head`` on are copied to the start
+and renumbered with fresh positions above every existing one (order kept, parked slots stay
+older). The log holds ``2 * capacity + 64`` entries and at most ``capacity`` of them are
+current, so a compaction (O(capacity)) happens at most once per ``capacity`` appends: O(1)
+amortised per append.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SlotOrder"]
+
+_EMPTY_I64 = np.zeros(0, dtype=np.int64)
+
+
+class SlotOrder:
+    """One list of slots in order, oldest first (see the module docstring).
+
+    Args:
+        lid: this list's id (``1..127``), stored in ``member``.
+        member: shared ``int8[capacity]`` list-membership array.
+        pos: shared ``int64[capacity]`` position array.
+        capacity: number of slots.
+    """
+
+    def __init__(self, lid: int, member: np.ndarray, pos: np.ndarray, capacity: int) -> None:
+        self.lid = lid
+        self.member = member
+        self.pos = pos
+        self.buf = np.empty(2 * capacity + 64, dtype=np.int32)
+        self.base = 0
+        self.head = 0
+        self.tail = 0
+        self.size = 0
+        self._heap: list[tuple[int, int]] = []
+        self._pushed: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ basics
+    def __len__(self) -> int:
+        return self.size
+
+    def clear(self) -> None:
+        """Empty the list (the caller resets the shared arrays)."""
+        self.base += self.tail
+        self.head = self.tail = 0
+        self.size = 0
+        self._heap.clear()
+        self._pushed.clear()
+
+    def contains_mask(self, slots: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``slots`` are in this list."""
+        return self.member[slots] == self.lid
+
+    def push_back(self, slots: np.ndarray) -> None:
+        """Append distinct ``slots`` at the newest end, in order (the last one is the newest).
+
+        Slots already in this list move; slots in another list must have been discarded
+        from it first.
+        """
+        k = len(slots)
+        if k == 0:
+            return
+        self.size += int(np.count_nonzero(self.member[slots] != self.lid))
+        if self.tail + k > len(self.buf):
+            self._compact(k)
+        t = self.tail
+        self.buf[t : t + k] = slots
+        self.pos[slots] = np.arange(self.base + t, self.base + t + k, dtype=np.int64)
+        self.member[slots] = self.lid
+        self.tail = t + k
+
+    def discard(self, slots: np.ndarray) -> None:
+        """Remove ``slots`` that are in this list (others are ignored)."""
+        if len(slots) == 0:
+            return
+        mine = self.member[slots] == self.lid
+        n = int(np.count_nonzero(mine))
+        if n:
+            self.member[slots[mine]] = 0
+            self.size -= n
+
+    def on_evictable(self, slots: np.ndarray) -> None:
+        """``slots`` just became evictable (ready with ref 0): re-queue the parked ones."""
+        if len(slots) == 0:
+            return
+        p = self.pos[slots]
+        parked = (self.member[slots] == self.lid) & (p < self.base + self.head)
+        if parked.any():
+            for s, ps in zip(slots[parked].tolist(), p[parked].tolist()):
+                if self._pushed.get(s) != ps:
+                    self._pushed[s] = ps
+                    heapq.heappush(self._heap, (ps, s))
+
+    def ordered(self) -> list[int]:
+        """Every slot of the list, oldest first (O(capacity); for tests and debugging)."""
+        seg = self.buf[self.head : self.tail].astype(np.int64)
+        idx = np.arange(self.base + self.head, self.base + self.tail, dtype=np.int64)
+        cur = seg[(self.member[seg] == self.lid) & (self.pos[seg] == idx)] if len(seg) else seg
+        parked = np.flatnonzero((self.member == self.lid) & (self.pos < self.base + self.head))
+        parked = parked[np.argsort(self.pos[parked], kind="stable")]
+        return parked.tolist() + cur.tolist()
+
+    # ------------------------------------------------------------------ eviction scan
+    def take(self, k: int, ref: np.ndarray, protected: np.ndarray) -> np.ndarray:
+        """The next (up to) ``k`` evictable slots in list order, oldest first.
+
+        Evictable: ``ref[s] == 0`` (ready, not pinned) and ``s`` not in ``protected``.
+        The returned slots stay in the list but are parked; the caller must either
+        :meth:`discard` them (evicted) or :meth:`restore` them. Calls may be repeated to
+        continue the same scan. Observable order never changes.
+        """
+        if k <= 0:
+            return _EMPTY_I64
+        out: list[int] = []
+        deferred: list[tuple[int, int]] = []
+        heap = self._heap
+        member, pos, lid = self.member, self.pos, self.lid
+        prot_set: set[int] | None = None
+        while heap and len(out) < k:
+            ps, s = heapq.heappop(heap)
+            if self._pushed.get(s) == ps:
+                del self._pushed[s]
+            if member[s] != lid or pos[s] != ps:
+                continue  # moved or removed since it was parked
+            if ref[s] != 0:
+                continue  # pinned again: stays parked until its next unpin
+            if prot_set is None:
+                prot_set = set(protected.tolist())
+            if s in prot_set:
+                deferred.append((ps, s))
+                continue
+            out.append(s)
+        taken = np.array(out, dtype=np.int64) if out else _EMPTY_I64
+        chunks = [taken]
+        need = k - len(out)
+        while need > 0 and self.head < self.tail:
+            h = self.head
+            end = min(self.tail, h + max(64, 2 * need))
+            seg = self.buf[h:end].astype(np.int64)
+            cur = (member[seg] == lid) & (pos[seg] == np.arange(self.base + h, self.base + end, dtype=np.int64))
+            ev = cur & (ref[seg] == 0)
+            if len(protected):
+                prot = np.isin(seg, protected)
+                cand = ev & ~prot
+            else:
+                prot = None
+                cand = ev
+            idx = np.flatnonzero(cand)
+            if len(idx) >= need:
+                idx = idx[:need]
+                consumed = int(idx[-1]) + 1
+            else:
+                consumed = end - h
+            if prot is not None:
+                pe = np.flatnonzero(ev[:consumed] & prot[:consumed])
+                for s in seg[pe].tolist():
+                    deferred.append((int(pos[s]), s))
+            chunks.append(seg[idx])
+            need -= len(idx)
+            self.head = h + consumed
+        for ps, s in deferred:
+            if self._pushed.get(s) != ps:
+                self._pushed[s] = ps
+                heapq.heappush(heap, (ps, s))
+        if len(chunks) == 1:
+            return taken
+        return np.concatenate(chunks)
+
+    def restore(self, slots: np.ndarray) -> None:
+        """Give back slots returned by :meth:`take` that were not evicted."""
+        self.on_evictable(slots)
+
+    # ------------------------------------------------------------------ internals
+    def _compact(self, extra: int) -> None:
+        h, t = self.head, self.tail
+        seg = self.buf[h:t].astype(np.int64)
+        if len(seg):
+            cur = (self.member[seg] == self.lid) & (
+                self.pos[seg] == np.arange(self.base + h, self.base + t, dtype=np.int64)
+            )
+            live = seg[cur]
+        else:
+            live = seg
+        m = len(live)
+        if m + extra > len(self.buf):
+            self.buf = np.empty(max(2 * len(self.buf), m + extra + 64), dtype=np.int32)
+        new_base = self.base + t
+        self.buf[:m] = live
+        if m:
+            self.pos[live] = np.arange(new_base, new_base + m, dtype=np.int64)
+        self.base = new_base
+        self.head = 0
+        self.tail = m
