@@ -1,0 +1,160 @@
+"""Scheduler configuration: one :class:`GroupOffloadConfig` per KV-cache group.
+
+Token geometry. The engine hashes a request's tokens in *hash blocks* of
+``hash_block_size`` tokens (``request.block_hashes[i]`` is the chained hash of tokens
+``[0, (i + 1) * hash_block_size)``). Group ``g`` pages its KV cache in GPU blocks of
+``gpu_block_size`` tokens and offloads ``block_size_factor = offloaded_block_size //
+gpu_block_size`` consecutive GPU blocks as one *offloaded block* (one CPU slot). The key of
+offloaded block ``i`` of group ``g`` is ``make_offload_key(block_hashes[j], g)`` with ``j`` the
+LAST hash block inside it, ``j = (i + 1) * offloaded_block_size // hash_block_size - 1``: the
+hash is chained, so the key commits to the whole prefix up to the block's end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+
+__all__ = ["GroupOffloadConfig", "OffloadingSchedulerConfig"]
+
+
+def _pos_int(value: object, name: str, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if v < 0 or (v == 0 and not allow_zero):
+        raise InvalidArgumentError(f"{name} must be {'>= 0' if allow_zero else '>= 1'}, got {v}")
+    return v
+
+
+@dataclass(frozen=True)
+class GroupOffloadConfig:
+    """Offload geometry of one KV-cache group.
+
+    Attributes:
+        group_idx: the group's index (``0 <= group_idx < 2**32``), also the suffix of its keys.
+        gpu_block_size: tokens per GPU block of this group.
+        offloaded_block_size: tokens per offloaded block (one CPU slot); a multiple of
+            ``gpu_block_size``.
+        sliding_window_size_in_blocks: None for full attention; for a sliding-window group,
+            the number of offloaded blocks a load must bring to cover the attention window.
+    """
+
+    group_idx: int
+    gpu_block_size: int
+    offloaded_block_size: int
+    sliding_window_size_in_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        g = _pos_int(self.group_idx, "group_idx", allow_zero=True)
+        if g > 2**32 - 1:
+            raise InvalidArgumentError(f"group_idx must be < 2**32, got {g}")
+        bs = _pos_int(self.gpu_block_size, "gpu_block_size")
+        obs = _pos_int(self.offloaded_block_size, "offloaded_block_size")
+        if obs % bs:
+            raise InvalidArgumentError(
+                f"offloaded_block_size ({obs}) must be a multiple of gpu_block_size ({bs})"
+            )
+        if self.sliding_window_size_in_blocks is not None:
+            _pos_int(self.sliding_window_size_in_blocks, "sliding_window_size_in_blocks")
+
+    @property
+    def block_size_factor(self) -> int:
+        """GPU blocks per offloaded block."""
+        return self.offloaded_block_size // self.gpu_block_size
+
+    @property
+    def is_sliding_window(self) -> bool:
+        return self.sliding_window_size_in_blocks is not None
+
+
+@dataclass(frozen=True)
+class OffloadingSchedulerConfig:
+    """Configuration of an :class:`~kvoffload.scheduler.scheduler.OffloadingScheduler`.
+
+    Attributes:
+        groups: one :class:`GroupOffloadConfig` per KV-cache group, ``groups[i].group_idx == i``.
+        hash_block_size: tokens per entry of ``request.block_hashes``; must divide every
+            group's ``gpu_block_size``. Default: the gcd of the GPU block sizes (with one group,
+            its GPU block size).
+        num_workers: transfer workers that each report every job (tensor-parallel ranks); a
+            job completes when all of them reported it.
+        medium: the manager's medium name (for logs and events only).
+    """
+
+    groups: tuple[GroupOffloadConfig, ...]
+    hash_block_size: int | None = None
+    num_workers: int = 1
+    medium: str = "CPU"
+    _hash_block_size: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.groups, GroupOffloadConfig) or not isinstance(self.groups, Sequence):
+            raise InvalidTypeError("groups must be a sequence of GroupOffloadConfig")
+        groups = tuple(self.groups)
+        if not groups:
+            raise InvalidArgumentError("groups must hold at least one GroupOffloadConfig")
+        for i, g in enumerate(groups):
+            if not isinstance(g, GroupOffloadConfig):
+                raise InvalidTypeError(f"groups[{i}] must be a GroupOffloadConfig, got {type(g).__name__}")
+            if g.group_idx != i:
+                raise InvalidArgumentError(f"groups[{i}].group_idx must be {i}, got {g.group_idx}")
+        object.__setattr__(self, "groups", groups)
+        _pos_int(self.num_workers, "num_workers")
+        gcd = math.gcd(*(g.gpu_block_size for g in groups))
+        hbs = gcd if self.hash_block_size is None else _pos_int(self.hash_block_size, "hash_block_size")
+        for g in groups:
+            if g.gpu_block_size % hbs:
+                raise InvalidArgumentError(
+                    f"hash_block_size ({hbs}) must divide gpu_block_size ({g.gpu_block_size}) of group {g.group_idx}"
+                )
+        object.__setattr__(self, "_hash_block_size", hbs)
+
+    @property
+    def effective_hash_block_size(self) -> int:
+        """``hash_block_size``, or its default when it was left None."""
+        return self._hash_block_size
+
+    @property
+    def has_sliding_window(self) -> bool:
+        return any(g.is_sliding_window for g in self.groups)
+
+    @property
+    def max_offloaded_block_size(self) -> int:
+        return max(g.offloaded_block_size for g in self.groups)
+
+    @classmethod
+    def from_block_sizes(
+        cls,
+        gpu_block_sizes: Sequence[int],
+        block_size_factor: int | Sequence[int] = 1,
+        sliding_windows: Sequence[int | None] | None = None,
+        *,
+        hash_block_size: int | None = None,
+        num_workers: int = 1,
+    ) -> OffloadingSchedulerConfig:
+        """Build a config from per-group GPU block sizes and one factor (or one per group).
+
+        ``sliding_windows[g]`` is group g's window in offloaded blocks (None: full attention).
+        """
+        n = len(gpu_block_sizes)
+        factors = [block_size_factor] * n if isinstance(block_size_factor, (int, np.integer)) else list(
+            block_size_factor
+        )
+        windows = [None] * n if sliding_windows is None else list(sliding_windows)
+        if len(factors) != n or len(windows) != n:
+            raise InvalidArgumentError(
+                f"block_size_factor and sliding_windows need one entry per group ({n}), "
+                f"got {len(factors)} and {len(windows)}"
+            )
+        groups = []
+        for g in range(n):
+            bs = _pos_int(gpu_block_sizes[g], f"gpu_block_sizes[{g}]")
+            f = _pos_int(factors[g], f"block_size_factor[{g}]")
+            groups.append(GroupOffloadConfig(g, bs, bs * f, windows[g]))
+        return cls(tuple(groups), hash_block_size=hash_block_size, num_workers=num_workers)

@@ -1,0 +1,105 @@
+"""How many tokens beyond the GPU-computed ones a request can load (multi-group lookup).
+
+:func:`find_loadable_tokens` runs the lookups of ``get_num_new_matched_tokens``:
+
+* the candidate end starts at the request's hashed tokens, minus the last prompt token when any
+  group uses a sliding window (that token is always recomputed);
+* groups are visited full-attention first; a full-attention group keeps its maximal prefix of
+  hits from the first offloaded block not on the GPU, a sliding-window group the last full window
+  of hits (blocks already on the GPU count as hits); each shrinks the candidate to its own end,
+  aligned to its offloaded block size;
+* a group that shrank the candidate makes every group re-validate, until a pass changes nothing
+  (full-attention prefixes are monotone; a window must end exactly at the final end);
+* a pending key met on the way defers the request (returns None).
+
+Codes come from the manager's batch lookup (``lookup_batch``) in chunks, fetched once per call
+and shared by the re-validation passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadKey, ReqContext
+from kvoffload.scheduler.config import OffloadingSchedulerConfig
+from kvoffload.scheduler.lookup import LookupCodes
+
+__all__ = ["find_loadable_tokens", "make_fetch"]
+
+
+def make_fetch(manager: Any, ctx: ReqContext) -> Callable[[Sequence[OffloadKey]], np.ndarray]:
+    """A ``fetch(keys) -> np.int8 codes`` over the manager: ``lookup_batch`` when it has one."""
+    if hasattr(manager, "lookup_batch"):
+        return lambda keys: manager.lookup_batch(keys, ctx)
+
+    def fetch(keys: Sequence[OffloadKey]) -> np.ndarray:
+        out = np.empty(len(keys), dtype=np.int8)
+        for i, k in enumerate(keys):
+            r = manager.lookup(k, ctx)
+            out[i] = LOOKUP_PENDING if r is None else (LOOKUP_HIT if r else LOOKUP_MISS)
+        return out
+
+    return fetch
+
+
+def find_loadable_tokens(
+    config: OffloadingSchedulerConfig,
+    group_keys: Sequence[Sequence[OffloadKey]],
+    num_computed_tokens: int,
+    max_end_tokens: int,
+    fetch: Callable[[Sequence[OffloadKey]], np.ndarray],
+) -> int | None:
+    """The end (in tokens) of the longest loadable range, or None to defer.
+
+    Args:
+        config: the groups.
+        group_keys: per group, the request's offload keys (prefix order), covering at least
+            ``max_end_tokens // offloaded_block_size`` blocks.
+        num_computed_tokens: tokens already in the GPU cache (multiple of each GPU block size).
+        max_end_tokens: upper bound of the end.
+        fetch: batch lookup returning ``np.int8`` codes.
+
+    Returns:
+        An end ``e`` aligned to every group's offloaded block size with ``e <= max_end_tokens``;
+        ``e <= num_computed_tokens`` means nothing to load. None when a pending key decides.
+    """
+    groups = config.groups
+    order = [g for g in groups if not g.is_sliding_window] + [g for g in groups if g.is_sliding_window]
+    codes: dict[int, LookupCodes] = {}
+    candidate = max_end_tokens
+    changed = True
+    while changed:
+        changed = False
+        for gcfg in order:
+            obs = gcfg.offloaded_block_size
+            end_block = candidate // obs
+            start_block = num_computed_tokens // obs
+            lc = codes.get(gcfg.group_idx)
+            if lc is None:
+                keys = group_keys[gcfg.group_idx]
+                # full attention: blocks below start_block are never looked up (the prefix scan
+                # starts there); sliding window: they are on the GPU, i.e. hits
+                lc = LookupCodes(keys, fetch, known_hits=start_block)
+                codes[gcfg.group_idx] = lc
+            if gcfg.sliding_window_size_in_blocks is None:
+                if end_block <= start_block:
+                    end = end_block * obs
+                else:
+                    hits = lc.prefix(start_block, end_block)
+                    if hits is None:
+                        return None
+                    end = (start_block + hits) * obs
+            else:
+                e = lc.window(end_block, gcfg.sliding_window_size_in_blocks)
+                if e is None:
+                    return None
+                end = e * obs
+            if end < candidate:
+                candidate = end
+                changed = True
+            if candidate <= num_computed_tokens:
+                return candidate
+    return candidate

@@ -1,0 +1,464 @@
+"""The offloading scheduler: request lifecycle, lookups, load/store jobs, completion (SPEC §6).
+
+Engine-agnostic: it sees duck-typed requests and GPU block ids, asks an
+:class:`~kvoffload.offload.base.OffloadingManager` where blocks live, and emits
+:class:`~kvoffload.scheduler.jobs.TransferJob` s for the engine's transfer workers. It never
+moves bytes.
+
+An engine drives it like this (one engine step)::
+
+    # admission of a waiting request
+    n, load_async = sched.get_num_new_matched_tokens(req, num_gpu_computed)
+    if n is None: skip the request this step (retry later)
+    allocate GPU blocks for num_gpu_computed + n (+ what it computes)
+    sched.update_state_after_alloc(req, block_ids_per_group, n)   # n > 0: the load job is built
+    # request waits (does not compute) until its load job finishes
+
+    out = sched.build_step(new_requests, running_requests, preempted_req_ids)
+    worker.wait(out.flush_job_ids); submit out.load_jobs; compute; submit out.store_jobs
+    finished = sched.complete_jobs(worker.get_finished())   # FinishedJob list
+    sched.request_finished(req) when a request ends (its GPU blocks may be freed at once)
+
+Avoiding the load convoy (vLLM issue #44294). vLLM defers a request whenever any of its hit
+blocks is being loaded by another request; with many requests sharing a prefix whose blocks are
+already live in the GPU cache, every one of them waits for an unrelated load, one after the
+other. Here:
+
+* only the keys this request would actually load are compared with the keys being loaded --
+  blocks already in the GPU cache (``num_computed_tokens``) never defer anyone, so requests
+  that share a GPU-resident prefix are admitted at once;
+* a deferred request registers nothing: only a built load job marks keys as being loaded, so
+  waiters never block one another and there is no chain of waiters;
+* a load releases all its waiters in the step its job completes (the engine caches the loaded
+  blocks in its GPU prefix cache, so each waiter then sees them as computed and loads only its
+  own remainder, all of those loads in parallel).
+
+Stores. When an offloaded block of a request fills up (computed tokens, within the hashed tokens
+and within ``max_offload_tokens``), :meth:`build_step` calls ``prepare_store`` for all the
+request's newly full blocks of all groups (None: retry next step; an empty ``keys_to_store``:
+advance) and emits one store job with exactly ``keys_to_store``; its completion calls
+``complete_store`` with exactly those keys. Storing starts at the first offloaded block that was
+not in the GPU cache when the request was (re)admitted, and loaded blocks are never re-stored.
+
+Flushes. A finished or preempted request gives its GPU blocks back at once (no delayed free).
+Blocks that an in-flight job of such a request reads or writes are remembered; when the engine
+hands one of them to another request for writing (a new block of a running request, a block
+past the GPU-computed prefix of a new request, or a load target), the job is returned in
+``flush_job_ids`` and the engine waits for it before writing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
+from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, OffloadingEvent
+from kvoffload.scheduler.config import OffloadingSchedulerConfig
+from kvoffload.scheduler.flush import FlushTracker
+from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
+from kvoffload.scheduler.matching import find_loadable_tokens, make_fetch
+from kvoffload.scheduler.state import LoadOffer, RequestOffloadState
+from kvoffload.scheduler.storing import build_store_job
+from kvoffload.scheduler.validation import check_block_table, check_count, parse_results
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["OffloadingScheduler"]
+
+
+class OffloadingScheduler:
+    """Scheduler side of KV offloading for one engine (see the module docstring).
+
+    Args:
+        config: groups, hash block size, number of workers.
+        manager: an :class:`~kvoffload.offload.base.OffloadingManager` (any object with its
+            methods; ``lookup_batch`` is used when present).
+    """
+
+    def __init__(self, config: OffloadingSchedulerConfig, manager: Any) -> None:
+        if not isinstance(config, OffloadingSchedulerConfig):
+            raise InvalidTypeError(f"config must be an OffloadingSchedulerConfig, got {type(config).__name__}")
+        for name in ("lookup", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store"):
+            if not callable(getattr(manager, name, None)):
+                raise InvalidTypeError(f"manager must have a {name}() method ({type(manager).__name__} has none)")
+        self.config = config
+        self.manager = manager
+        self._groups = config.groups
+        self._suffixes = tuple(g.group_idx.to_bytes(4, "big") for g in config.groups)
+        self._min_load_tokens = config.max_offloaded_block_size
+        self._states: dict[str, RequestOffloadState] = {}
+        self._jobs: dict[int, JobRecord] = {}
+        self._next_job_id = 0
+        self._pending_loads: list[TransferJob] = []
+        self._loading_keys: dict[bytes, int] = {}
+        self._flush = FlushTracker(len(config.groups))
+
+    # ------------------------------------------------------------------ state
+    def _state(self, request: Any) -> RequestOffloadState:
+        rid = request.request_id
+        st = self._states.get(rid)
+        if st is None:
+            if not isinstance(rid, str):
+                raise InvalidTypeError(f"request.request_id must be a str, got {type(rid).__name__}")
+            st = RequestOffloadState(request, self.config, self._suffixes)
+            self._states[rid] = st
+        elif st.request is not request:
+            st.request = request
+        return st
+
+    def get_request_state(self, req_id: str) -> RequestOffloadState | None:
+        """The scheduler's state of a request (None once finished); for engines and tests."""
+        return self._states.get(req_id)
+
+    @property
+    def num_in_flight_jobs(self) -> int:
+        return len(self._jobs)
+
+    # ------------------------------------------------------------------ admission
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """How many tokens beyond ``num_computed_tokens`` can be loaded from the CPU.
+
+        Args:
+            request: the request (duck-typed).
+            num_computed_tokens: tokens the engine already holds in its GPU cache for this
+                request (a multiple of every group's GPU block size).
+
+        Returns:
+            ``(n, True)`` when ``n > 0`` tokens can be loaded asynchronously; ``(0, False)``
+            when nothing is worth loading (less than one offloaded block of the largest group);
+            ``(None, False)`` to defer the request: some key is still being stored, or a block
+            it would load is being loaded by another request (see the module docstring).
+            Touches the request's keys (sliding-window groups: the keys from
+            ``max(0, hit_blocks - window)`` on) unless deferred.
+        """
+        n_comp = check_count(num_computed_tokens, "num_computed_tokens")
+        num_tokens = check_count(request.num_tokens, "request.num_tokens")
+        if n_comp > num_tokens:
+            raise InvalidArgumentError(f"num_computed_tokens ({n_comp}) exceeds request.num_tokens ({num_tokens})")
+        for g in self._groups:
+            if n_comp % g.gpu_block_size:
+                raise InvalidArgumentError(
+                    f"num_computed_tokens ({n_comp}) must be a multiple of group {g.group_idx}'s "
+                    f"gpu_block_size ({g.gpu_block_size})"
+                )
+        st = self._state(request)
+        if st.load_job_id is not None:
+            return None, False  # its own load is still in flight
+        st.offer = None
+        hbs = self.config.effective_hash_block_size
+        max_end = min(num_tokens - 1 if self.config.has_sliding_window else num_tokens,
+                      len(request.block_hashes) * hbs)
+        st.update_keys(num_tokens)
+        end = n_comp
+        if max_end - n_comp >= self._min_load_tokens:
+            found = find_loadable_tokens(
+                self.config, [gs.keys for gs in st.groups], n_comp, max_end, make_fetch(self.manager, st.req_context)
+            )
+            if found is None:
+                return None, False
+            if found - n_comp >= self._min_load_tokens:
+                end = found
+        ranges = self._load_ranges(st, n_comp, end)
+        if end > n_comp and self._loading_keys:
+            for (first, last), gcfg, gs in zip(ranges, self._groups, st.groups):
+                f = gcfg.block_size_factor
+                for key in gs.keys[first // f: last // f]:
+                    if key in self._loading_keys:
+                        return None, False
+        self._touch(st, end)
+        if end <= n_comp:
+            return 0, False
+        st.offer = LoadOffer(n_comp, end - n_comp, ranges)
+        return end - n_comp, True
+
+    def _load_ranges(self, st: RequestOffloadState, n_comp: int, end: int) -> tuple[tuple[int, int], ...]:
+        """Per group, GPU block indices ``[first, last)`` a load of tokens ``[n_comp, end)`` writes."""
+        out = []
+        for gcfg in self._groups:
+            bs = gcfg.gpu_block_size
+            first = n_comp
+            if gcfg.sliding_window_size_in_blocks is not None:
+                first = max(first, end - gcfg.sliding_window_size_in_blocks * gcfg.offloaded_block_size)
+            last = max(end, first)
+            out.append((first // bs, last // bs))
+        return tuple(out)
+
+    def _touch(self, st: RequestOffloadState, end_tokens: int) -> None:
+        for gcfg, gs in zip(self._groups, st.groups):
+            hit_blocks = end_tokens // gcfg.offloaded_block_size
+            gs.num_hit_blocks = hit_blocks
+            w = gcfg.sliding_window_size_in_blocks
+            keys = gs.keys if w is None else gs.keys[max(0, hit_blocks - w):]
+            if keys:
+                self.manager.touch(keys, st.req_context)
+
+    def update_state_after_alloc(
+        self, request: Any, block_ids_per_group: Sequence[Sequence[int]], num_external_tokens: int
+    ) -> None:
+        """Record the request's GPU blocks; with ``num_external_tokens > 0`` build its load job.
+
+        Args:
+            request: the request just given GPU blocks.
+            block_ids_per_group: per group, the request's whole GPU block table (computed prefix
+                blocks included).
+            num_external_tokens: tokens to load, exactly the ``n`` the last
+                :meth:`get_num_new_matched_tokens` returned for this request (or 0).
+
+        The load job pins its blocks (``prepare_load``) and is returned by the next
+        :meth:`build_step`. The loaded blocks are never stored again by this request.
+        """
+        n_ext = check_count(num_external_tokens, "num_external_tokens")
+        tables = check_block_table(block_ids_per_group, len(self._groups), "block_ids_per_group")
+        st = self._state(request)
+        if n_ext == 0:
+            for gs, t in zip(st.groups, tables):
+                gs.block_ids = t
+            st.offer = None
+            return
+        offer = st.offer
+        if offer is None or offer.num_new_tokens != n_ext:
+            raise InvalidArgumentError(
+                f"num_external_tokens ({n_ext}) must be what get_num_new_matched_tokens offered for request "
+                f"{st.req_id} ({0 if offer is None else offer.num_new_tokens})"
+            )
+        for g, ((first, last), t) in enumerate(zip(offer.gpu_ranges, tables)):
+            if len(t) < last:
+                raise InvalidArgumentError(
+                    f"block_ids_per_group[{g}] has {len(t)} blocks, the load needs at least {last}"
+                )
+        keys = []
+        gpu_ids: list[int] = []
+        sizes = []
+        for gcfg, gs, (first, last), t in zip(self._groups, st.groups, offer.gpu_ranges, tables):
+            f = gcfg.block_size_factor
+            keys.extend(gs.keys[first // f: -(-last // f)] if last > first else ())
+            gpu_ids.extend(t[first:last])
+            sizes.append(last - first)
+        cpu_spec = self.manager.prepare_load(keys, st.req_context)
+        if not isinstance(cpu_spec, CPULoadStoreSpec) or len(cpu_spec.block_ids) != len(keys):
+            raise KeyStateError(f"manager.prepare_load returned {cpu_spec!r} for {len(keys)} keys")
+        for gs, t in zip(st.groups, tables):
+            gs.block_ids = t
+        gpu_spec = GPULoadStoreSpec(gpu_ids, sizes, [r[0] for r in offer.gpu_ranges])
+        offsets = tuple(np.arange(first, last, dtype=np.int64) for first, last in offer.gpu_ranges)
+        job = TransferJob(self._new_job_id(), st.req_id, False, (cpu_spec, gpu_spec), keys, offsets)
+        self._jobs[job.job_id] = JobRecord(job, st.req_context)
+        for k in keys:
+            self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
+        st.in_flight.add(job.job_id)
+        st.load_job_id = job.job_id
+        st.offer = None
+        st.reset_store_progress(offer.num_computed_tokens + n_ext)
+        self._pending_loads.append(job)
+
+    def _new_job_id(self) -> int:
+        jid = self._next_job_id
+        self._next_job_id += 1
+        return jid
+
+    # ------------------------------------------------------------------ per step
+    def build_step(
+        self,
+        new_requests: Sequence[ScheduledRequest] = (),
+        running_requests: Sequence[ScheduledRequest] = (),
+        preempted_req_ids: Iterable[str] = (),
+    ) -> SchedulerStepOutput:
+        """Jobs for one engine step.
+
+        Args:
+            new_requests: requests computing for the first time since their (re)admission, with
+                their whole block tables.
+            running_requests: requests that already ran, with the blocks appended this step.
+            preempted_req_ids: requests preempted this step (their GPU blocks were freed).
+
+        Returns:
+            flush job ids (wait for them before writing any GPU block this step), the load jobs
+            built since the last call, and the store jobs of the blocks that fill up this step.
+        """
+        num_groups = len(self._groups)
+        preempted = [str(r) for r in preempted_req_ids]
+        checked: list[tuple[ScheduledRequest, bool, list[list[int]], int]] = []
+        for is_new, items in ((True, new_requests), (False, running_requests)):
+            for i, sr in enumerate(items):
+                where = f"{'new' if is_new else 'running'}_requests[{i}]"
+                if not isinstance(sr, ScheduledRequest):
+                    raise InvalidTypeError(f"{where} must be a ScheduledRequest, got {type(sr).__name__}")
+                n_comp = check_count(sr.num_computed_tokens, f"{where}.num_computed_tokens")
+                tokens = n_comp + check_count(sr.num_scheduled_tokens, f"{where}.num_scheduled_tokens")
+                if tokens > sr.request.num_tokens:
+                    raise InvalidArgumentError(
+                        f"{where}: computed + scheduled tokens ({tokens}) exceed num_tokens ({sr.request.num_tokens})"
+                    )
+                if is_new or len(sr.block_ids):
+                    blocks = check_block_table(sr.block_ids, num_groups, f"{where}.block_ids")
+                else:
+                    blocks = [[] for _ in range(num_groups)]
+                st = None if is_new else self._states.get(sr.request.request_id)
+                for g, gcfg in enumerate(self._groups):
+                    have = len(blocks[g]) + (len(st.groups[g].block_ids) if st is not None else 0)
+                    if have * gcfg.gpu_block_size < tokens:
+                        raise InvalidArgumentError(
+                            f"{where}: group {g} has {have} GPU blocks, {tokens} tokens need "
+                            f"{-(-tokens // gcfg.gpu_block_size)}"
+                        )
+                checked.append((sr, is_new, blocks, tokens))
+
+        for rid in preempted:
+            st = self._states.get(rid)
+            if st is not None:
+                self._release_blocks(st)
+        written: list[set[int]] | None = [set() for _ in range(num_groups)] if self._flush else None
+        for sr, is_new, blocks, _ in checked:
+            st = self._state(sr.request)
+            if is_new:
+                for g, (gs, t) in enumerate(zip(st.groups, blocks)):
+                    gs.block_ids = t
+                    if written is not None:
+                        written[g].update(t[sr.num_computed_tokens // self._groups[g].gpu_block_size:])
+                st.reset_store_progress(sr.num_computed_tokens)
+            else:
+                for g, (gs, t) in enumerate(zip(st.groups, blocks)):
+                    if t:
+                        gs.block_ids.extend(t)
+                        if written is not None:
+                            written[g].update(t)
+        out = SchedulerStepOutput()
+        out.load_jobs, self._pending_loads = self._pending_loads, []
+        if written is not None:
+            for job in out.load_jobs:
+                for g in range(num_groups):
+                    written[g].update(job.gpu_spec.group_block_ids(g).tolist())
+            flush: set[int] = set()
+            for g in range(num_groups):
+                self._flush.collect(g, written[g], flush)
+            out.flush_job_ids = sorted(flush)
+            for jid in out.flush_job_ids:
+                self._flush.remove(jid)
+        for sr, _, _, tokens in checked:
+            st = self._states[sr.request.request_id]
+            if tokens < st.next_store_tokens:
+                continue
+            job = build_store_job(st, self.config, self.manager, tokens, self._next_job_id)
+            if job is not None:
+                self._next_job_id += 1
+                self._jobs[job.job_id] = JobRecord(job, st.req_context)
+                st.in_flight.add(job.job_id)
+                out.store_jobs.append(job)
+        return out
+
+    def _release_blocks(self, st: RequestOffloadState) -> None:
+        """The request gave its GPU blocks back: track its in-flight jobs for flushing."""
+        self._cancel_unsent_load(st)
+        for jid in st.in_flight:
+            self._flush.add(self._jobs[jid].job)
+            self._jobs[jid].orphaned = True
+        for gs in st.groups:
+            gs.block_ids = []
+        st.offer = None
+
+    def _cancel_unsent_load(self, st: RequestOffloadState) -> None:
+        jid = st.load_job_id
+        if jid is None or not any(j.job_id == jid for j in self._pending_loads):
+            return
+        self._pending_loads = [j for j in self._pending_loads if j.job_id != jid]
+        rec = self._jobs.pop(jid)
+        st.in_flight.discard(jid)
+        st.load_job_id = None
+        self._unmark_loading(rec.job.keys)
+        self.manager.complete_load(rec.job.keys, rec.req_context)
+
+    def _unmark_loading(self, keys: Sequence[bytes]) -> None:
+        lk = self._loading_keys
+        for k in keys:
+            c = lk[k] - 1
+            if c:
+                lk[k] = c
+            else:
+                del lk[k]
+
+    # ------------------------------------------------------------------ completion
+    def complete_jobs(self, results: Iterable[Any]) -> list[FinishedJob]:
+        """Count worker reports; complete the jobs every worker reported.
+
+        Args:
+            results: worker results -- objects with ``job_id`` and ``success`` (a
+                ``TransferResult``) or ``(job_id, success)`` pairs; one per worker per job.
+
+        Returns:
+            The jobs completed by these reports, in report order. A store completes with
+            ``complete_store(keys, ctx, success)``; a failed store (any worker failed) removes its
+            still-pending keys. A load completes with ``complete_load`` whatever its outcome;
+            ``success=False`` tells the engine the loaded tokens must be recomputed.
+        """
+        pairs = parse_results(results)
+        counts: dict[int, int] = {}
+        for jid, _ in pairs:
+            counts[jid] = counts.get(jid, 0) + 1
+        unsent = {j.job_id for j in self._pending_loads}
+        for jid, c in counts.items():
+            rec = self._jobs.get(jid)
+            if rec is None or jid in unsent:
+                raise InvalidArgumentError(f"results name job {jid}, which is not in flight")
+            if rec.reports + c > self.config.num_workers:
+                raise InvalidArgumentError(
+                    f"job {jid} reported {rec.reports + c} times, more than num_workers={self.config.num_workers}"
+                )
+        done: list[FinishedJob] = []
+        for jid, ok in pairs:
+            rec = self._jobs[jid]
+            rec.reports += 1
+            rec.failed |= not ok
+            if rec.reports == self.config.num_workers:
+                done.append(self._finish(rec))
+        return done
+
+    def _finish(self, rec: JobRecord) -> FinishedJob:
+        job = rec.job
+        del self._jobs[job.job_id]
+        self._flush.remove(job.job_id)
+        st = self._states.get(job.req_id)
+        if st is not None:
+            st.in_flight.discard(job.job_id)
+        if job.is_store:
+            self.manager.complete_store(job.keys, rec.req_context, success=not rec.failed)
+        else:
+            self._unmark_loading(job.keys)
+            self.manager.complete_load(job.keys, rec.req_context)
+            if st is not None and st.load_job_id == job.job_id:
+                st.load_job_id = None
+        if rec.failed:
+            logger.warning("%s job %d of request %s failed", "store" if job.is_store else "load", job.job_id, job.req_id)
+        return FinishedJob(job.job_id, job.req_id, job.is_store, not rec.failed, job.keys)
+
+    # ------------------------------------------------------------------ lifecycle
+    def request_finished(self, request: Any, block_ids: Sequence[Sequence[int]] | None = None) -> None:
+        """Forget a finished (or aborted) request; its GPU blocks may be freed at once.
+
+        Its in-flight jobs still complete normally (with its ``ReqContext``); the GPU blocks they
+        use are flushed before another request writes them (see :meth:`build_step`).
+        ``block_ids`` is accepted for engines that pass it; the scheduler knows its jobs' blocks.
+        """
+        rid = request if isinstance(request, str) else request.request_id
+        st = self._states.pop(rid, None)
+        if st is not None:
+            self._release_blocks(st)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """The manager's events since the last call (stores and evictions)."""
+        take = getattr(self.manager, "take_events", None)
+        return list(take()) if take is not None else []
+
+    def reset_cache(self) -> bool:
+        """Drop every offloaded block; refused (False) while transfer jobs are in flight or when
+        the manager has no ``reset_cache``."""
+        if self._jobs or self._pending_loads:
+            return False
+        reset = getattr(self.manager, "reset_cache", None)
+        if reset is None:
+            return False
+        reset()
+        return True

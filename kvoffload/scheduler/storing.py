@@ -1,0 +1,92 @@
+"""Store jobs: the newly full offloaded blocks of one request, all groups in one ``prepare_store``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvoffload.errors import KeyStateError
+from kvoffload.offload.base import GPULoadStoreSpec, OffloadKey
+from kvoffload.scheduler.config import OffloadingSchedulerConfig
+from kvoffload.scheduler.jobs import TransferJob
+from kvoffload.scheduler.state import RequestOffloadState
+
+__all__ = ["build_store_job"]
+
+
+def build_store_job(
+    st: RequestOffloadState,
+    config: OffloadingSchedulerConfig,
+    manager: Any,
+    num_tokens: int,
+    job_id: int,
+) -> TransferJob | None:
+    """Prepare the store of every offloaded block of ``st`` that is full within ``num_tokens``.
+
+    ``num_tokens`` are the request's computed tokens after this step. The blocks from each
+    group's ``next_store_block`` up to the last full one (within the hashed tokens and the
+    ``max_offload_tokens`` cap) go to one ``manager.prepare_store`` call. None from the manager:
+    nothing changes, the same blocks are offered again next step. Otherwise the store progress
+    advances and, when ``keys_to_store`` is not empty, a store job carrying exactly those keys is
+    returned (GPU blocks ordered by group, ``block_indices[g]`` = index of group g's first GPU
+    block in the request; the CPU spec is the manager's, slot ``i`` for ``keys_to_store[i]``).
+    """
+    tokens = st.offloadable_tokens(num_tokens)
+    if tokens < st.next_store_tokens:
+        return None
+    st.update_keys(tokens)
+    groups = config.groups
+    full = [tokens // g.offloaded_block_size for g in groups]
+    keys: list[OffloadKey] = []
+    for gs, n in zip(st.groups, full):
+        if n > gs.next_store_block:
+            keys.extend(gs.keys[gs.next_store_block:n])
+    if not keys:
+        st.advance_store_progress(full)
+        return None
+    out = manager.prepare_store(keys, st.req_context)
+    if out is None:
+        return None
+    first_blocks = [gs.next_store_block for gs in st.groups]
+    st.advance_store_progress(full)
+    to_store = list(out.keys_to_store)
+    if not to_store:
+        return None
+    if len(out.store_spec.block_ids) != len(to_store):
+        raise KeyStateError(
+            f"manager.prepare_store returned {len(out.store_spec.block_ids)} slots for {len(to_store)} keys"
+        )
+    # offloaded block indices selected per group
+    if len(to_store) == len(keys):
+        selected = [range(b, n) if n > b else range(0) for b, n in zip(first_blocks, full)]
+    else:
+        where: dict[bytes, tuple[int, int]] = {}
+        for g, (gs, b, n) in enumerate(zip(st.groups, first_blocks, full)):
+            for i in range(b, n):
+                where[gs.keys[i]] = (g, i)
+        sel: list[list[int]] = [[] for _ in groups]
+        for k in to_store:
+            g, i = where[k]
+            sel[g].append(i)
+        selected = sel
+    gpu_ids: list[int] = []
+    sizes: list[int] = []
+    first_idx: list[int] = []
+    offsets: list[np.ndarray] = []
+    for gcfg, gs, blocks in zip(groups, st.groups, selected):
+        f = gcfg.block_size_factor
+        table = gs.block_ids
+        n0 = len(gpu_ids)
+        if isinstance(blocks, range) and f == 1:
+            gpu_ids.extend(table[blocks.start:blocks.stop])
+            offs = np.arange(blocks.start, blocks.stop, dtype=np.int64)
+        else:
+            idx = [i * f + j for i in blocks for j in range(f)]
+            gpu_ids.extend(table[i] for i in idx)
+            offs = np.asarray(idx, dtype=np.int64)
+        sizes.append(len(gpu_ids) - n0)
+        first_idx.append(int(offs[0]) if offs.size else 0)
+        offsets.append(offs)
+    gpu_spec = GPULoadStoreSpec(gpu_ids, sizes, first_idx)
+    return TransferJob(job_id, st.req_id, True, (gpu_spec, out.store_spec), to_store, tuple(offsets))
