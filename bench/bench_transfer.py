@@ -174,7 +174,6 @@ def _bench_case(shape: Shape, block_size: int, table: KVCacheTable, pool: torch.
             gbps = nbytes / ms / 1e6
             rows.append({**base, "direction": direction, "method": name, "ms": ms, "gbps": gbps,
                          "ratio_to_peak": gbps / peak_gbps})
-    del contiguous
     return rows
 
 
@@ -196,7 +195,7 @@ def _verify(table: KVCacheTable, pool: torch.Tensor, backends: dict[str, KernelB
         if table.device.type == "cuda":
             torch.cuda.synchronize(table.device)
         ok = True
-        for s_id, d_id, off in zip(src.tolist(), dst.tolist(), offs.tolist()):
+        for s_id, d_id, off in zip(src.tolist(), dst.tolist(), offs.tolist(), strict=True):
             rec = pool[off:off + group.record_bytes]
             want = torch.cat([v.pages[s_id].cpu() for v in group.views])
             got = torch.cat([v.pages[d_id].cpu() for v in group.views])
@@ -215,9 +214,9 @@ def _map_job_overhead(quick: bool) -> dict[str, float]:
     for n in (16, 256) if quick else (16, 256, 4096):
         sizes = [n, n, n // 2]
         gpu = GPULoadStoreSpec(rng.permutation(1 << 20)[: sum(sizes)], sizes, [1, 0, 3])
-        need = sum((i % 4 + s + 3) // 4 for s, i in zip(sizes, [1, 0, 3]))
+        need = sum((i % 4 + s + 3) // 4 for s, i in zip(sizes, [1, 0, 3], strict=True))
         cpu = CPULoadStoreSpec(rng.permutation(1 << 20)[:need])
-        out[f"{sum(sizes)}_blocks"] = _time_cpu(lambda: map_job(gpu, cpu, geom, store=True)) * 1e3
+        out[f"{sum(sizes)}_blocks"] = _time_cpu(lambda g=gpu, c=cpu: map_job(g, c, geom, store=True)) * 1e3
     return out
 
 

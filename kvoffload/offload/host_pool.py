@@ -38,6 +38,9 @@ __all__ = ["HostPool", "REGISTER_CHUNK_BYTES"]
 REGISTER_CHUNK_BYTES = 1 << 30
 
 _OS_PAGE = 4096
+# cudaHostRegisterPortable | cudaHostRegisterMapped: usable from every CUDA context, and mapped into
+# the device address space (with UVA the device address equals the host address).
+_REGISTER_FLAGS = 0x01 | 0x02
 
 _warned_pageable = False
 _warn_lock = threading.Lock()
@@ -179,7 +182,7 @@ class HostPool:
         except Exception as exc:  # noqa: BLE001 - no usable CUDA runtime
             return f"CUDA runtime unavailable: {exc}"
         for ptr, size in _chunk_ranges(buf.data_ptr(), self.nbytes, REGISTER_CHUNK_BYTES):
-            rc = cudart.cudaHostRegister(ptr, size, 0)
+            rc = cudart.cudaHostRegister(ptr, size, _REGISTER_FLAGS)
             if not _cuda_ok(rc):
                 _unregister(self._registered)
                 return f"cudaHostRegister(0x{ptr:x}, {size}) returned {rc}"

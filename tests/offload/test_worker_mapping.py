@@ -70,7 +70,8 @@ def test_random_against_reference() -> None:
         geom = _geom(record, nblocks, factors, num_slots=200)
         sizes = [int(rng.integers(0, min(8, nb) + 1)) for nb in nblocks]
         indices = [int(rng.integers(0, 10)) for _ in range(G)]
-        gpu_ids = np.concatenate([rng.permutation(int(nb))[:s] for nb, s in zip(nblocks, sizes)]).astype(np.int64)
+        chosen = [rng.permutation(int(nb))[:s] for nb, s in zip(nblocks, sizes, strict=True)]
+        gpu_ids = np.concatenate(chosen).astype(np.int64)
         need = int(slots_per_group(np.array(sizes), np.array(indices), factors).sum())
         cpu_ids = rng.permutation(200)[:need]
         store = bool(rng.integers(0, 2))
@@ -78,7 +79,7 @@ def test_random_against_reference() -> None:
             GPULoadStoreSpec(gpu_ids, sizes, indices), CPULoadStoreSpec(cpu_ids), geom, store=store
         )
         ref = _reference(gpu_ids.tolist(), sizes, indices, cpu_ids.tolist(), geom)
-        got = list(zip(arr.block_ids.tolist(), arr.group_ids.tolist(), arr.host_offsets.tolist()))
+        got = list(zip(arr.block_ids.tolist(), arr.group_ids.tolist(), arr.host_offsets.tolist(), strict=True))
         assert got == ref
         assert arr.transfer_size == sum(int(geom.record_bytes[g]) for _, g, _ in ref)
 
