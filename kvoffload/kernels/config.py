@@ -79,7 +79,7 @@ def _merge_into(acc: dict[str, Any], data: Any, where: str) -> None:
                 acc.setdefault(key, {}).setdefault(str(sub), {}).update(entry)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_tables(directory: str | None = None) -> dict[str, Any]:
     """All config files of ``directory`` (default: the packaged ``configs/``) merged; cached."""
     path = Path(directory) if directory is not None else CONFIG_DIR
@@ -111,7 +111,7 @@ def resolve_config(tables: dict[str, Any], device_name: str | None, capability: 
     return cfg
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_config(index: int) -> LaunchConfig:
     props = torch.cuda.get_device_properties(index)
     cfg = resolve_config(load_tables(), props.name, (props.major, props.minor))

@@ -28,7 +28,8 @@ class DmaBackend(KernelBackend):
     def _copy(self, job: TransferJob, to_host: bool) -> None:
         table, host = job.table, job.host
         with torch.cuda.device(table.device):
-            for b, g, off in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist()):
+            entries = zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True)
+            for b, g, off in entries:
                 for v in table.groups[g].views:
                     page = v.pages[b]
                     dst = host[off + v.record_offset:off + v.record_offset + v.page_bytes]

@@ -25,7 +25,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 
@@ -61,7 +61,7 @@ class GenericLayout:
             raise InvalidArgumentError(f"GenericLayout.block_dim must be >= 0, got {self.block_dim}")
 
 
-LayoutSpec = Union[Literal["flash_attn", "flashinfer", "mla"], GenericLayout]
+LayoutSpec = Literal["flash_attn", "flashinfer", "mla"] | GenericLayout
 
 # name -> (block_dim, required ndim, {dim: required size})
 _NAMED: dict[str, tuple[int, int, dict[int, int]]] = {

@@ -22,7 +22,8 @@ Tables (int64, on the cache's device):
 
 Work: ``n * max_views`` units (one page each; units past a group's view count are skipped),
 distributed over a capped number of persistent programs in a grid-stride loop; each program
-copies a page in ``BLOCK``-word chunks. All offsets are 64-bit.
+copies a page in ``BLOCK``-word chunks. All offsets are 64-bit. ``n_job``/``max_views`` are not
+specialised (a job of one block must not compile a new kernel, nor turn them into constexprs).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import triton.language as tl
 __all__ = ["copy_records_kernel"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_job", "max_views"])
 def copy_records_kernel(
     cache_ptr,
     host_ptr,

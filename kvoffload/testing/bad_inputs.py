@@ -115,7 +115,8 @@ def bad_input_cases() -> list[BadInput]:
                  InvalidArgumentError),
         BadInput("record_past_end_of_host", _record_past_end, InvalidArgumentError),
         BadInput("host_too_small", _host_too_small, InvalidArgumentError),
-        BadInput("negative_host_offset", _set(host_offsets=lambda a, t: a["host_offsets"] - int(a["host_offsets"].max()) - 1),
+        BadInput("negative_host_offset",
+                 _set(host_offsets=lambda a, t: a["host_offsets"] - int(a["host_offsets"].max()) - 1),
                  InvalidArgumentError),
         BadInput("host_dtype_not_uint8", _set(host=lambda a, t: a["host"].view(torch.int8)), InvalidTypeError),
         BadInput("host_not_1d", _set(host=lambda a, t: a["host"][: a["host"].numel() // 2 * 2].view(2, -1)),
@@ -159,5 +160,5 @@ def check_bad_input(backend: KernelBackend, case: Case, job: Job, bad: BadInput,
     if table.device.type == "cuda":
         torch.cuda.synchronize(table.device)
     assert_bytes_equal(host, host_before, f"{bad.name}/{direction}: host changed despite the error")
-    for i, (buf, old) in enumerate(zip(case.buffers, cache_before)):
+    for i, (buf, old) in enumerate(zip(case.buffers, cache_before, strict=True)):
         assert_bytes_equal(buf, old, f"{bad.name}/{direction}: cache buffer {i} changed despite the error")

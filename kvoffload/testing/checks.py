@@ -95,14 +95,14 @@ def check_pack(backend: KernelBackend, case: Case, job: Job, seed: int = 1) -> N
     table = case.table()
     host = make_host(job.host_bytes, table.device, seed)
     expected = host.clone()
-    for b, g, o in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist()):
+    for b, g, o in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True):
         rec = expected_record(case, g, b)
         expected[o:o + rec.numel()] = rec
     before = snapshot(case)
     backend.pack(table, host, job.block_ids, job.group_ids, job.host_offsets)
     _sync(table.device)
     assert_bytes_equal(host, expected, f"{case.name}: host after pack")
-    for i, (buf, old) in enumerate(zip(case.buffers, before)):
+    for i, (buf, old) in enumerate(zip(case.buffers, before, strict=True)):
         assert_bytes_equal(buf, old, f"{case.name}: cache buffer {i} after pack (source must not change)")
 
 
@@ -112,7 +112,7 @@ def check_unpack(backend: KernelBackend, case: Case, job: Job, seed: int = 2) ->
     host = make_host(job.host_bytes, table.device, seed)
     host_before = host.clone()
     expected = snapshot(case)
-    for b, g, o in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist()):
+    for b, g, o in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True):
         pos = o
         for bi, start, nbytes in page_locations(case, g, b):
             expected[bi][start:start + nbytes] = host[pos:pos + nbytes]
@@ -120,7 +120,7 @@ def check_unpack(backend: KernelBackend, case: Case, job: Job, seed: int = 2) ->
     backend.unpack(table, host, job.block_ids, job.group_ids, job.host_offsets)
     _sync(table.device)
     assert_bytes_equal(host, host_before, f"{case.name}: host after unpack (source must not change)")
-    for i, (buf, exp) in enumerate(zip(case.buffers, expected)):
+    for i, (buf, exp) in enumerate(zip(case.buffers, expected, strict=True)):
         assert_bytes_equal(buf, exp, f"{case.name}: cache buffer {i} after unpack")
 
 
@@ -130,7 +130,7 @@ def check_roundtrip(backend: KernelBackend, src: Case, dst: Case, job: Job) -> N
     host = make_host(job.host_bytes, t_src.device)
     backend.pack(t_src, host, job.block_ids, job.group_ids, job.host_offsets)
     expected = snapshot(dst)
-    for b, g in zip(job.block_ids.tolist(), job.group_ids.tolist()):
+    for b, g in zip(job.block_ids.tolist(), job.group_ids.tolist(), strict=True):
         rec = expected_record(src, g, b)
         pos = 0
         for bi, start, nbytes in page_locations(dst, g, b):
@@ -138,5 +138,5 @@ def check_roundtrip(backend: KernelBackend, src: Case, dst: Case, job: Job) -> N
             pos += nbytes
     backend.unpack(t_dst, host, job.block_ids, job.group_ids, job.host_offsets)
     _sync(t_dst.device)
-    for i, (buf, exp) in enumerate(zip(dst.buffers, expected)):
+    for i, (buf, exp) in enumerate(zip(dst.buffers, expected, strict=True)):
         assert_bytes_equal(buf, exp, f"{dst.name}: cache buffer {i} after round trip")

@@ -27,7 +27,7 @@ class SkipsLastView(TorchBackend):
     name = "broken-skip"
 
     def _copy(self, job: TransferJob, to_host: bool) -> None:
-        for b, g, off in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist()):
+        for b, g, off in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True):
             for v in job.table.groups[g].views[:-1]:
                 dst = job.host[off + v.record_offset:off + v.record_offset + v.page_bytes]
                 if to_host:

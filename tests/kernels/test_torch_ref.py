@@ -46,7 +46,7 @@ def test_dense_records_at_slot_boundaries() -> None:
     offs = np.array([0, 3, 1, 2], dtype=np.int64) * rb
     host = make_host(4 * rb, table.device)
     be.pack(table, host, ids, job_g, offs)
-    for b, o in zip(ids.tolist(), offs.tolist()):
+    for b, o in zip(ids.tolist(), offs.tolist(), strict=True):
         exp = torch.cat([t[b].contiguous().view(torch.uint8).reshape(-1) for t in case.groups[1]])
         assert torch.equal(host[o:o + rb], exp)
 

@@ -13,6 +13,7 @@ import torch
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels import triton_backend
 from kvoffload.kernels.dma_backend import DmaBackend
+from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.torch_ref import TorchBackend
 from kvoffload.kernels.triton_backend import TritonBackend, job_alignment
 from kvoffload.testing.cases import DTYPES, build_case, case_names
@@ -47,7 +48,7 @@ def _compare_with_torch(kind: str, dtype: str, device: str, seed: int) -> None:
     TorchBackend().unpack(tb, src, job.block_ids, job.group_ids, job.host_offsets)
     if ta.device.type == "cuda":
         torch.cuda.synchronize()
-    for i, (a, b) in enumerate(zip(snapshot(case_a), snapshot(case_b))):
+    for i, (a, b) in enumerate(zip(snapshot(case_a), snapshot(case_b), strict=True)):
         assert_bytes_equal(a, b, f"{kind}-{dtype}: triton vs torch unpack, buffer {i}")
 
 
@@ -176,7 +177,7 @@ def test_cuda_pack_runs_on_current_stream() -> None:
     stream.synchronize()
     ref = make_host(job.host_bytes, table.device, seed=99)
     ref.copy_(host)
-    for b, e in zip(case.buffers, expected_src):
+    for b, e in zip(case.buffers, expected_src, strict=True):
         assert torch.equal(b, e)
     TorchBackend().pack(table, ref, job.block_ids, job.group_ids, job.host_offsets)
     torch.cuda.synchronize()
@@ -206,3 +207,42 @@ def test_cuda_large_offsets_are_64_bit() -> None:
     assert torch.equal(host[off:off + rb], exp)
     assert bool((host[:8192] == 7).all()) and bool((host[off - 64:off] == 7).all())
     assert bool((host[off + rb:off + rb + 64] == 7).all())
+
+
+@pytest.mark.interpreter
+def test_single_block_single_view_job() -> None:
+    """n_job == 1 and max_views == 1 (values Triton would otherwise specialise)."""
+    case = build_case("mla", "fp16", seed=36)
+    table = KVCacheTable.from_tensors([case.groups[2]], "mla")
+    t = case.groups[2][0]
+    host = make_host(256, table.device)
+    before = host.clone()
+    TritonBackend().pack(table, host, np.array([4]), np.array([0], dtype=np.int32), np.array([32]))
+    exp = t[4].contiguous().view(torch.uint8).reshape(-1)
+    assert torch.equal(host[32:32 + exp.numel()], exp)
+    assert torch.equal(host[:32], before[:32]) and torch.equal(host[32 + exp.numel():], before[32 + exp.numel():])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_kernel_compiles_for_gpus_with_wide_accesses() -> None:
+    """Ahead-of-time compile to PTX (no GPU needed): 16-byte alignment gives 128-bit loads/stores."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kvoffload.kernels.triton_kernels import copy_records_kernel
+
+    sig = {"cache_ptr": "*i64", "host_ptr": "*i64", "views_ptr": "*i64", "groups_ptr": "*i64", "job_ptr": "*i64",
+           "n_job": "i32", "max_views": "i32", "TO_HOST": "constexpr", "VEC": "constexpr", "BLOCK": "constexpr"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
+    for to_host in (True, False):
+        try:
+            src = ASTSource(fn=copy_records_kernel, signature=sig,
+                            constexprs={"TO_HOST": to_host, "VEC": 2, "BLOCK": 2048}, attrs=attrs)
+        except TypeError as exc:  # a Triton whose ASTSource takes other arguments
+            pytest.skip(f"ASTSource API differs in triton {triton.__version__}: {exc}")
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+        ops = set(re.findall(r"(?:ld|st)\.global\.v2\.b64", ptx))
+        assert ops == {"ld.global.v2.b64", "st.global.v2.b64"}, sorted(set(re.findall(r"(?:ld|st)\.global\S*", ptx)))
