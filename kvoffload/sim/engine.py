@@ -1,0 +1,426 @@
+"""The reference engine loop: a small paged-KV engine driving the offloading scheduler.
+
+One :meth:`Engine.step`:
+
+1. collect the workers' finished jobs and complete them in the scheduler; a finished load is
+   verified block by block and its request becomes ready to run;
+2. schedule: running requests first (chunked prefill or one decode token each, preempting from
+   the back of the running list when GPU blocks run out), then loaded requests, then waiting
+   requests (GPU prefix-cache hit, then ``get_num_new_matched_tokens``: a load, a deferral, or
+   compute) within the token budget;
+3. ``build_step``: wait for the flush jobs, submit the load jobs, "compute" (write the
+   deterministic KV of every scheduled token), submit the store jobs;
+4. sample one token per request that reached its end, finish requests (``request_finished``,
+   blocks freed at once).
+
+The transfer worker moves the real bytes between the KV tensors and the host pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.scheduler.jobs import FinishedJob, ScheduledRequest, TransferJob
+from kvoffload.scheduler.scheduler import OffloadingScheduler
+from kvoffload.sim.blocks import GPUBlockCache
+from kvoffload.sim.config import EngineConfig
+from kvoffload.sim.delayed import DelayedWorker
+from kvoffload.sim.kvcache import GroupKVSpec, SimKVCache
+from kvoffload.sim.request import SimRequest
+from kvoffload.sim.stats import EngineStats, StepStats, TransferRecord
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Engine"]
+
+WAITING, LOADING, READY, RUNNING, FINISHED = "waiting", "loading", "ready", "running", "finished"
+
+
+class _Seq:
+    """Engine-side state of one request."""
+
+    __slots__ = ("req", "status", "num_computed", "tables", "hit", "ext", "admitted")
+
+    def __init__(self, req: SimRequest, num_groups: int) -> None:
+        self.req = req
+        self.status = WAITING
+        self.num_computed = 0
+        self.tables: list[list[int]] = [[] for _ in range(num_groups)]
+        self.hit = 0
+        self.ext = 0
+        self.admitted = False
+
+
+class Engine:
+    """A paged-KV engine with a CPU offloading tier (see the module docstring).
+
+    Args:
+        config: the engine configuration (default :class:`EngineConfig`).
+        manager: the offloading manager (default ``CPUOffloadingManager(num_cpu_blocks,
+            config.cache_policy, enable_events=True)``).
+        worker: the transfer worker (default ``TransferWorker`` over this engine's KV tensors,
+            ``num_cpu_blocks`` slots, backend ``worker_backend or config.worker_backend``).
+        worker_backend: kernel backend name for the default worker.
+
+    Attributes:
+        stats: cumulative :class:`EngineStats`.
+        transfer_log: :class:`TransferRecord` per submitted job (``record_transfers=True``).
+        flush_log: ``(step, job_id)`` per flushed job (``record_transfers=True``).
+        scheduler / manager / worker / kv: the parts, for inspection.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        manager: Any = None,
+        worker: Any = None,
+        *,
+        worker_backend: str | None = None,
+    ) -> None:
+        cfg = config if config is not None else EngineConfig()
+        if not isinstance(cfg, EngineConfig):
+            raise InvalidTypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
+        self.config = cfg
+        self.device = torch.device(cfg.device) if cfg.device else torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu"
+        )
+        self.sched_config = cfg.scheduler_config()
+        self.hash_block_size = self.sched_config.effective_hash_block_size
+        self.groups = cfg.groups
+        self.kv = SimKVCache(
+            [GroupKVSpec(cfg.num_gpu_blocks, g.gpu_block_size, g.num_layers, cfg.num_heads, cfg.head_dim, g.layout)
+             for g in cfg.groups],
+            cfg.dtype, self.device, cfg.seed,
+        )
+        if manager is None:
+            from kvoffload.offload.manager import CPUOffloadingManager
+
+            manager = CPUOffloadingManager(cfg.num_cpu_blocks, cfg.cache_policy, enable_events=True)
+        self.manager = manager
+        if worker is None:
+            from kvoffload.kernels.layout import KVCacheTable
+            from kvoffload.offload.worker import TransferWorker
+
+            table = KVCacheTable.from_tensors(self.kv.tensors, self.kv.layouts)
+            worker = TransferWorker(
+                table, cfg.num_cpu_blocks, [g.block_size_factor for g in cfg.groups],
+                backend=worker_backend or cfg.worker_backend,
+            )
+        self.worker = DelayedWorker(worker, cfg.transfer_latency_steps) if cfg.transfer_latency_steps else worker
+        self.scheduler = OffloadingScheduler(self.sched_config, manager)
+        self.gpu = GPUBlockCache(cfg.groups, cfg.num_gpu_blocks, self.hash_block_size, cfg.enable_gpu_prefix_cache)
+        self.pools = self.gpu.pools
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.ready: list[_Seq] = []
+        self.loading: dict[str, _Seq] = {}
+        self.requests: dict[str, SimRequest] = {}
+        self._seqs: dict[str, _Seq] = {}
+        self._jobs: dict[int, TransferJob] = {}
+        self._load_seq: dict[int, _Seq] = {}
+        self.stats = EngineStats()
+        self.transfer_log: list[TransferRecord] = []
+        self.flush_log: list[tuple[int, int]] = []
+        self._step = 0
+        self._idle_steps = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request: SimRequest | Any) -> SimRequest:
+        """Queue a request: a :class:`SimRequest`, or anything with ``request_id``,
+        ``prompt_token_ids`` and ``max_tokens`` (e.g. a ``ChatTurn``). Returns the SimRequest."""
+        req = request if isinstance(request, SimRequest) else SimRequest.from_chat_turn(request)
+        if req.request_id in self.requests:
+            raise InvalidArgumentError(f"request id {req.request_id!r} was already added")
+        req.bind(self.hash_block_size)
+        total = req.num_prompt_tokens + req.max_tokens
+        for g, gc in enumerate(self.groups):
+            need = -(-total // gc.gpu_block_size)
+            if need > self.config.num_gpu_blocks - 1:
+                raise InvalidArgumentError(
+                    f"request {req.request_id} needs {need} GPU blocks of group {g}, the engine has "
+                    f"{self.config.num_gpu_blocks - 1}"
+                )
+        seq = _Seq(req, len(self.groups))
+        self.requests[req.request_id] = req
+        self._seqs[req.request_id] = seq
+        self.waiting.append(seq)
+        self.stats.requests_added += 1
+        self.stats.prompt_tokens += req.num_prompt_tokens
+        return req
+
+    def get_request(self, request_id: str) -> SimRequest:
+        return self.requests[request_id]
+
+    def status_of(self, request_id: str) -> str:
+        """``"waiting" | "loading" | "ready" | "running" | "finished"``."""
+        return self._seqs[request_id].status
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running or self.ready or self.loading)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> StepStats:
+        """Run one engine step (see the module docstring)."""
+        t0 = time.perf_counter()
+        self._step += 1
+        st = StepStats(self._step)
+        if isinstance(self.worker, DelayedWorker):
+            self.worker.tick()
+        self._handle_results(self.worker.get_finished(), st)
+        new, running, preempted = self._schedule(st)
+        out = self.scheduler.build_step(new, running, preempted)
+        if out.flush_job_ids:
+            self.worker.wait(out.flush_job_ids)
+            st.flushed_jobs = list(out.flush_job_ids)
+            self.stats.flushed_jobs += len(out.flush_job_ids)
+            if self.config.record_transfers:
+                self.flush_log.extend((self._step, j) for j in out.flush_job_ids)
+        for job in out.load_jobs:
+            self._submit(job, st)
+        self._compute(new + running)
+        for job in out.store_jobs:
+            self._submit(job, st)
+        self._finish_step(new + running, st)
+        for ev in self.scheduler.take_events():
+            if ev.removed:
+                self.stats.cpu_evictions += len(ev.keys)
+        self.stats.gpu_evictions = self.gpu.num_evicted
+        st.num_running, st.num_waiting, st.num_loading = len(self.running), len(self.waiting), len(self.loading)
+        st.seconds = time.perf_counter() - t0
+        self.stats.steps += 1
+        self.stats.wall_seconds += st.seconds
+        busy = st.num_scheduled_tokens or self.scheduler.num_in_flight_jobs or st.completed_jobs
+        self._idle_steps = 0 if busy else self._idle_steps + 1
+        return st
+
+    def run_until_done(self, max_steps: int | None = None) -> EngineStats:
+        """Step until every request finished (and every transfer completed).
+
+        Raises:
+            RuntimeError: ``max_steps`` reached, or 1000 steps in a row did nothing.
+        """
+        n = 0
+        while self.has_unfinished_requests() or self.scheduler.num_in_flight_jobs:
+            if max_steps is not None and n >= max_steps:
+                raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+            self.step()
+            n += 1
+            if self._idle_steps >= 1000:
+                raise RuntimeError("engine stalled: 1000 steps without scheduling or transfers")
+        return self.stats
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
+        shutdown = getattr(self.manager, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    # ------------------------------------------------------------------ scheduling
+    def _schedule(self, st: StepStats) -> tuple[list[ScheduledRequest], list[ScheduledRequest], list[str]]:
+        budget = self.config.max_num_batched_tokens
+        new: list[ScheduledRequest] = []
+        running: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.req.num_tokens - seq.num_computed, budget)
+            before = [len(t) for t in seq.tables]
+            ok = True
+            while not self.gpu.grow(seq.tables, seq.num_computed + n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim.req.request_id)
+                if victim is seq:
+                    ok = False
+                    break
+            if not ok:
+                break
+            running.append(ScheduledRequest(seq.req, seq.num_computed, n,
+                                            [t[b:] for t, b in zip(seq.tables, before)]))
+            budget -= n
+            i += 1
+        st.preempted = preempted
+        if not preempted:
+            budget = self._admit(budget, new, st)
+        st.num_scheduled_tokens = self.config.max_num_batched_tokens - budget
+        return new, running, preempted
+
+    def _admit(self, budget: int, new: list[ScheduledRequest], st: StepStats) -> int:
+        # loaded requests first: they hold their blocks already
+        while self.ready and budget > 0:
+            seq = self.ready[0]
+            n = min(seq.req.num_tokens - seq.num_computed, budget)
+            if not self.gpu.grow(seq.tables, seq.num_computed + n):
+                return budget
+            self.ready.pop(0)
+            seq.status = RUNNING
+            self.running.append(seq)
+            new.append(ScheduledRequest(seq.req, seq.num_computed, n, [list(t) for t in seq.tables]))
+            budget -= n
+        skipped: list[_Seq] = []
+        while self.waiting and budget > 0:
+            if len(self.running) + len(self.loading) + len(self.ready) >= self.config.max_num_seqs:
+                break
+            seq = self.waiting.popleft()
+            req = seq.req
+            hit = self.gpu.hit(req)
+            ext, _ = self.scheduler.get_num_new_matched_tokens(req, hit)
+            if ext is None:
+                st.deferred.append(req.request_id)
+                self.stats.deferrals += 1
+                skipped.append(seq)
+                continue
+            self.gpu.take_hit(req, hit, seq.tables)
+            n = ext if ext else min(req.num_tokens - hit, budget)
+            if not self.gpu.grow(seq.tables, hit + n):
+                self.gpu.free(seq.tables)
+                self.waiting.appendleft(seq)
+                break
+            self.scheduler.update_state_after_alloc(req, seq.tables, ext)
+            seq.hit, seq.ext, seq.num_computed = hit, ext, hit
+            self.stats.admitted_tokens += req.num_tokens
+            self.stats.gpu_hit_tokens += hit
+            st.admitted.append(req.request_id)
+            if ext:
+                seq.status = LOADING
+                self.loading[req.request_id] = seq
+                continue
+            seq.status = RUNNING
+            self.running.append(seq)
+            new.append(ScheduledRequest(req, hit, n, [list(t) for t in seq.tables]))
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        return budget
+
+    def _preempt(self, seq: _Seq) -> None:
+        self.gpu.free(seq.tables)
+        seq.num_computed = 0
+        seq.status = WAITING
+        self.waiting.appendleft(seq)
+        self.stats.preemptions += 1
+
+    # ------------------------------------------------------------------ transfers
+    def _submit(self, job: TransferJob, st: StepStats) -> None:
+        self._jobs[job.job_id] = job
+        if job.is_store:
+            st.store_jobs.append(job.job_id)
+            self.stats.store_jobs += 1
+        else:
+            st.load_jobs.append(job.job_id)
+            self.stats.load_jobs += 1
+            self._load_seq[job.job_id] = self.loading[job.req_id]
+        if self.config.record_transfers:
+            self.transfer_log.append(TransferRecord.from_job(self._step, job))
+        if not self.worker.transfer_async(job.job_id, job.spec):
+            logger.warning("worker refused job %d", job.job_id)
+            self._handle_results([(job.job_id, False)], st)
+
+    def _handle_results(self, results: Iterable[Any], st: StepStats) -> None:
+        results = list(results)
+        if not results:
+            return
+        for r in results:
+            size = getattr(r, "transfer_size", 0)
+            secs = getattr(r, "transfer_time", 0.0)
+            job = self._jobs.get(r[0] if isinstance(r, tuple) else r.job_id)
+            if job is None:
+                continue
+            if job.is_store:
+                self.stats.bytes_stored += size
+                self.stats.store_seconds += secs
+            else:
+                self.stats.bytes_loaded += size
+                self.stats.load_seconds += secs
+        for fj in self.scheduler.complete_jobs(results):
+            st.completed_jobs.append(fj.job_id)
+            job = self._jobs.pop(fj.job_id)
+            if fj.is_store:
+                if fj.success:
+                    self.stats.blocks_stored += len(fj.keys)
+                else:
+                    self.stats.failed_stores += 1
+            else:
+                self._on_load_done(self._load_seq.pop(fj.job_id), job, fj)
+
+    def _on_load_done(self, seq: _Seq, job: TransferJob, fj: FinishedJob) -> None:
+        req = seq.req
+        del self.loading[req.request_id]
+        if fj.success:
+            for g, offs in enumerate(job.block_offsets):
+                if offs.size == 0:
+                    continue
+                lo, hi = int(offs[0]), int(offs[-1]) + 1
+                if self.config.verify_loads:
+                    self._verify(seq, g, lo, hi)
+                self.gpu.cache_blocks(req, seq.tables, g, lo, hi)
+            self.stats.blocks_loaded += len(fj.keys)
+            self.stats.loaded_tokens += seq.ext
+            seq.num_computed = min(seq.hit + seq.ext, req.num_tokens - 1)
+        else:
+            self.stats.failed_loads += 1
+            seq.num_computed = seq.hit
+        seq.status = READY
+        self.ready.append(seq)
+
+    def _verify(self, seq: _Seq, g: int, lo: int, hi: int) -> None:
+        bs = self.groups[g].gpu_block_size
+        ok = self.kv.check_blocks(g, seq.tables[g][lo:hi], seq.req.token_keys[lo * bs:hi * bs])
+        self.stats.verified_blocks += int(ok.size)
+        bad = int(ok.size - ok.sum())
+        if bad:
+            self.stats.verification_failures += bad
+            logger.error("request %s group %d: %d of %d loaded blocks differ from the computed KV",
+                         seq.req.request_id, g, bad, ok.size)
+
+    # ------------------------------------------------------------------ compute
+    def _compute(self, scheduled: list[ScheduledRequest]) -> None:
+        if not scheduled:
+            return
+        for g, gc in enumerate(self.groups):
+            bs = gc.gpu_block_size
+            blocks, offs, keys = [], [], []
+            for sr in scheduled:
+                seq = self._seqs[sr.request.request_id]
+                c, n = sr.num_computed_tokens, sr.num_scheduled_tokens
+                pos = np.arange(c, c + n)
+                lo = c // bs
+                table = np.asarray(seq.tables[g][lo:(c + n - 1) // bs + 1], dtype=np.int64)
+                blocks.append(table[pos // bs - lo])
+                offs.append(pos % bs)
+                keys.append(seq.req.token_keys[c:c + n])
+            self.kv.write(g, np.concatenate(blocks), np.concatenate(offs), np.concatenate(keys))
+
+    def _finish_step(self, scheduled: list[ScheduledRequest], st: StepStats) -> None:
+        for sr in scheduled:
+            seq = self._seqs[sr.request.request_id]
+            req = seq.req
+            c0 = seq.num_computed
+            seq.num_computed = c0 + sr.num_scheduled_tokens
+            self.stats.computed_tokens += sr.num_scheduled_tokens
+            for g, gc in enumerate(self.groups):
+                bs = gc.gpu_block_size
+                self.gpu.cache_blocks(req, seq.tables, g, c0 // bs, seq.num_computed // bs)
+            if seq.num_computed < req.num_tokens:
+                continue
+            if len(req.output_token_ids) < req.max_tokens:
+                req.append_output(req.next_token())
+                self.stats.generated_tokens += 1
+            if len(req.output_token_ids) >= req.max_tokens:
+                self._finish(seq, st)
+
+    def _finish(self, seq: _Seq, st: StepStats) -> None:
+        self.running.remove(seq)
+        self.scheduler.request_finished(seq.req)
+        self.gpu.free(seq.tables)
+        seq.status = FINISHED
+        st.finished.append(seq.req.request_id)
+        self.stats.requests_finished += 1

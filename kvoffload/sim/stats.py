@@ -1,0 +1,120 @@
+"""Statistics of the reference engine: per step, cumulative, and an optional transfer log."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["StepStats", "EngineStats", "TransferRecord"]
+
+
+@dataclass
+class StepStats:
+    """What one :meth:`~kvoffload.sim.engine.Engine.step` did."""
+
+    step: int
+    num_scheduled_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_loading: int = 0
+    admitted: list[str] = field(default_factory=list)
+    deferred: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    load_jobs: list[int] = field(default_factory=list)
+    store_jobs: list[int] = field(default_factory=list)
+    flushed_jobs: list[int] = field(default_factory=list)
+    completed_jobs: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters of an engine.
+
+    Token counters: ``prompt_tokens`` (each request's prompt once), ``admitted_tokens`` (tokens of
+    every admission, re-admissions after preemption included), ``gpu_hit_tokens`` (found in the
+    GPU prefix cache), ``loaded_tokens`` (loaded from the CPU tier instead of recomputed),
+    ``computed_tokens`` (prefill and decode tokens the engine computed), ``generated_tokens``.
+    Transfer counters come from the workers' results: jobs, offloaded blocks, bytes and seconds
+    each way. ``verified_blocks`` counts GPU blocks checked after a load (per group block, every
+    layer), ``verification_failures`` those whose bytes differed from the computed KV.
+    """
+
+    steps: int = 0
+    requests_added: int = 0
+    requests_finished: int = 0
+    prompt_tokens: int = 0
+    admitted_tokens: int = 0
+    gpu_hit_tokens: int = 0
+    loaded_tokens: int = 0
+    computed_tokens: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    deferrals: int = 0
+    store_jobs: int = 0
+    load_jobs: int = 0
+    blocks_stored: int = 0
+    blocks_loaded: int = 0
+    failed_stores: int = 0
+    failed_loads: int = 0
+    flushed_jobs: int = 0
+    bytes_stored: int = 0
+    bytes_loaded: int = 0
+    store_seconds: float = 0.0
+    load_seconds: float = 0.0
+    cpu_evictions: int = 0
+    gpu_evictions: int = 0
+    verified_blocks: int = 0
+    verification_failures: int = 0
+    wall_seconds: float = 0.0
+
+    @property
+    def cpu_hit_rate(self) -> float:
+        """Loaded tokens / admitted tokens."""
+        return self.loaded_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
+
+    @property
+    def gpu_hit_rate(self) -> float:
+        """GPU prefix-cache hit tokens / admitted tokens."""
+        return self.gpu_hit_tokens / self.admitted_tokens if self.admitted_tokens else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Tokens not recomputed at admission (GPU hits + CPU loads) / admitted tokens."""
+        return (self.gpu_hit_tokens + self.loaded_tokens) / self.admitted_tokens if self.admitted_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(cpu_hit_rate=self.cpu_hit_rate, gpu_hit_rate=self.gpu_hit_rate, hit_rate=self.hit_rate)
+        return d
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    """One transfer job as the engine submitted it (kept with ``record_transfers=True``).
+
+    ``block_offsets[g]``: indices within the request of the GPU blocks of group g moved;
+    ``gpu_block_ids[g]``: those GPU block ids.
+    """
+
+    step: int
+    job_id: int
+    req_id: str
+    kind: str  # "store" or "load"
+    block_offsets: tuple[tuple[int, ...], ...]
+    gpu_block_ids: tuple[tuple[int, ...], ...]
+    keys: tuple[bytes, ...]
+    cpu_slots: tuple[int, ...]
+
+    @classmethod
+    def from_job(cls, step: int, job: Any) -> TransferRecord:
+        """Record a :class:`~kvoffload.scheduler.jobs.TransferJob` submitted at ``step``."""
+        gspec = job.gpu_spec
+        return cls(
+            step, job.job_id, job.req_id, "store" if job.is_store else "load",
+            tuple(tuple(o.tolist()) for o in job.block_offsets),
+            tuple(tuple(gspec.group_block_ids(g).tolist()) for g in range(len(gspec.group_sizes))),
+            tuple(job.keys),
+            tuple(job.cpu_spec.block_ids.tolist()),
+        )
