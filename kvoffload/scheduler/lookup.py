@@ -122,10 +122,12 @@ class LookupCodes:
         fetch: ``fetch(keys) -> np.ndarray`` of ``np.int8`` codes, one per key (e.g.
             ``lambda ks: manager.lookup_batch(ks, ctx)``).
         known_hits: number of leading positions that count as hits without a lookup.
-        first_chunk: size of the first chunk; chunks grow 4x after each fetch.
+        first_chunk: size of the first chunk.
+        growth: chunks grow by this factor after each fetch (1 with ``first_chunk=1``: key by
+            key, exactly the calls of the pure functions).
     """
 
-    __slots__ = ("keys", "codes", "_fetch", "_chunk", "num_fetched")
+    __slots__ = ("keys", "codes", "_fetch", "_chunk", "_growth", "num_fetched")
 
     def __init__(
         self,
@@ -133,12 +135,14 @@ class LookupCodes:
         fetch: Callable[[Sequence[Any]], np.ndarray],
         known_hits: int = 0,
         first_chunk: int = 32,
+        growth: int = 4,
     ) -> None:
         self.keys = keys
         self.codes = np.full(len(keys), _UNKNOWN, dtype=np.int8)
         self.codes[: max(0, known_hits)] = LOOKUP_HIT
         self._fetch = fetch
         self._chunk = max(1, first_chunk)
+        self._growth = max(1, growth)
         self.num_fetched = 0
 
     def _fetch_range(self, lo: int, hi: int) -> None:
@@ -149,7 +153,7 @@ class LookupCodes:
             raise InvalidArgumentError(f"lookup_batch returned {codes.shape[0]} codes for {hi - lo} keys")
         self.codes[lo:hi] = codes
         self.num_fetched += hi - lo
-        self._chunk *= 4
+        self._chunk *= self._growth
 
     def _ensure(self, lo: int, hi: int) -> None:
         """Fetch every unknown code in ``[lo, hi)``, one batch call per run of unknown positions."""
@@ -160,7 +164,7 @@ class LookupCodes:
         breaks = np.flatnonzero(np.diff(unknown) != 1)
         starts = np.concatenate(([0], breaks + 1))
         ends = np.concatenate((breaks, [unknown.size - 1]))
-        for s, e in zip(starts.tolist(), ends.tolist()):
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=False):
             self._fetch_range(lo + int(unknown[s]), lo + int(unknown[e]) + 1)
 
     def prefix(self, start: int, end: int) -> int | None:

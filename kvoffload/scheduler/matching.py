@@ -26,14 +26,16 @@ import numpy as np
 from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadKey, ReqContext
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.lookup import LookupCodes
+from kvoffload.scheduler.state import RequestOffloadState
 
-__all__ = ["find_loadable_tokens", "make_fetch"]
+__all__ = ["find_loadable_tokens", "make_fetch", "load_ranges", "touch_request"]
 
 
-def make_fetch(manager: Any, ctx: ReqContext) -> Callable[[Sequence[OffloadKey]], np.ndarray]:
-    """A ``fetch(keys) -> np.int8 codes`` over the manager: ``lookup_batch`` when it has one."""
+def make_fetch(manager: Any, ctx: ReqContext) -> tuple[Callable[[Sequence[OffloadKey]], np.ndarray], bool]:
+    """``(fetch, batched)``: ``fetch(keys) -> np.int8 codes`` over the manager's ``lookup_batch``
+    when it has one (``batched`` True), else over ``lookup`` key by key."""
     if hasattr(manager, "lookup_batch"):
-        return lambda keys: manager.lookup_batch(keys, ctx)
+        return (lambda keys: manager.lookup_batch(keys, ctx)), True
 
     def fetch(keys: Sequence[OffloadKey]) -> np.ndarray:
         out = np.empty(len(keys), dtype=np.int8)
@@ -42,7 +44,7 @@ def make_fetch(manager: Any, ctx: ReqContext) -> Callable[[Sequence[OffloadKey]]
             out[i] = LOOKUP_PENDING if r is None else (LOOKUP_HIT if r else LOOKUP_MISS)
         return out
 
-    return fetch
+    return fetch, False
 
 
 def find_loadable_tokens(
@@ -51,6 +53,7 @@ def find_loadable_tokens(
     num_computed_tokens: int,
     max_end_tokens: int,
     fetch: Callable[[Sequence[OffloadKey]], np.ndarray],
+    batched: bool = True,
 ) -> int | None:
     """The end (in tokens) of the longest loadable range, or None to defer.
 
@@ -61,6 +64,8 @@ def find_loadable_tokens(
         num_computed_tokens: tokens already in the GPU cache (multiple of each GPU block size).
         max_end_tokens: upper bound of the end.
         fetch: batch lookup returning ``np.int8`` codes.
+        batched: False: fetch one key at a time (a manager without ``lookup_batch`` is asked
+            exactly what the key-by-key pure functions would ask).
 
     Returns:
         An end ``e`` aligned to every group's offloaded block size with ``e <= max_end_tokens``;
@@ -82,7 +87,8 @@ def find_loadable_tokens(
                 keys = group_keys[gcfg.group_idx]
                 # full attention: blocks below start_block are never looked up (the prefix scan
                 # starts there); sliding window: they are on the GPU, i.e. hits
-                lc = LookupCodes(keys, fetch, known_hits=start_block)
+                lc = LookupCodes(keys, fetch, known_hits=start_block, first_chunk=32 if batched else 1,
+                                 growth=4 if batched else 1)
                 codes[gcfg.group_idx] = lc
             if gcfg.sliding_window_size_in_blocks is None:
                 if end_block <= start_block:
@@ -103,3 +109,30 @@ def find_loadable_tokens(
             if candidate <= num_computed_tokens:
                 return candidate
     return candidate
+
+
+def load_ranges(config: OffloadingSchedulerConfig, n_comp: int, end: int) -> tuple[tuple[int, int], ...]:
+    """Per group, GPU block indices ``[first, last)`` that a load of tokens ``[n_comp, end)`` writes
+    (a sliding-window group: only the window ending at ``end``)."""
+    out = []
+    for gcfg in config.groups:
+        bs = gcfg.gpu_block_size
+        first = n_comp
+        if gcfg.sliding_window_size_in_blocks is not None:
+            first = max(first, end - gcfg.sliding_window_size_in_blocks * gcfg.offloaded_block_size)
+        last = max(end, first)
+        out.append((first // bs, last // bs))
+    return tuple(out)
+
+
+def touch_request(config: OffloadingSchedulerConfig, st: RequestOffloadState, end_tokens: int, manager: Any) -> None:
+    """Touch the request's keys, group by group: all of a full-attention group's keys; a
+    sliding-window group's keys from ``max(0, hit_blocks - window)`` on, ``hit_blocks`` being
+    the offloaded blocks covered once ``end_tokens`` tokens are on the GPU."""
+    for gcfg, gs in zip(config.groups, st.groups, strict=False):
+        hit_blocks = end_tokens // gcfg.offloaded_block_size
+        gs.num_hit_blocks = hit_blocks
+        w = gcfg.sliding_window_size_in_blocks
+        keys = gs.keys if w is None else gs.keys[max(0, hit_blocks - w):]
+        if keys:
+            manager.touch(keys, st.req_context)

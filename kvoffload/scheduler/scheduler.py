@@ -53,17 +53,15 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
-from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, OffloadingEvent
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.offload.base import OffloadingEvent
+from kvoffload.scheduler.building import build_load_job, build_store_job
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
-from kvoffload.scheduler.matching import find_loadable_tokens, make_fetch
+from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
 from kvoffload.scheduler.state import LoadOffer, RequestOffloadState
-from kvoffload.scheduler.storing import build_store_job
-from kvoffload.scheduler.validation import check_block_table, check_count, parse_results
+from kvoffload.scheduler.validation import check_block_table, check_count, check_scheduled, parse_results
 
 logger = logging.getLogger(__name__)
 
@@ -155,46 +153,24 @@ class OffloadingScheduler:
         st.update_keys(num_tokens)
         end = n_comp
         if max_end - n_comp >= self._min_load_tokens:
-            found = find_loadable_tokens(
-                self.config, [gs.keys for gs in st.groups], n_comp, max_end, make_fetch(self.manager, st.req_context)
-            )
+            fetch, batched = make_fetch(self.manager, st.req_context)
+            found = find_loadable_tokens(self.config, [gs.keys for gs in st.groups], n_comp, max_end, fetch, batched)
             if found is None:
                 return None, False
             if found - n_comp >= self._min_load_tokens:
                 end = found
-        ranges = self._load_ranges(st, n_comp, end)
+        ranges = load_ranges(self.config, n_comp, end)
         if end > n_comp and self._loading_keys:
-            for (first, last), gcfg, gs in zip(ranges, self._groups, st.groups):
+            for (first, last), gcfg, gs in zip(ranges, self._groups, st.groups, strict=False):
                 f = gcfg.block_size_factor
                 for key in gs.keys[first // f: last // f]:
                     if key in self._loading_keys:
                         return None, False
-        self._touch(st, end)
+        touch_request(self.config, st, end, self.manager)
         if end <= n_comp:
             return 0, False
         st.offer = LoadOffer(n_comp, end - n_comp, ranges)
         return end - n_comp, True
-
-    def _load_ranges(self, st: RequestOffloadState, n_comp: int, end: int) -> tuple[tuple[int, int], ...]:
-        """Per group, GPU block indices ``[first, last)`` a load of tokens ``[n_comp, end)`` writes."""
-        out = []
-        for gcfg in self._groups:
-            bs = gcfg.gpu_block_size
-            first = n_comp
-            if gcfg.sliding_window_size_in_blocks is not None:
-                first = max(first, end - gcfg.sliding_window_size_in_blocks * gcfg.offloaded_block_size)
-            last = max(end, first)
-            out.append((first // bs, last // bs))
-        return tuple(out)
-
-    def _touch(self, st: RequestOffloadState, end_tokens: int) -> None:
-        for gcfg, gs in zip(self._groups, st.groups):
-            hit_blocks = end_tokens // gcfg.offloaded_block_size
-            gs.num_hit_blocks = hit_blocks
-            w = gcfg.sliding_window_size_in_blocks
-            keys = gs.keys if w is None else gs.keys[max(0, hit_blocks - w):]
-            if keys:
-                self.manager.touch(keys, st.req_context)
 
     def update_state_after_alloc(
         self, request: Any, block_ids_per_group: Sequence[Sequence[int]], num_external_tokens: int
@@ -215,7 +191,7 @@ class OffloadingScheduler:
         tables = check_block_table(block_ids_per_group, len(self._groups), "block_ids_per_group")
         st = self._state(request)
         if n_ext == 0:
-            for gs, t in zip(st.groups, tables):
+            for gs, t in zip(st.groups, tables, strict=False):
                 gs.block_ids = t
             st.offer = None
             return
@@ -225,40 +201,23 @@ class OffloadingScheduler:
                 f"num_external_tokens ({n_ext}) must be what get_num_new_matched_tokens offered for request "
                 f"{st.req_id} ({0 if offer is None else offer.num_new_tokens})"
             )
-        for g, ((first, last), t) in enumerate(zip(offer.gpu_ranges, tables)):
+        for g, ((_first, last), t) in enumerate(zip(offer.gpu_ranges, tables, strict=False)):
             if len(t) < last:
                 raise InvalidArgumentError(
                     f"block_ids_per_group[{g}] has {len(t)} blocks, the load needs at least {last}"
                 )
-        keys = []
-        gpu_ids: list[int] = []
-        sizes = []
-        for gcfg, gs, (first, last), t in zip(self._groups, st.groups, offer.gpu_ranges, tables):
-            f = gcfg.block_size_factor
-            keys.extend(gs.keys[first // f: -(-last // f)] if last > first else ())
-            gpu_ids.extend(t[first:last])
-            sizes.append(last - first)
-        cpu_spec = self.manager.prepare_load(keys, st.req_context)
-        if not isinstance(cpu_spec, CPULoadStoreSpec) or len(cpu_spec.block_ids) != len(keys):
-            raise KeyStateError(f"manager.prepare_load returned {cpu_spec!r} for {len(keys)} keys")
-        for gs, t in zip(st.groups, tables):
+        job = build_load_job(st, self.config, self.manager, offer, tables, self._next_job_id)
+        self._next_job_id += 1
+        for gs, t in zip(st.groups, tables, strict=False):
             gs.block_ids = t
-        gpu_spec = GPULoadStoreSpec(gpu_ids, sizes, [r[0] for r in offer.gpu_ranges])
-        offsets = tuple(np.arange(first, last, dtype=np.int64) for first, last in offer.gpu_ranges)
-        job = TransferJob(self._new_job_id(), st.req_id, False, (cpu_spec, gpu_spec), keys, offsets)
         self._jobs[job.job_id] = JobRecord(job, st.req_context)
-        for k in keys:
+        for k in job.keys:
             self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
         st.in_flight.add(job.job_id)
         st.load_job_id = job.job_id
         st.offer = None
         st.reset_store_progress(offer.num_computed_tokens + n_ext)
         self._pending_loads.append(job)
-
-    def _new_job_id(self) -> int:
-        jid = self._next_job_id
-        self._next_job_id += 1
-        return jid
 
     # ------------------------------------------------------------------ per step
     def build_step(
@@ -281,31 +240,7 @@ class OffloadingScheduler:
         """
         num_groups = len(self._groups)
         preempted = [str(r) for r in preempted_req_ids]
-        checked: list[tuple[ScheduledRequest, bool, list[list[int]], int]] = []
-        for is_new, items in ((True, new_requests), (False, running_requests)):
-            for i, sr in enumerate(items):
-                where = f"{'new' if is_new else 'running'}_requests[{i}]"
-                if not isinstance(sr, ScheduledRequest):
-                    raise InvalidTypeError(f"{where} must be a ScheduledRequest, got {type(sr).__name__}")
-                n_comp = check_count(sr.num_computed_tokens, f"{where}.num_computed_tokens")
-                tokens = n_comp + check_count(sr.num_scheduled_tokens, f"{where}.num_scheduled_tokens")
-                if tokens > sr.request.num_tokens:
-                    raise InvalidArgumentError(
-                        f"{where}: computed + scheduled tokens ({tokens}) exceed num_tokens ({sr.request.num_tokens})"
-                    )
-                if is_new or len(sr.block_ids):
-                    blocks = check_block_table(sr.block_ids, num_groups, f"{where}.block_ids")
-                else:
-                    blocks = [[] for _ in range(num_groups)]
-                st = None if is_new else self._states.get(sr.request.request_id)
-                for g, gcfg in enumerate(self._groups):
-                    have = len(blocks[g]) + (len(st.groups[g].block_ids) if st is not None else 0)
-                    if have * gcfg.gpu_block_size < tokens:
-                        raise InvalidArgumentError(
-                            f"{where}: group {g} has {have} GPU blocks, {tokens} tokens need "
-                            f"{-(-tokens // gcfg.gpu_block_size)}"
-                        )
-                checked.append((sr, is_new, blocks, tokens))
+        checked = check_scheduled(new_requests, running_requests, self._groups, self._states)
 
         for rid in preempted:
             st = self._states.get(rid)
@@ -315,13 +250,13 @@ class OffloadingScheduler:
         for sr, is_new, blocks, _ in checked:
             st = self._state(sr.request)
             if is_new:
-                for g, (gs, t) in enumerate(zip(st.groups, blocks)):
+                for g, (gs, t) in enumerate(zip(st.groups, blocks, strict=False)):
                     gs.block_ids = t
                     if written is not None:
                         written[g].update(t[sr.num_computed_tokens // self._groups[g].gpu_block_size:])
                 st.reset_store_progress(sr.num_computed_tokens)
             else:
-                for g, (gs, t) in enumerate(zip(st.groups, blocks)):
+                for g, (gs, t) in enumerate(zip(st.groups, blocks, strict=False)):
                     if t:
                         gs.block_ids.extend(t)
                         if written is not None:
@@ -431,7 +366,8 @@ class OffloadingScheduler:
             if st is not None and st.load_job_id == job.job_id:
                 st.load_job_id = None
         if rec.failed:
-            logger.warning("%s job %d of request %s failed", "store" if job.is_store else "load", job.job_id, job.req_id)
+            kind = "store" if job.is_store else "load"
+            logger.warning("%s job %d of request %s failed", kind, job.job_id, job.req_id)
         return FinishedJob(job.job_id, job.req_id, job.is_store, not rec.failed, job.keys)
 
     # ------------------------------------------------------------------ lifecycle

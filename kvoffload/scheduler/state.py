@@ -119,7 +119,7 @@ class RequestOffloadState:
         hashes = self.request.block_hashes
         hbs = self._config.effective_hash_block_size
         tokens = min(num_tokens, len(hashes) * hbs)
-        for gcfg, gs, suffix in zip(self._config.groups, self.groups, self._suffixes):
+        for gcfg, gs, suffix in zip(self._config.groups, self.groups, self._suffixes, strict=False):
             n = tokens // gcfg.offloaded_block_size
             have = len(gs.keys)
             if n > have:
@@ -131,14 +131,14 @@ class RequestOffloadState:
     def reset_store_progress(self, num_computed_tokens: int) -> None:
         """Start storing at the first offloaded block not fully computed before this point."""
         nxt = []
-        for gcfg, gs in zip(self._config.groups, self.groups):
+        for gcfg, gs in zip(self._config.groups, self.groups, strict=False):
             gs.next_store_block = num_computed_tokens // gcfg.offloaded_block_size
             nxt.append((gs.next_store_block + 1) * gcfg.offloaded_block_size)
         self.next_store_tokens = min(nxt)
 
     def advance_store_progress(self, full_blocks: list[int]) -> None:
         nxt = []
-        for gcfg, gs, n in zip(self._config.groups, self.groups, full_blocks):
+        for gcfg, gs, n in zip(self._config.groups, self.groups, full_blocks, strict=False):
             if n > gs.next_store_block:
                 gs.next_store_block = n
             nxt.append((gs.next_store_block + 1) * gcfg.offloaded_block_size)

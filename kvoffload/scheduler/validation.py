@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["check_count", "check_block_table", "check_block_ids", "parse_results"]
+__all__ = ["check_count", "check_block_table", "check_block_ids", "check_scheduled", "parse_results"]
 
 
 def check_count(value: object, name: str) -> int:
@@ -66,3 +66,49 @@ def parse_results(results: Iterable[Any]) -> list[tuple[int, bool]]:
             raise InvalidTypeError(f"results[{i}].success must be a bool, got {type(ok).__name__}")
         out.append((int(jid), bool(ok)))
     return out
+
+
+def check_scheduled(
+    new_requests: Sequence[Any], running_requests: Sequence[Any], groups: Sequence[Any], states: Mapping[str, Any]
+) -> list[tuple[Any, bool, list[list[int]], int]]:
+    """Validate the requests of one ``build_step`` call.
+
+    Returns ``(scheduled_request, is_new, per-group block id lists, tokens after the step)``.
+    A running request must be known (scheduled as new before); every group's table must cover
+    the tokens computed by the end of the step.
+    """
+    from kvoffload.scheduler.jobs import ScheduledRequest
+
+    num_groups = len(groups)
+    checked = []
+    for is_new, items in ((True, new_requests), (False, running_requests)):
+        for i, sr in enumerate(items):
+            where = f"{'new' if is_new else 'running'}_requests[{i}]"
+            if not isinstance(sr, ScheduledRequest):
+                raise InvalidTypeError(f"{where} must be a ScheduledRequest, got {type(sr).__name__}")
+            n_comp = check_count(sr.num_computed_tokens, f"{where}.num_computed_tokens")
+            tokens = n_comp + check_count(sr.num_scheduled_tokens, f"{where}.num_scheduled_tokens")
+            if tokens > sr.request.num_tokens:
+                raise InvalidArgumentError(
+                    f"{where}: computed + scheduled tokens ({tokens}) exceed num_tokens ({sr.request.num_tokens})"
+                )
+            if is_new or len(sr.block_ids):
+                blocks = check_block_table(sr.block_ids, num_groups, f"{where}.block_ids")
+            else:
+                blocks = [[] for _ in range(num_groups)]
+            st = None
+            if not is_new:
+                st = states.get(sr.request.request_id)
+                if st is None:
+                    raise InvalidArgumentError(
+                        f"{where}: request {sr.request.request_id!r} is not running (schedule it as new first)"
+                    )
+            for g, gcfg in enumerate(groups):
+                have = len(blocks[g]) + (len(st.groups[g].block_ids) if st is not None else 0)
+                if have * gcfg.gpu_block_size < tokens:
+                    raise InvalidArgumentError(
+                        f"{where}: group {g} has {have} GPU blocks, {tokens} tokens need "
+                        f"{-(-tokens // gcfg.gpu_block_size)}"
+                    )
+            checked.append((sr, is_new, blocks, tokens))
+    return checked

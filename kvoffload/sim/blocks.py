@@ -115,17 +115,17 @@ class GPUBlockCache:
 
     def grow(self, tables: list[list[int]], tokens: int) -> bool:
         """Append fresh blocks so every group's table covers ``tokens`` tokens (all or nothing)."""
-        needs = [max(0, -(-tokens // g.gpu_block_size) - len(t)) for g, t in zip(self.groups, tables)]
-        if any(n > p.num_free for n, p in zip(needs, self.pools)):
+        needs = [max(0, -(-tokens // g.gpu_block_size) - len(t)) for g, t in zip(self.groups, tables, strict=False)]
+        if any(n > p.num_free for n, p in zip(needs, self.pools, strict=False)):
             return False
-        for n, p, t in zip(needs, self.pools, tables):
+        for n, p, t in zip(needs, self.pools, tables, strict=False):
             if n:
                 t.extend(p.allocate(n))  # type: ignore[arg-type]
         return True
 
     def free(self, tables: list[list[int]]) -> None:
         """Release every block of the tables (tail blocks first in the LRU queue) and empty them."""
-        for p, t in zip(self.pools, tables):
+        for p, t in zip(self.pools, tables, strict=False):
             p.release(reversed(t))
             t.clear()
 

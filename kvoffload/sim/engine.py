@@ -245,7 +245,7 @@ class Engine:
             if not ok:
                 break
             running.append(ScheduledRequest(seq.req, seq.num_computed, n,
-                                            [t[b:] for t, b in zip(seq.tables, before)]))
+                                            [t[b:] for t, b in zip(seq.tables, before, strict=False)]))
             budget -= n
             i += 1
         st.preempted = preempted

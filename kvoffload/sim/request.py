@@ -130,7 +130,9 @@ class SimRequest:
         """Fix the hash block size, synthesise missing prompt tokens, hash, compute token keys."""
         if self.hash_block_size:
             if self.hash_block_size != hash_block_size:
-                raise InvalidArgumentError(f"request {self.request_id} is bound to hash blocks of {self.hash_block_size}")
+                raise InvalidArgumentError(
+                    f"request {self.request_id} is bound to hash blocks of {self.hash_block_size}"
+                )
             return
         self.hash_block_size = hash_block_size
         if self._given_hashes is not None:

@@ -1,4 +1,8 @@
-"""Store jobs: the newly full offloaded blocks of one request, all groups in one ``prepare_store``."""
+"""Building transfer jobs for one request.
+
+* :func:`build_store_job`: the newly full offloaded blocks of all groups, one ``prepare_store``.
+* :func:`build_load_job`: the blocks a load offer covers, one ``prepare_load`` (pins them).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from kvoffload.errors import KeyStateError
-from kvoffload.offload.base import GPULoadStoreSpec, OffloadKey
+from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, OffloadKey
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import TransferJob
-from kvoffload.scheduler.state import RequestOffloadState
+from kvoffload.scheduler.state import LoadOffer, RequestOffloadState
 
-__all__ = ["build_store_job"]
+__all__ = ["build_store_job", "build_load_job"]
 
 
 def build_store_job(
@@ -39,7 +43,7 @@ def build_store_job(
     groups = config.groups
     full = [tokens // g.offloaded_block_size for g in groups]
     keys: list[OffloadKey] = []
-    for gs, n in zip(st.groups, full):
+    for gs, n in zip(st.groups, full, strict=False):
         if n > gs.next_store_block:
             keys.extend(gs.keys[gs.next_store_block:n])
     if not keys:
@@ -59,10 +63,10 @@ def build_store_job(
         )
     # offloaded block indices selected per group
     if len(to_store) == len(keys):
-        selected = [range(b, n) if n > b else range(0) for b, n in zip(first_blocks, full)]
+        selected = [range(b, n) if n > b else range(0) for b, n in zip(first_blocks, full, strict=False)]
     else:
         where: dict[bytes, tuple[int, int]] = {}
-        for g, (gs, b, n) in enumerate(zip(st.groups, first_blocks, full)):
+        for g, (gs, b, n) in enumerate(zip(st.groups, first_blocks, full, strict=False)):
             for i in range(b, n):
                 where[gs.keys[i]] = (g, i)
         sel: list[list[int]] = [[] for _ in groups]
@@ -74,7 +78,7 @@ def build_store_job(
     sizes: list[int] = []
     first_idx: list[int] = []
     offsets: list[np.ndarray] = []
-    for gcfg, gs, blocks in zip(groups, st.groups, selected):
+    for gcfg, gs, blocks in zip(groups, st.groups, selected, strict=False):
         f = gcfg.block_size_factor
         table = gs.block_ids
         n0 = len(gpu_ids)
@@ -90,3 +94,34 @@ def build_store_job(
         offsets.append(offs)
     gpu_spec = GPULoadStoreSpec(gpu_ids, sizes, first_idx)
     return TransferJob(job_id, st.req_id, True, (gpu_spec, out.store_spec), to_store, tuple(offsets))
+
+
+def build_load_job(
+    st: RequestOffloadState,
+    config: OffloadingSchedulerConfig,
+    manager: Any,
+    offer: LoadOffer,
+    tables: list[list[int]],
+    job_id: int,
+) -> TransferJob:
+    """The load job of ``offer``: ``prepare_load`` pins the keys; nothing else changes.
+
+    Group g writes GPU blocks ``tables[g][first:last]`` (``offer.gpu_ranges[g]``) from the
+    offloaded blocks ``first // factor .. last // factor``; ``block_indices[g] = first``, so the
+    worker skips ``first % factor`` GPU blocks of the first offloaded block.
+    """
+    keys: list[OffloadKey] = []
+    gpu_ids: list[int] = []
+    sizes: list[int] = []
+    for gcfg, gs, (first, last), t in zip(config.groups, st.groups, offer.gpu_ranges, tables, strict=False):
+        f = gcfg.block_size_factor
+        if last > first:
+            keys.extend(gs.keys[first // f: -(-last // f)])
+        gpu_ids.extend(t[first:last])
+        sizes.append(last - first)
+    cpu_spec = manager.prepare_load(keys, st.req_context)
+    if not isinstance(cpu_spec, CPULoadStoreSpec) or len(cpu_spec.block_ids) != len(keys):
+        raise KeyStateError(f"manager.prepare_load returned {cpu_spec!r} for {len(keys)} keys")
+    gpu_spec = GPULoadStoreSpec(gpu_ids, sizes, [r[0] for r in offer.gpu_ranges])
+    offsets = tuple(np.arange(first, last, dtype=np.int64) for first, last in offer.gpu_ranges)
+    return TransferJob(job_id, st.req_id, False, (cpu_spec, gpu_spec), keys, offsets)
