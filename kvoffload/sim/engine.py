@@ -248,18 +248,26 @@ class Engine:
                                             [t[b:] for t, b in zip(seq.tables, before, strict=False)]))
             budget -= n
             i += 1
-        st.preempted = preempted
         if not preempted:
-            budget = self._admit(budget, new, st)
+            budget = self._admit(budget, new, preempted, st)
+        st.preempted = preempted
         st.num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         return new, running, preempted
 
-    def _admit(self, budget: int, new: list[ScheduledRequest], st: StepStats) -> int:
-        # loaded requests first: they hold their blocks already
+    def _admit(self, budget: int, new: list[ScheduledRequest], preempted: list[str], st: StepStats) -> int:
+        # loaded requests first: they hold their blocks already. When one cannot grow, the loaded
+        # requests behind it give their blocks back (else loaded requests could hold every block
+        # while none of them can run).
         while self.ready and budget > 0:
             seq = self.ready[0]
             n = min(seq.req.num_tokens - seq.num_computed, budget)
-            if not self.gpu.grow(seq.tables, seq.num_computed + n):
+            grown = self.gpu.grow(seq.tables, seq.num_computed + n)
+            while not grown and len(self.ready) > 1:
+                victim = self.ready.pop()
+                self._preempt(victim)
+                preempted.append(victim.req.request_id)
+                grown = self.gpu.grow(seq.tables, seq.num_computed + n)
+            if not grown:
                 return budget
             self.ready.pop(0)
             seq.status = RUNNING
