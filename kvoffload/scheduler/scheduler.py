@@ -191,8 +191,7 @@ class OffloadingScheduler:
         tables = check_block_table(block_ids_per_group, len(self._groups), "block_ids_per_group")
         st = self._state(request)
         if n_ext == 0:
-            for gs, t in zip(st.groups, tables, strict=False):
-                gs.block_ids = t
+            st.set_block_ids(tables)
             st.offer = None
             return
         offer = st.offer
@@ -208,8 +207,7 @@ class OffloadingScheduler:
                 )
         job = build_load_job(st, self.config, self.manager, offer, tables, self._next_job_id)
         self._next_job_id += 1
-        for gs, t in zip(st.groups, tables, strict=False):
-            gs.block_ids = t
+        st.set_block_ids(tables)
         self._jobs[job.job_id] = JobRecord(job, st.req_context)
         for k in job.keys:
             self._loading_keys[k] = self._loading_keys.get(k, 0) + 1
@@ -240,27 +238,26 @@ class OffloadingScheduler:
         """
         num_groups = len(self._groups)
         preempted = [str(r) for r in preempted_req_ids]
-        checked = check_scheduled(new_requests, running_requests, self._groups, self._states)
+        new_checked, run_checked = check_scheduled(new_requests, running_requests, self._groups, self._states)
 
         for rid in preempted:
             st = self._states.get(rid)
             if st is not None:
                 self._release_blocks(st)
         written: list[set[int]] | None = [set() for _ in range(num_groups)] if self._flush else None
-        for sr, is_new, blocks, _ in checked:
+        for sr, blocks, _ in new_checked:
             st = self._state(sr.request)
-            if is_new:
-                for g, (gs, t) in enumerate(zip(st.groups, blocks, strict=False)):
-                    gs.block_ids = t
-                    if written is not None:
-                        written[g].update(t[sr.num_computed_tokens // self._groups[g].gpu_block_size:])
-                st.reset_store_progress(sr.num_computed_tokens)
-            else:
-                for g, (gs, t) in enumerate(zip(st.groups, blocks, strict=False)):
-                    if t:
-                        gs.block_ids.extend(t)
-                        if written is not None:
-                            written[g].update(t)
+            st.set_block_ids(blocks)
+            st.reset_store_progress(sr.num_computed_tokens)
+            if written is not None:
+                for g, t in enumerate(blocks):
+                    written[g].update(t[sr.num_computed_tokens // self._groups[g].gpu_block_size:])
+        for _, st, _, blocks in run_checked:
+            if blocks is not None:
+                st.extend_block_ids(blocks)
+                if written is not None:
+                    for g, t in enumerate(blocks):
+                        written[g].update(t)
         out = SchedulerStepOutput()
         out.load_jobs, self._pending_loads = self._pending_loads, []
         if written is not None:
@@ -273,17 +270,21 @@ class OffloadingScheduler:
             out.flush_job_ids = sorted(flush)
             for jid in out.flush_job_ids:
                 self._flush.remove(jid)
-        for sr, _, _, tokens in checked:
-            st = self._states[sr.request.request_id]
-            if tokens < st.next_store_tokens:
-                continue
-            job = build_store_job(st, self.config, self.manager, tokens, self._next_job_id)
-            if job is not None:
-                self._next_job_id += 1
-                self._jobs[job.job_id] = JobRecord(job, st.req_context)
-                st.in_flight.add(job.job_id)
-                out.store_jobs.append(job)
+        stores = out.store_jobs
+        for sr, _, tokens in new_checked:
+            self._maybe_store(self._states[sr.request.request_id], tokens, stores)
+        for _, st, tokens, _ in run_checked:
+            if tokens >= st.next_store_tokens:
+                self._maybe_store(st, tokens, stores)
         return out
+
+    def _maybe_store(self, st: RequestOffloadState, tokens: int, out: list[TransferJob]) -> None:
+        job = build_store_job(st, self.config, self.manager, tokens, self._next_job_id)
+        if job is not None:
+            self._next_job_id += 1
+            self._jobs[job.job_id] = JobRecord(job, st.req_context)
+            st.in_flight.add(job.job_id)
+            out.append(job)
 
     def _release_blocks(self, st: RequestOffloadState) -> None:
         """The request gave its GPU blocks back: track its in-flight jobs for flushing."""
@@ -291,8 +292,7 @@ class OffloadingScheduler:
         for jid in st.in_flight:
             self._flush.add(self._jobs[jid].job)
             self._jobs[jid].orphaned = True
-        for gs in st.groups:
-            gs.block_ids = []
+        st.set_block_ids([[] for _ in st.groups])
         st.offer = None
 
     def _cancel_unsent_load(self, st: RequestOffloadState) -> None:

@@ -91,11 +91,12 @@ class RequestOffloadState:
         offer: the pending load offer (see :class:`LoadOffer`).
         next_store_tokens: token count at which some group's next offloaded block fills
             (a fast pre-check in the per-step loop).
+        capacity_tokens: tokens the GPU block tables cover in every group.
     """
 
     __slots__ = (
         "req_id", "request", "req_context", "max_offload_tokens", "groups", "in_flight",
-        "load_job_id", "offer", "next_store_tokens", "_config", "_suffixes",
+        "load_job_id", "offer", "next_store_tokens", "capacity_tokens", "_config", "_suffixes", "_block_sizes",
     )
 
     def __init__(self, request: Any, config: OffloadingSchedulerConfig, suffixes: tuple[bytes, ...]) -> None:
@@ -110,8 +111,26 @@ class RequestOffloadState:
         self.offer: LoadOffer | None = None
         self._config = config
         self._suffixes = suffixes
+        self._block_sizes = tuple(g.gpu_block_size for g in config.groups)
         self.next_store_tokens = 0
+        self.capacity_tokens = 0
         self.reset_store_progress(0)
+
+    def set_block_ids(self, tables: list[list[int]]) -> None:
+        """Replace the GPU block tables (one list per group, taken over, not copied)."""
+        for gs, t in zip(self.groups, tables, strict=True):
+            gs.block_ids = t
+        self._update_capacity()
+
+    def extend_block_ids(self, tables: list[list[int]]) -> None:
+        """Append blocks to the GPU block tables (one list per group)."""
+        for gs, t in zip(self.groups, tables, strict=True):
+            if t:
+                gs.block_ids.extend(t)
+        self._update_capacity()
+
+    def _update_capacity(self) -> None:
+        self.capacity_tokens = min(len(gs.block_ids) * bs for gs, bs in zip(self.groups, self._block_sizes))
 
     def update_keys(self, num_tokens: int) -> None:
         """Extend each group's key list to the full offloaded blocks within ``num_tokens`` tokens

@@ -70,45 +70,71 @@ def parse_results(results: Iterable[Any]) -> list[tuple[int, bool]]:
 
 def check_scheduled(
     new_requests: Sequence[Any], running_requests: Sequence[Any], groups: Sequence[Any], states: Mapping[str, Any]
-) -> list[tuple[Any, bool, list[list[int]], int]]:
-    """Validate the requests of one ``build_step`` call.
+) -> tuple[list[tuple[Any, list[list[int]], int]], list[tuple[Any, Any, int, list[list[int]] | None]]]:
+    """Validate the requests of one ``build_step`` call (nothing is changed).
 
-    Returns ``(scheduled_request, is_new, per-group block id lists, tokens after the step)``.
+    Returns ``[(new request, per-group block ids, tokens after the step)]`` and
+    ``[(running request, its state, tokens after the step, appended block ids or None)]`` -- the
+    latter only for running requests that append blocks or may store (the others need nothing).
     A running request must be known (scheduled as new before); every group's table must cover
     the tokens computed by the end of the step.
     """
     from kvoffload.scheduler.jobs import ScheduledRequest
 
     num_groups = len(groups)
-    checked = []
-    for is_new, items in ((True, new_requests), (False, running_requests)):
-        for i, sr in enumerate(items):
-            where = f"{'new' if is_new else 'running'}_requests[{i}]"
-            if not isinstance(sr, ScheduledRequest):
-                raise InvalidTypeError(f"{where} must be a ScheduledRequest, got {type(sr).__name__}")
-            n_comp = check_count(sr.num_computed_tokens, f"{where}.num_computed_tokens")
-            tokens = n_comp + check_count(sr.num_scheduled_tokens, f"{where}.num_scheduled_tokens")
-            if tokens > sr.request.num_tokens:
-                raise InvalidArgumentError(
-                    f"{where}: computed + scheduled tokens ({tokens}) exceed num_tokens ({sr.request.num_tokens})"
-                )
-            if is_new or len(sr.block_ids):
-                blocks = check_block_table(sr.block_ids, num_groups, f"{where}.block_ids")
-            else:
-                blocks = [[] for _ in range(num_groups)]
-            st = None
-            if not is_new:
-                st = states.get(sr.request.request_id)
-                if st is None:
-                    raise InvalidArgumentError(
-                        f"{where}: request {sr.request.request_id!r} is not running (schedule it as new first)"
-                    )
+    new_checked = []
+    for i, sr in enumerate(new_requests):
+        where = f"new_requests[{i}]"
+        if type(sr) is not ScheduledRequest:
+            raise InvalidTypeError(f"{where} must be a ScheduledRequest, got {type(sr).__name__}")
+        tokens = _check_tokens(sr, where)
+        blocks = check_block_table(sr.block_ids, num_groups, f"{where}.block_ids")
+        for g, gcfg in enumerate(groups):
+            _check_cover(len(blocks[g]), gcfg.gpu_block_size, tokens, where, g)
+        new_checked.append((sr, blocks, tokens))
+    run_checked = []
+    for i, sr in enumerate(running_requests):
+        if type(sr) is not ScheduledRequest:
+            raise InvalidTypeError(f"running_requests[{i}] must be a ScheduledRequest, got {type(sr).__name__}")
+        c, n = sr.num_computed_tokens, sr.num_scheduled_tokens
+        req = sr.request
+        if type(c) is int and type(n) is int and c >= 0 and n >= 0 and c + n <= req.num_tokens:
+            tokens = c + n
+        else:
+            tokens = _check_tokens(sr, f"running_requests[{i}]")
+        st = states.get(req.request_id)
+        if st is None:
+            raise InvalidArgumentError(
+                f"running_requests[{i}]: request {req.request_id!r} is not running (schedule it as new first)"
+            )
+        bl = sr.block_ids
+        blocks = None
+        if bl and any(bl):
+            blocks = check_block_table(bl, num_groups, f"running_requests[{i}].block_ids")
             for g, gcfg in enumerate(groups):
-                have = len(blocks[g]) + (len(st.groups[g].block_ids) if st is not None else 0)
-                if have * gcfg.gpu_block_size < tokens:
-                    raise InvalidArgumentError(
-                        f"{where}: group {g} has {have} GPU blocks, {tokens} tokens need "
-                        f"{-(-tokens // gcfg.gpu_block_size)}"
-                    )
-            checked.append((sr, is_new, blocks, tokens))
-    return checked
+                _check_cover(len(st.groups[g].block_ids) + len(blocks[g]), gcfg.gpu_block_size, tokens,
+                             f"running_requests[{i}]", g)
+        elif tokens > st.capacity_tokens:
+            for g, gcfg in enumerate(groups):
+                _check_cover(len(st.groups[g].block_ids), gcfg.gpu_block_size, tokens, f"running_requests[{i}]", g)
+        elif tokens < st.next_store_tokens:
+            continue  # nothing to record, nothing to store: the common decode step
+        run_checked.append((sr, st, tokens, blocks))
+    return new_checked, run_checked
+
+
+def _check_tokens(sr: Any, where: str) -> int:
+    n_comp = check_count(sr.num_computed_tokens, f"{where}.num_computed_tokens")
+    tokens = n_comp + check_count(sr.num_scheduled_tokens, f"{where}.num_scheduled_tokens")
+    if tokens > sr.request.num_tokens:
+        raise InvalidArgumentError(
+            f"{where}: computed + scheduled tokens ({tokens}) exceed num_tokens ({sr.request.num_tokens})"
+        )
+    return tokens
+
+
+def _check_cover(have: int, block_size: int, tokens: int, where: str, g: int) -> None:
+    if have * block_size < tokens:
+        raise InvalidArgumentError(
+            f"{where}: group {g} has {have} GPU blocks, {tokens} tokens need {-(-tokens // block_size)}"
+        )
