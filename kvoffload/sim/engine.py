@@ -24,7 +24,6 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import torch
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
@@ -35,29 +34,12 @@ from kvoffload.sim.config import EngineConfig
 from kvoffload.sim.delayed import DelayedWorker
 from kvoffload.sim.kvcache import GroupKVSpec, SimKVCache
 from kvoffload.sim.request import SimRequest
+from kvoffload.sim.seq import FINISHED, LOADING, READY, RUNNING, WAITING, Seq
 from kvoffload.sim.stats import EngineStats, StepStats, TransferRecord
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Engine"]
-
-WAITING, LOADING, READY, RUNNING, FINISHED = "waiting", "loading", "ready", "running", "finished"
-
-
-class _Seq:
-    """Engine-side state of one request."""
-
-    __slots__ = ("req", "status", "num_computed", "tables", "hit", "ext", "admitted")
-
-    def __init__(self, req: SimRequest, num_groups: int) -> None:
-        self.req = req
-        self.status = WAITING
-        self.num_computed = 0
-        self.tables: list[list[int]] = [[] for _ in range(num_groups)]
-        self.hit = 0
-        self.ext = 0
-        self.admitted = False
-
 
 class Engine:
     """A paged-KV engine with a CPU offloading tier (see the module docstring).
@@ -118,14 +100,14 @@ class Engine:
         self.scheduler = OffloadingScheduler(self.sched_config, manager)
         self.gpu = GPUBlockCache(cfg.groups, cfg.num_gpu_blocks, self.hash_block_size, cfg.enable_gpu_prefix_cache)
         self.pools = self.gpu.pools
-        self.waiting: deque[_Seq] = deque()
-        self.running: list[_Seq] = []
-        self.ready: list[_Seq] = []
-        self.loading: dict[str, _Seq] = {}
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.ready: list[Seq] = []
+        self.loading: dict[str, Seq] = {}
         self.requests: dict[str, SimRequest] = {}
-        self._seqs: dict[str, _Seq] = {}
+        self._seqs: dict[str, Seq] = {}
         self._jobs: dict[int, TransferJob] = {}
-        self._load_seq: dict[int, _Seq] = {}
+        self._load_seq: dict[int, Seq] = {}
         self.stats = EngineStats()
         self.transfer_log: list[TransferRecord] = []
         self.flush_log: list[tuple[int, int]] = []
@@ -148,7 +130,7 @@ class Engine:
                     f"request {req.request_id} needs {need} GPU blocks of group {g}, the engine has "
                     f"{self.config.num_gpu_blocks - 1}"
                 )
-        seq = _Seq(req, len(self.groups))
+        seq = Seq(req, len(self.groups))
         self.requests[req.request_id] = req
         self._seqs[req.request_id] = seq
         self.waiting.append(seq)
@@ -274,7 +256,7 @@ class Engine:
             self.running.append(seq)
             new.append(ScheduledRequest(seq.req, seq.num_computed, n, [list(t) for t in seq.tables]))
             budget -= n
-        skipped: list[_Seq] = []
+        skipped: list[Seq] = []
         while self.waiting and budget > 0:
             if len(self.running) + len(self.loading) + len(self.ready) >= self.config.max_num_seqs:
                 break
@@ -309,7 +291,7 @@ class Engine:
         self.waiting.extendleft(reversed(skipped))
         return budget
 
-    def _preempt(self, seq: _Seq) -> None:
+    def _preempt(self, seq: Seq) -> None:
         self.gpu.free(seq.tables)
         seq.num_computed = 0
         seq.status = WAITING
@@ -359,7 +341,7 @@ class Engine:
             else:
                 self._on_load_done(self._load_seq.pop(fj.job_id), job, fj)
 
-    def _on_load_done(self, seq: _Seq, job: TransferJob, fj: FinishedJob) -> None:
+    def _on_load_done(self, seq: Seq, job: TransferJob, fj: FinishedJob) -> None:
         req = seq.req
         del self.loading[req.request_id]
         if fj.success:
@@ -379,7 +361,7 @@ class Engine:
         seq.status = READY
         self.ready.append(seq)
 
-    def _verify(self, seq: _Seq, g: int, lo: int, hi: int) -> None:
+    def _verify(self, seq: Seq, g: int, lo: int, hi: int) -> None:
         bs = self.groups[g].gpu_block_size
         ok = self.kv.check_blocks(g, seq.tables[g][lo:hi], seq.req.token_keys[lo * bs:hi * bs])
         self.stats.verified_blocks += int(ok.size)
@@ -391,21 +373,10 @@ class Engine:
 
     # ------------------------------------------------------------------ compute
     def _compute(self, scheduled: list[ScheduledRequest]) -> None:
-        if not scheduled:
-            return
-        for g, gc in enumerate(self.groups):
-            bs = gc.gpu_block_size
-            blocks, offs, keys = [], [], []
-            for sr in scheduled:
-                seq = self._seqs[sr.request.request_id]
-                c, n = sr.num_computed_tokens, sr.num_scheduled_tokens
-                pos = np.arange(c, c + n)
-                lo = c // bs
-                table = np.asarray(seq.tables[g][lo:(c + n - 1) // bs + 1], dtype=np.int64)
-                blocks.append(table[pos // bs - lo])
-                offs.append(pos % bs)
-                keys.append(seq.req.token_keys[c:c + n])
-            self.kv.write(g, np.concatenate(blocks), np.concatenate(offs), np.concatenate(keys))
+        """The step's "forward pass": write the KV of every scheduled token."""
+        if scheduled:
+            self.kv.write_tokens([(self._seqs[sr.request.request_id].tables, sr.request.token_keys,
+                                   sr.num_computed_tokens, sr.num_scheduled_tokens) for sr in scheduled])
 
     def _finish_step(self, scheduled: list[ScheduledRequest], st: StepStats) -> None:
         for sr in scheduled:
@@ -425,7 +396,7 @@ class Engine:
             if len(req.output_token_ids) >= req.max_tokens:
                 self._finish(seq, st)
 
-    def _finish(self, seq: _Seq, st: StepStats) -> None:
+    def _finish(self, seq: Seq, st: StepStats) -> None:
         self.running.remove(seq)
         self.scheduler.request_finished(seq.req)
         self.gpu.free(seq.tables)

@@ -123,6 +123,23 @@ class SimKVCache:
         for layer, flat in enumerate(self._flat[group]):
             flat.index_copy_(0, rows, vals[layer].view(rows.numel(), flat.shape[1]))
 
+    def write_tokens(self, items: Sequence[tuple[Sequence[Sequence[int]], np.ndarray, int, int]]) -> None:
+        """Write the KV of tokens ``[start, start + n)`` of several requests, one batch per group.
+
+        ``items``: ``(block tables per group, token keys, start, n)`` per request.
+        """
+        for g, spec in enumerate(self.specs):
+            bs = spec.block_size
+            blocks, offs, keys = [], [], []
+            for tables, token_keys, c, n in items:
+                pos = np.arange(c, c + n)
+                lo = c // bs
+                table = np.asarray(tables[g][lo:(c + n - 1) // bs + 1], dtype=np.int64)
+                blocks.append(table[pos // bs - lo])
+                offs.append(pos % bs)
+                keys.append(token_keys[c:c + n])
+            self.write(g, np.concatenate(blocks), np.concatenate(offs), np.concatenate(keys))
+
     def check_blocks(self, group: int, block_ids: Sequence[int] | np.ndarray, token_keys: np.ndarray) -> np.ndarray:
         """Per block, whether it holds exactly the KV of ``token_keys`` (``block_size`` keys per block,
         every layer). Returns ``bool [n_blocks]``."""
