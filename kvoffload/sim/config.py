@@ -98,7 +98,7 @@ class EngineConfig:
             raise InvalidTypeError("groups must be a non-empty tuple of GroupConfig")
         object.__setattr__(self, "groups", tuple(self.groups))
         _int(self.num_gpu_blocks, "num_gpu_blocks", 2)
-        _int(self.num_cpu_blocks, "num_cpu_blocks", 0)
+        _int(self.num_cpu_blocks, "num_cpu_blocks", 1)
         _int(self.num_heads, "num_heads", 1)
         _int(self.head_dim, "head_dim", 1)
         _int(self.max_num_seqs, "max_num_seqs", 1)

@@ -86,6 +86,11 @@ class Engine:
             from kvoffload.offload.manager import CPUOffloadingManager
 
             manager = CPUOffloadingManager(cfg.num_cpu_blocks, cfg.cache_policy, enable_events=True)
+        nb = getattr(manager, "num_blocks", None)
+        if isinstance(nb, int) and nb > cfg.num_cpu_blocks:
+            raise InvalidArgumentError(
+                f"the manager has {nb} CPU blocks but the host pool only num_cpu_blocks={cfg.num_cpu_blocks}"
+            )
         self.manager = manager
         if worker is None:
             from kvoffload.kernels.layout import KVCacheTable

@@ -40,6 +40,28 @@ def mix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+_MASK = (1 << 64) - 1
+_GOLDEN_INT = 0x9E3779B97F4A7C15
+
+
+def _mix64_int(z: int) -> int:
+    """:func:`mix64` on one Python int (same result as the numpy version)."""
+    z = (z + _GOLDEN_INT) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+_weights_cache: dict[int, list[int]] = {}
+
+
+def _WEIGHTS_INT(hbs: int) -> list[int]:  # noqa: N802 - constant-like cache accessor
+    w = _weights_cache.get(hbs)
+    if w is None:
+        w = _weights_cache[hbs] = [int(x) for x in mix64(np.arange(1, hbs + 1, dtype=np.uint64))]
+    return w
+
+
 def hash_block(parent: bytes, token_ids: Sequence[int] | np.ndarray) -> bytes:
     """The chained hash of one block: 16-byte blake2b of ``parent`` + the tokens as int64."""
     return hashlib.blake2b(parent + np.asarray(token_ids, dtype=np.int64).tobytes(), digest_size=16).digest()
@@ -115,7 +137,7 @@ class SimRequest:
         self.hash_block_size = 0
         self.token_keys = np.zeros(0, dtype=np.uint64)
         self._num_keys = 0
-        self._run = np.uint64(0)
+        self._run = 0
 
     @classmethod
     def from_chat_turn(cls, turn: Any, kv_transfer_params: dict[str, Any] | None = None) -> SimRequest:
@@ -155,10 +177,28 @@ class SimRequest:
         self._extend(0)
 
     def append_output(self, token_id: int) -> None:
-        """Append a generated token (hashes and keys follow)."""
-        self.all_token_ids.append(int(token_id))
-        self.output_token_ids.append(int(token_id))
-        self._extend(self._num_keys)
+        """Append a generated token (hashes and keys follow; a scalar twin of :meth:`_extend`)."""
+        t = int(token_id)
+        self.all_token_ids.append(t)
+        self.output_token_ids.append(t)
+        hbs = self.hash_block_size
+        pos = self._num_keys
+        blk, r = divmod(pos, hbs)
+        run = ((self._run if r else 0) + (t + 1) * _WEIGHTS_INT(hbs)[r]) & _MASK
+        parent = _ROOT if blk == 0 else _h64(self.block_hashes[blk - 1])
+        key = _mix64_int(parent ^ run ^ (((pos + 1) * _GOLDEN_INT) & _MASK))
+        if self.token_keys.size <= pos:
+            grown = np.zeros(max(pos + 1, 2 * self.token_keys.size), dtype=np.uint64)
+            grown[:pos] = self.token_keys[:pos]
+            self.token_keys = grown
+        self.token_keys[pos] = key
+        self._num_keys = pos + 1
+        if r == hbs - 1:
+            parent_hash = self.block_hashes[-1] if self.block_hashes else b""
+            self.block_hashes.append(hash_block(parent_hash, self.all_token_ids[blk * hbs:(blk + 1) * hbs]))
+            self._run = 0
+        else:
+            self._run = run
 
     def next_token(self) -> int:
         """The deterministic "sampled" token after the current tokens (a function of the prefix)."""
@@ -182,7 +222,8 @@ class SimRequest:
             first = np.maximum(blk * hbs - n0, 0)
             base = np.where(first > 0, cs[np.maximum(first - 1, 0)], np.uint64(0))
             run = cs - base
-            run = run + np.where(blk == n0 // hbs, self._run if n0 % hbs else np.uint64(0), np.uint64(0))
+            carry = np.uint64(self._run if n0 % hbs else 0)
+            run = run + np.where(blk == n0 // hbs, carry, np.uint64(0))
             if n1 > n0:
                 lo, hi = n0 // hbs, int(blk[-1])
                 par_of = np.array(
@@ -198,7 +239,7 @@ class SimRequest:
         self.token_keys[n0:n1] = keys
         self._num_keys = n1
         if n1 > n0:
-            self._run = run[-1] if n1 % hbs else np.uint64(0)
+            self._run = int(run[-1]) if n1 % hbs else 0
 
     def keys_of(self, start: int, end: int) -> np.ndarray:
         """Token keys of positions ``[start, end)`` (a view)."""

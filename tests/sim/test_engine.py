@@ -139,3 +139,17 @@ def test_step_stats_and_chat_turn_input() -> None:
     assert eng.manager.lookup(records(eng, kind="store")[0].keys[0], ReqContext()) is True
     d = eng.stats.as_dict()
     assert {"cpu_hit_rate", "gpu_hit_rate", "hit_rate", "verified_blocks"} <= set(d)
+
+
+@pytest.mark.parametrize("hbs", [1, 2, 4, 16])
+def test_appended_tokens_match_a_whole_prompt(hbs: int) -> None:
+    toks = tokens(70, seed=hbs)
+    whole = SimRequest("w", toks, 0)
+    whole.bind(hbs)
+    for split in (1, 5, hbs, 33):
+        part = SimRequest("p", toks[:split], 0)
+        part.bind(hbs)
+        for t in toks[split:]:
+            part.append_output(t)
+        assert part.block_hashes == whole.block_hashes
+        assert (part.token_keys[:70] == whole.token_keys[:70]).all()
