@@ -70,6 +70,7 @@ class EngineConfig:
         transfer_latency_steps: run each transfer job this many steps after submission
             (:class:`~kvoffload.sim.delayed.DelayedWorker`; 0: at once).
         verify_loads: check every loaded block against the KV it should hold.
+        verify_gpu_hits: also check the blocks of every GPU prefix-cache hit (tests).
         record_transfers: keep a :class:`~kvoffload.sim.stats.TransferRecord` per job.
         cache_policy: policy of the default manager.
         seed: seeds the KV content constants.
@@ -89,6 +90,7 @@ class EngineConfig:
     worker_backend: str | None = None
     transfer_latency_steps: int = 0
     verify_loads: bool = True
+    verify_gpu_hits: bool = False
     record_transfers: bool = False
     cache_policy: str = "lru"
     seed: int = 0

@@ -29,7 +29,7 @@ import torch
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.jobs import FinishedJob, ScheduledRequest, TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
-from kvoffload.sim.blocks import GPUBlockCache
+from kvoffload.sim.blocks import NULL_BLOCK, GPUBlockCache
 from kvoffload.sim.config import EngineConfig
 from kvoffload.sim.delayed import DelayedWorker
 from kvoffload.sim.kvcache import GroupKVSpec, SimKVCache
@@ -275,6 +275,8 @@ class Engine:
                 skipped.append(seq)
                 continue
             self.gpu.take_hit(req, hit, seq.tables)
+            if hit and self.config.verify_gpu_hits:
+                self._verify_gpu_hit(seq, hit)
             n = ext if ext else min(req.num_tokens - hit, budget)
             if not self.gpu.grow(seq.tables, hit + n):
                 self.gpu.free(seq.tables)
@@ -365,6 +367,19 @@ class Engine:
             seq.num_computed = seq.hit
         seq.status = READY
         self.ready.append(seq)
+
+    def _verify_gpu_hit(self, seq: Seq, hit: int) -> None:
+        for g, gc in enumerate(self.groups):
+            table = seq.tables[g]
+            lo = next((i for i, b in enumerate(table) if b != NULL_BLOCK), len(table))
+            bs = gc.gpu_block_size
+            ok = self.kv.check_blocks(g, table[lo:hit // bs], seq.req.token_keys[lo * bs:(hit // bs) * bs])
+            self.stats.verified_gpu_hit_blocks += int(ok.size)
+            bad = int(ok.size - ok.sum())
+            if bad:
+                self.stats.verification_failures += bad
+                logger.error("request %s group %d: %d GPU prefix-cache blocks differ from the computed KV",
+                             seq.req.request_id, g, bad)
 
     def _verify(self, seq: Seq, g: int, lo: int, hi: int) -> None:
         bs = self.groups[g].gpu_block_size

@@ -38,7 +38,9 @@ class EngineStats:
     ``computed_tokens`` (prefill and decode tokens the engine computed), ``generated_tokens``.
     Transfer counters come from the workers' results: jobs, offloaded blocks, bytes and seconds
     each way. ``verified_blocks`` counts GPU blocks checked after a load (per group block, every
-    layer), ``verification_failures`` those whose bytes differed from the computed KV.
+    layer), ``verified_gpu_hit_blocks`` GPU prefix-cache blocks checked at admission (with
+    ``verify_gpu_hits``), ``verification_failures`` the checked blocks whose bytes differed from
+    the computed KV.
     """
 
     steps: int = 0
@@ -66,6 +68,7 @@ class EngineStats:
     cpu_evictions: int = 0
     gpu_evictions: int = 0
     verified_blocks: int = 0
+    verified_gpu_hit_blocks: int = 0
     verification_failures: int = 0
     wall_seconds: float = 0.0
 

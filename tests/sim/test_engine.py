@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
@@ -28,21 +29,24 @@ def drive_chat(eng, wl: ChatWorkload, max_waiting: int = 6) -> None:
     eng.run_until_done()
 
 
-@pytest.mark.parametrize(("groups", "latency", "cpu_blocks"), [
-    ((GroupConfig(8, 2),), 0, 40),
-    ((GroupConfig(8, 2),), 2, 40),
-    ((GroupConfig(4, 2, layout="flashinfer"), GroupConfig(4, 2, sliding_window_blocks=2, layout="mla")), 1, 48),
+@pytest.mark.parametrize(("groups", "latency", "cpu_blocks", "policy"), [
+    ((GroupConfig(8, 2),), 0, 40, "lru"),
+    ((GroupConfig(8, 2),), 2, 40, "arc"),
+    ((GroupConfig(8, 2),), 1, 40, "s3fifo"),
+    ((GroupConfig(4, 2, layout="flashinfer"), GroupConfig(4, 2, sliding_window_blocks=2, layout="mla")), 1, 48,
+     "lru"),
 ])
-def test_chat_workload_every_loaded_block_is_right(groups, latency, cpu_blocks) -> None:
+def test_chat_workload_every_loaded_block_is_right(groups, latency, cpu_blocks, policy) -> None:
     wl = ChatWorkload(conversations=8, turns=3, system_prompts=2, system_tokens=64, user_tokens=(8, 24),
                       reply_tokens=(4, 12), seed=3)
     eng = make_engine(groups, num_gpu_blocks=48, num_cpu_blocks=cpu_blocks, max_num_batched_tokens=64,
-                      max_num_seqs=4, transfer_latency_steps=latency)
+                      max_num_seqs=4, transfer_latency_steps=latency, cache_policy=policy, verify_gpu_hits=True)
     drive_chat(eng, wl)
     s = eng.stats
     assert s.requests_finished == len(wl)
     assert s.loaded_tokens > 0 and s.blocks_loaded > 0 and s.cpu_evictions > 0
     assert s.verified_blocks >= s.blocks_loaded and s.verification_failures == 0
+    assert s.verified_gpu_hit_blocks > 0
     assert s.failed_loads == 0 and s.failed_stores == 0
     assert s.bytes_loaded > 0 and s.bytes_stored > 0
     st = eng.manager.get_stats()
@@ -153,3 +157,15 @@ def test_appended_tokens_match_a_whole_prompt(hbs: int) -> None:
             part.append_output(t)
         assert part.block_hashes == whole.block_hashes
         assert (part.token_keys[:70] == whole.token_keys[:70]).all()
+
+
+def test_gpu_hit_verification_detects_a_stale_block() -> None:
+    eng = make_engine([GroupConfig(4, 1)], verify_gpu_hits=True, max_num_batched_tokens=64)
+    p = tokens(20)
+    run(eng, SimRequest("a", p))
+    b0 = eng.pools[0].lookup(eng.get_request("a").block_hashes[2])
+    # overwrite row 1 of the cached GPU block 2 with the KV of another prefix
+    eng.kv.write(0, np.array([b0]), np.array([1]), np.array([12345], dtype=np.uint64))
+    run(eng, SimRequest("b", p + [1, 2]))
+    assert eng.stats.verified_gpu_hit_blocks == 5
+    assert eng.stats.verification_failures == 1
