@@ -24,6 +24,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from kvoffload.offload.base import validate_keys
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FREE", "PENDING", "SlotTable", "as_key_list", "int_view"]
+__all__ = ["FREE", "PENDING", "SlotTable", "Resolved", "as_key_list", "int_view"]
 
 #: ``ref`` value of a free slot.
 FREE = -2
@@ -71,8 +72,47 @@ def as_key_list(keys: Iterable[bytes], name: str = "keys", *, allow_duplicates: 
     return lst
 
 
+class _Batch:
+    """A remembered key batch: keys, their slots (-1 = absent) and the slots' generations."""
+
+    __slots__ = ("keys", "slots", "gen", "pos", "has_dups", "insert_seen")
+
+    keys: list[bytes]
+    slots: np.ndarray
+    gen: np.ndarray
+    pos: dict[bytes, int]
+    has_dups: bool
+    insert_seen: int
+
+
+class Resolved(NamedTuple):
+    """Result of :meth:`SlotTable.resolve`."""
+
+    keys: list[bytes]
+    slots: np.ndarray
+    unique: bool
+    batch: _Batch | None
+    offset: int
+
+
+#: How many recent key batches the translation memo keeps, and the smallest worth keeping.
+MEMO_ENTRIES = 16
+MEMO_MIN_KEYS = 8
+
+
 class SlotTable:
     """Key index and per-slot state of a pool of ``num_blocks`` CPU slots.
+
+    Besides the arrays of the module docstring it keeps ``gen`` (``uint32`` per slot,
+    bumped each time the slot is freed) and a small *translation memo*: the key -> slot
+    translation of the last :data:`MEMO_ENTRIES` key lists given to ``lookup_batch`` /
+    ``touch``. A scheduler calls the manager several times per request on slices of the
+    same key list (lookup, touch, load of the hit prefix, stores of the rest, completions);
+    a later call whose keys equal a slice of a remembered list (one C-level list comparison)
+    reuses the translation instead of probing the dict again. The memo is exact: a
+    remembered slot is used only if the slot's generation is unchanged (it was not freed
+    since, so it still holds that key), and remembered absences are re-checked whenever a
+    key was inserted since.
 
     Args:
         num_blocks: number of slots (``>= 0``).
@@ -88,14 +128,19 @@ class SlotTable:
         n = int(num_blocks)
         self.num_blocks: int = n
         self.index: dict[bytes, int] = {}
-        self.keys: list[bytes | None] = [None] * n
+        self.keys: np.ndarray = np.full(n, None, dtype=object)
         self.ref_buf: array = array("i", [FREE]) * n
         self.ref: np.ndarray = int_view(self.ref_buf, np.int32)
+        self.gen: np.ndarray = np.zeros(n, dtype=np.uint32)
+        #: scratch mask of the keys named in the current ``prepare_store`` (1 = protected)
+        self.prot_mark: np.ndarray = np.zeros(n, dtype=np.int8)
         self.num_allocated: int = 0
         self.free_list: list[int] = []
         self.num_pending: int = 0
         self.num_evictable: int = 0
         self.num_pinned: int = 0
+        self.insert_count: int = 0
+        self._memo: list[_Batch] = []
 
     # ------------------------------------------------------------------ queries
     @property
@@ -114,6 +159,124 @@ class SlotTable:
             return _EMPTY_I64
         return np.fromiter(map(self.index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
 
+    def resolve(self, keys: Iterable[bytes], name: str = "keys", *, allow_duplicates: bool, remember: bool) -> Resolved:
+        """Validate ``keys`` and translate them to slots (``-1`` = absent).
+
+        Type checks: an unhashable item fails the dict probe, an absent item must be exactly
+        ``bytes`` (or go through :func:`validate_keys`, which accepts subclasses); a present
+        item compares equal to a stored ``bytes`` key. Repeats are rejected unless
+        ``allow_duplicates``. Nothing is mutated except the memo.
+
+        Returns:
+            keys (a private list), slots (a private ``int64`` array), ``unique`` (True when
+            the keys are known to be distinct), and the memo batch/offset they came from.
+        """
+        if keys.__class__ is list:
+            lst: list[bytes] = keys  # type: ignore[assignment]
+        elif isinstance(keys, (bytes, str, bytearray, memoryview)) or keys is None:
+            validate_keys(keys, name, allow_duplicates=allow_duplicates)  # type: ignore[arg-type]
+            raise AssertionError("unreachable")  # pragma: no cover
+        else:
+            try:
+                lst = list(keys)
+            except TypeError as exc:
+                raise InvalidTypeError(f"{name} must be an iterable of bytes keys, got {type(keys).__name__}") from exc
+        n = len(lst)
+        if n == 0:
+            return Resolved([], _EMPTY_I64, True, None, 0)
+        if self._memo:
+            found = self._memo_find(lst)
+            if found is not None and (allow_duplicates or not found[0].has_dups):
+                b, off = found
+                return Resolved(b.keys[off : off + n], self._memo_slots(b, off, n), not b.has_dups, b, off)
+        try:
+            slots = np.fromiter(map(self.index.get, lst, repeat(-1)), dtype=np.int64, count=n)
+        except TypeError:
+            validate_keys(lst, name, allow_duplicates=allow_duplicates)
+            raise
+        absent = slots < 0
+        n_absent = int(np.count_nonzero(absent))
+        if n_absent:
+            akeys = lst if n_absent == n else [lst[i] for i in np.flatnonzero(absent).tolist()]
+            if set(map(type, akeys)) != {bytes}:
+                validate_keys(lst, name, allow_duplicates=allow_duplicates)
+        else:
+            akeys = []
+        unique = False
+        if not allow_duplicates:
+            present = slots[~absent] if n_absent else slots
+            if len(present) > 1:
+                srt = np.sort(present)
+                if (srt[1:] == srt[:-1]).any():
+                    validate_keys(lst, name, allow_duplicates=False)
+            if len(akeys) > 1 and len(set(akeys)) != len(akeys):
+                validate_keys(lst, name, allow_duplicates=False)
+            unique = True
+        lst = list(lst)
+        if remember and n >= MEMO_MIN_KEYS and self.num_blocks:
+            b = self._remember(lst, slots)
+            unique = unique or not b.has_dups
+            return Resolved(lst, slots.copy(), unique, b, 0)
+        return Resolved(lst, slots, unique, None, 0)
+
+    # ------------------------------------------------------------------ memo
+    def _memo_find(self, lst: list[bytes]) -> tuple[_Batch, int] | None:
+        k0 = lst[0]
+        n = len(lst)
+        try:
+            for b in self._memo:
+                off = b.pos.get(k0)
+                if off is not None and b.keys[off : off + n] == lst:
+                    return b, off
+        except TypeError:  # unhashable first item: let the normal path report it
+            return None
+        return None
+
+    def _memo_slots(self, b: _Batch, off: int, n: int) -> np.ndarray:
+        end = off + n
+        sl = b.slots[off:end]
+        if not np.array_equal(self.gen[sl], b.gen[off:end]):
+            fresh = self.slots_of(b.keys[off:end])
+            b.slots[off:end] = fresh
+            b.gen[off:end] = self.gen[fresh]
+        elif b.insert_seen != self.insert_count:
+            a = np.flatnonzero(sl < 0)
+            if len(a):
+                ks = b.keys
+                found = self.slots_of([ks[off + i] for i in a.tolist()])
+                if (found >= 0).any():
+                    b.slots[off + a] = found
+                    b.gen[off + a] = self.gen[found]
+        return b.slots[off:end].copy()
+
+    def _remember(self, lst: list[bytes], slots: np.ndarray) -> _Batch:
+        b = _Batch()
+        n = len(lst)
+        b.keys = lst
+        b.slots = slots.copy()
+        b.gen = self.gen[slots]
+        b.pos = dict(zip(lst, range(n)))
+        b.has_dups = len(b.pos) != n
+        if b.has_dups:  # keep each key's first position
+            b.pos = dict(zip(reversed(lst), range(n - 1, -1, -1)))
+        b.insert_seen = self.insert_count
+        memo = self._memo
+        memo.insert(0, b)
+        if len(memo) > MEMO_ENTRIES:
+            memo.pop()
+        return b
+
+    def memo_note_insert(self, r: Resolved, positions: np.ndarray, slots: np.ndarray, count_before: int) -> None:
+        """After :meth:`allocate` of keys that came from memo batch ``r``: record their slots."""
+        b = r.batch
+        if b is None:
+            return
+        idx = r.offset + positions
+        b.slots[idx] = slots
+        b.gen[idx] = self.gen[slots]
+        if b.insert_seen == count_before:
+            b.insert_seen = self.insert_count
+
     # ------------------------------------------------------------------ mutation
     def allocate(self, keys: list[bytes]) -> np.ndarray:
         """Give each (absent, distinct) key a slot, mark it pending; return the slots.
@@ -122,24 +285,26 @@ class SlotTable:
         The caller has checked that ``len(keys) <= num_free``.
         """
         m = len(keys)
+        if m == 0:
+            return _EMPTY_I64
         fresh = min(m, self.num_blocks - self.num_allocated)
         start = self.num_allocated
-        slot_list = list(range(start, start + fresh))
-        self.num_allocated += fresh
-        if fresh:
-            self.keys[start : start + fresh] = keys[:fresh]
         reused = m - fresh
         if reused:
             tail = self.free_list[-reused:]
             del self.free_list[-reused:]
             tail.reverse()
-            for s, k in zip(tail, keys[fresh:]):
-                self.keys[s] = k
-            slot_list += tail
+            slot_list = list(range(start, start + fresh)) + tail if fresh else tail
+            slots = np.array(slot_list, dtype=np.int64)
+        else:
+            slots = np.arange(start, start + fresh, dtype=np.int64)
+            slot_list = list(range(start, start + fresh))
+        self.num_allocated += fresh
         self.index.update(zip(keys, slot_list))
-        slots = np.array(slot_list, dtype=np.int64) if m else _EMPTY_I64
+        self.keys[slots] = keys if m > 1 else keys[0]
         self.ref[slots] = PENDING
         self.num_pending += m
+        self.insert_count += 1
         return slots
 
     def release(self, slots: np.ndarray) -> list[bytes]:
@@ -148,33 +313,35 @@ class SlotTable:
         Updates ``num_pending``/``num_evictable`` from the slots' current state; the caller
         never releases pinned slots.
         """
-        sl: list[int] = slots.tolist()
-        if not sl:
+        if len(slots) == 0:
             return []
-        keys: list[bytes] = [self.keys[s] for s in sl]  # type: ignore[misc]
+        keys: list[bytes] = self.keys[slots].tolist()
         deque(map(self.index.__delitem__, keys), maxlen=0)
-        for s in sl:
-            self.keys[s] = None
+        self.keys[slots] = None
+        self.gen[slots] += 1
         states = self.ref[slots]
         n_pending = int(np.count_nonzero(states == PENDING))
         self.num_pending -= n_pending
-        self.num_evictable -= len(sl) - n_pending
+        self.num_evictable -= len(slots) - n_pending
         self.ref[slots] = FREE
-        self.free_list.extend(sl)
+        self.free_list.extend(slots.tolist())
         return keys
 
     def clear(self) -> None:
         """Forget every key and return every slot to the never-used state."""
         self.index.clear()
-        self.keys = [None] * self.num_blocks
+        self.keys[:] = None
         if self.num_blocks:
             self.ref[:] = FREE
+            self.gen += 1
         self.num_allocated = 0
         self.free_list.clear()
         self.num_pending = 0
         self.num_evictable = 0
         self.num_pinned = 0
+        self.insert_count += 1
+        self._memo.clear()
 
     def metadata_nbytes(self) -> int:
         """Bytes held by the fixed per-slot arrays (not the dict / key objects)."""
-        return self.ref.nbytes + 8 * len(self.keys)
+        return self.ref.nbytes + self.keys.nbytes + self.gen.nbytes + self.prot_mark.nbytes

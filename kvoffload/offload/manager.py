@@ -30,7 +30,7 @@ from kvoffload.offload.base import (
     ReqContext,
     validate_keys,
 )
-from kvoffload.offload.keytable import PENDING, SlotTable, as_key_list
+from kvoffload.offload.keytable import PENDING, Resolved, SlotTable
 from kvoffload.offload.policies.base import CachePolicy, get_policy_class
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,8 @@ __all__ = ["CPUOffloadingManager", "OffloadingStats"]
 #: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
 CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
+#: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready)
+_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 
 
 @dataclass
@@ -93,6 +95,16 @@ _COUNTERS = (
 )
 
 
+class _ClosedIndex:
+    """Stands in for the key index after ``shutdown``: every per-key lookup raises."""
+
+    def get(self, key: object, default: object = None) -> object:
+        raise KeyStateError("the CPUOffloadingManager has been shut down")
+
+    def __contains__(self, key: object) -> bool:
+        raise KeyStateError("the CPUOffloadingManager has been shut down")
+
+
 def _check_bool(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InvalidTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
@@ -136,9 +148,16 @@ class CPUOffloadingManager(OffloadingManager):
         self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._closed = False
-        self._lookups = 0
-        for name in _COUNTERS:
-            setattr(self, "_n_" + name, 0)
+        self._n_hits = 0
+        self._n_pending_hits = 0
+        self._n_misses = 0
+        self._n_evictions = 0
+        self._n_stores_started = 0
+        self._n_stores_skipped = 0
+        self._n_stores_failed = 0
+        self._n_stores_completed = 0
+        self._n_stores_aborted = 0
+        self._n_loads = 0
         # hot-path aliases
         self._index = self._table.index
         self._ref_buf = self._table.ref_buf
@@ -158,21 +177,26 @@ class CPUOffloadingManager(OffloadingManager):
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
 
-    def _keys(self, keys: Iterable[OffloadKey], allow_duplicates: bool) -> list[bytes]:
+    def _resolve(self, keys: Iterable[OffloadKey], allow_duplicates: bool, remember: bool = False) -> Resolved:
         if self._closed:
             self._check_open()
-        return as_key_list(keys, "keys", allow_duplicates=allow_duplicates)
+        return self._table.resolve(keys, "keys", allow_duplicates=allow_duplicates, remember=remember)
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """True if ``key`` is stored and ready, False if absent, None if its store is pending."""
-        if key.__class__ is not bytes:
+        """True if ``key`` is stored and ready, False if absent, None if its store is pending.
+
+        Raises:
+            InvalidTypeError: ``key`` is not ``bytes``.
+        """
+        try:
+            s = self._index.get(key)
+        except TypeError:  # unhashable
             validate_keys([key], "key")
-        if self._closed:
-            self._check_open()
-        self._lookups += 1
-        s = self._index.get(key)
+            raise
         if s is None:
+            if key.__class__ is not bytes:
+                validate_keys([key], "key")
             self._n_misses += 1
             return False
         if self._ref_buf[s] >= 0:
@@ -188,24 +212,21 @@ class CPUOffloadingManager(OffloadingManager):
             ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or
             ``LOOKUP_PENDING`` (2) per key, same as calling :meth:`lookup` on each.
         """
-        keys = self._keys(keys, allow_duplicates=True)
-        n = len(keys)
-        out = np.zeros(n, dtype=np.int8)
+        r = self._resolve(keys, allow_duplicates=True, remember=True)
+        n = len(r.keys)
         if n == 0:
-            return out
-        slots = self._table.slots_of(keys)
-        present = slots >= 0
-        states = self._table.ref[slots[present]]
-        ready = states >= 0
-        codes = np.where(ready, LOOKUP_HIT, LOOKUP_PENDING).astype(np.int8)
-        out[present] = codes
-        n_present = len(states)
-        n_ready = int(np.count_nonzero(ready))
-        self._lookups += n
-        self._n_hits += n_ready
-        self._n_pending_hits += n_present - n_ready
-        self._n_misses += n - n_present
-        return out
+            return np.zeros(0, dtype=np.int8)
+        slots = r.slots
+        # class per key: 0 absent, 2 pending, 3 ready (FREE never occurs for a present key)
+        st = self._table.ref[slots] if self.num_blocks else np.zeros(n, dtype=np.int32)
+        np.minimum(st, 0, out=st)
+        st += 3
+        st[slots < 0] = 0
+        counts = np.bincount(st, minlength=4)
+        self._n_hits += int(counts[3])
+        self._n_pending_hits += int(counts[2])
+        self._n_misses += int(counts[0])
+        return _CODES[st]
 
     # ------------------------------------------------------------------ loads
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
@@ -214,20 +235,20 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             KeyStateError: a key is absent or pending (nothing is pinned then).
         """
-        keys = self._keys(keys, allow_duplicates=False)
-        t = self._table
-        slots = t.slots_of(keys)
+        r = self._resolve(keys, allow_duplicates=False)
+        slots = r.slots
         if len(slots):
-            absent = np.flatnonzero(slots < 0)
-            if len(absent):
-                raise KeyStateError(f"prepare_load: keys[{int(absent[0])}] {keys[int(absent[0])]!r} is not stored")
+            t = self._table
+            if int(slots.min()) < 0:
+                i = int(np.argmax(slots < 0))
+                raise KeyStateError(f"prepare_load: keys[{i}] {r.keys[i]!r} is not stored")
             states = t.ref[slots]
-            pend = np.flatnonzero(states < 0)
-            if len(pend):
-                i = int(pend[0])
-                raise KeyStateError(f"prepare_load: keys[{i}] {keys[i]!r} is not ready (its store is in flight)")
+            if int(states.min()) < 0:
+                i = int(np.argmax(states < 0))
+                raise KeyStateError(f"prepare_load: keys[{i}] {r.keys[i]!r} is not ready (its store is in flight)")
             newly = int(np.count_nonzero(states == 0))
-            t.ref[slots] = states + 1
+            states += 1
+            t.ref[slots] = states
             t.num_evictable -= newly
             t.num_pinned += newly
             self._n_loads += len(slots)
@@ -240,36 +261,42 @@ class CPUOffloadingManager(OffloadingManager):
             KeyStateError: a key is absent, pending, or not pinned (often enough, counting
                 repeats); nothing is unpinned then.
         """
-        keys = self._keys(keys, allow_duplicates=True)
-        if not keys:
+        r = self._resolve(keys, allow_duplicates=True)
+        slots = r.slots
+        if len(slots) == 0:
             return
         t = self._table
-        slots = t.slots_of(keys)
-        absent = np.flatnonzero(slots < 0)
-        if len(absent):
-            raise KeyStateError(f"complete_load: keys[{int(absent[0])}] {keys[int(absent[0])]!r} is not stored")
-        uniq, counts = np.unique(slots, return_counts=True)
+        if int(slots.min()) < 0:
+            i = int(np.argmax(slots < 0))
+            raise KeyStateError(f"complete_load: keys[{i}] {r.keys[i]!r} is not stored")
+        if r.unique:
+            uniq, counts = slots, None
+        else:
+            uniq, counts = np.unique(slots, return_counts=True)
         states = t.ref[uniq]
-        bad = np.flatnonzero(states < counts)
-        if len(bad):
-            s = int(uniq[bad[0]])
-            what = "pending" if states[bad[0]] == PENDING else f"pinned {int(states[bad[0]])} time(s)"
-            raise KeyStateError(
-                f"complete_load: key {t.keys[s]!r} is {what}, cannot unpin it {int(counts[bad[0]])} time(s)"
-            )
-        new_states = states - counts.astype(np.int32)
-        t.ref[uniq] = new_states
-        freed = uniq[new_states == 0]
-        t.num_evictable += len(freed)
-        t.num_pinned -= len(freed)
+        bad = states < (1 if counts is None else counts)
+        if bad.any():
+            j = int(np.argmax(bad))
+            s = int(uniq[j])
+            what = "pending" if states[j] == PENDING else f"pinned {int(states[j])} time(s)"
+            c = 1 if counts is None else int(counts[j])
+            raise KeyStateError(f"complete_load: key {t.keys[s]!r} is {what}, cannot unpin it {c} time(s)")
+        if counts is None:
+            states -= 1
+        else:
+            states -= counts.astype(np.int32)
+        t.ref[uniq] = states
+        freed = uniq[states == 0]
         if len(freed):
+            t.num_evictable += len(freed)
+            t.num_pinned -= len(freed)
             self._policy.on_evictable(freed)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
-        keys = self._keys(keys, allow_duplicates=True)
-        if keys:
-            self._policy.touch(keys, self._table.slots_of(keys))
+        r = self._resolve(keys, allow_duplicates=True, remember=True)
+        if r.keys:
+            self._policy.touch(r.keys, r.slots, unique=r.unique)
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -282,30 +309,37 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
         """
-        keys = self._keys(keys, allow_duplicates=False)
+        r = self._resolve(keys, allow_duplicates=False)
+        keys_l, slots = r.keys, r.slots
         t = self._table
-        slots = t.slots_of(keys)
         absent_mask = slots < 0
         n_new = int(np.count_nonzero(absent_mask))
-        n_present = len(keys) - n_new
+        n_present = len(keys_l) - n_new
         if n_new == 0:
             self._n_stores_skipped += n_present
             return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec(_EMPTY_I64), evicted_keys=[])
         if n_present == 0:
-            to_store = keys
+            positions = None
+            to_store = keys_l
         else:
-            to_store = [keys[i] for i in np.flatnonzero(absent_mask).tolist()]
+            positions = np.flatnonzero(absent_mask)
+            to_store = [keys_l[i] for i in positions.tolist()]
         need = n_new - t.num_free
         evicted: list[bytes] = []
         if need > 0:
             protected = slots[~absent_mask] if n_present else _EMPTY_I64
             prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if n_present else 0
             if need > t.num_evictable - prot_ev:
-                self._n_stores_failed += len(keys)
+                self._n_stores_failed += len(keys_l)
                 return None
-            victims = self._policy.evict(need, protected)
+            mark = t.prot_mark
+            mark[protected] = 1
+            try:
+                victims = self._policy.evict(need, protected)
+            finally:
+                mark[protected] = 0
             if victims is None:
-                self._n_stores_failed += len(keys)
+                self._n_stores_failed += len(keys_l)
                 return None
             if len(victims) != need:  # pragma: no cover - policy contract violation
                 raise RuntimeError(f"policy {self.cache_policy!r} returned {len(victims)} victims, expected {need}")
@@ -313,7 +347,10 @@ class CPUOffloadingManager(OffloadingManager):
             self._n_evictions += need
             if self._events is not None:
                 self._events.append(OffloadingEvent(keys=list(evicted), medium=CPU_MEDIUM, removed=True))
+        count_before = t.insert_count
         new_slots = t.allocate(to_store)
+        if r.batch is not None:
+            t.memo_note_insert(r, np.arange(len(keys_l)) if positions is None else positions, new_slots, count_before)
         self._policy.insert(new_slots, to_store)
         self._n_stores_started += n_new
         self._n_stores_skipped += n_present
@@ -327,19 +364,18 @@ class CPUOffloadingManager(OffloadingManager):
         Ready keys are untouched and absent keys ignored, in both cases.
         """
         success = _check_bool(success, "success")
-        keys = self._keys(keys, allow_duplicates=True)
-        if not keys:
+        r = self._resolve(keys, allow_duplicates=True)
+        slots = r.slots
+        if len(slots) == 0 or self.num_blocks == 0:
             return
         t = self._table
-        slots = t.slots_of(keys)
-        sel = np.flatnonzero(slots >= 0)
-        if len(sel) == 0:
-            return
-        sel = sel[t.ref[slots[sel]] == PENDING]
+        sel_mask = t.ref[slots] == PENDING
+        sel_mask &= slots >= 0
+        sel = np.flatnonzero(sel_mask)
         if len(sel) == 0:
             return
         pend = slots[sel]
-        if len(pend) > 1:
+        if not r.unique and len(pend) > 1:
             uniq, first = np.unique(pend, return_index=True)
             if len(uniq) != len(pend):
                 order = np.sort(first)
@@ -352,9 +388,8 @@ class CPUOffloadingManager(OffloadingManager):
             self._n_stores_completed += len(pend)
             self._policy.on_evictable(pend)
             if self._events is not None:
-                self._events.append(
-                    OffloadingEvent(keys=[keys[i] for i in sel.tolist()], medium=CPU_MEDIUM, removed=False)
-                )
+                ks = r.keys
+                self._events.append(OffloadingEvent(keys=[ks[i] for i in sel.tolist()], medium=CPU_MEDIUM, removed=False))
         else:
             self._policy.remove(pend)
             t.release(pend)
@@ -380,9 +415,8 @@ class CPUOffloadingManager(OffloadingManager):
             num_pinned=t.num_pinned,
             usage=t.num_used / n if n else 0.0,
             write_usage=t.num_pending / n if n else 0.0,
-            lookups=self._lookups,
+            lookups=self._n_hits + self._n_pending_hits + self._n_misses,
         )
-        self._lookups = 0
         for name in _COUNTERS:
             setattr(stats, name, getattr(self, "_n_" + name))
             setattr(self, "_n_" + name, 0)
@@ -408,6 +442,7 @@ class CPUOffloadingManager(OffloadingManager):
         if self._events is not None:
             self._events = []
         self._closed = True
+        self._index = _ClosedIndex()  # type: ignore[assignment]
 
     def __len__(self) -> int:
         """Number of keys present (pending or ready)."""

@@ -68,17 +68,17 @@ class ARCPolicy(CachePolicy):
         self.t1.discard(slots)
         self.t2.discard(slots)
 
-    def touch(self, keys: list[bytes], slots: np.ndarray) -> None:
+    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
         present_mask = slots >= 0
         present = slots[present_mask]
         if len(present):
-            rp = first_occurrences(present)[::-1]
+            rp = (present if unique else first_occurrences(present))[::-1]
             in_t1 = self.member[rp] == _T1
             ready = self.table.ref[rp] >= 0
             promote = in_t1 & ready
             if promote.any():
                 self.t1.discard(rp[promote])
-            self.t1.push_back(rp[in_t1 & ~ready])
+            self.t1.push_back(rp[in_t1 & ~ready], members=True)
             self.t2.push_back(rp[~in_t1 | ready])
         if (self.b1 or self.b2) and len(present) < len(keys):
             b1, b2 = self.b1, self.b2
@@ -106,16 +106,16 @@ class ARCPolicy(CachePolicy):
         t1_left = True
         if vt1 >= target:
             want = min(rem, vt1 - target + 1)
-            got = self.t1.take(want, ref, protected)
+            got = self.t1.take(want, ref, protected, self.table.prot_mark)
             picks.append((got, True))
             rem -= len(got)
             t1_left = len(got) == want
         if rem > 0:
-            got = self.t2.take(rem, ref, protected)
+            got = self.t2.take(rem, ref, protected, self.table.prot_mark)
             picks.append((got, False))
             rem -= len(got)
         if rem > 0 and t1_left:
-            got = self.t1.take(rem, ref, protected)
+            got = self.t1.take(rem, ref, protected, self.table.prot_mark)
             picks.append((got, True))
             rem -= len(got)
         if rem > 0:

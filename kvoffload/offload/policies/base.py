@@ -38,7 +38,7 @@ class CachePolicy(ABC):
     * :meth:`evict` to pick victims, and :meth:`clear` on reset.
 
     A block is *evictable* iff ``table.ref[s] == 0``. ``evict`` must pick only evictable
-    slots not in ``protected``; it either returns exactly ``n`` slots (and forgets them) or
+    slots not in ``protected`` (also marked 1 in ``table.prot_mark`` during the call); it either returns exactly ``n`` slots (and forgets them) or
     returns None and leaves every observable decision unchanged. The manager only calls
     ``evict`` when at least ``n`` evictable, unprotected blocks exist.
 
@@ -63,10 +63,10 @@ class CachePolicy(ABC):
         """Forget ``slots`` (failed stores; still pending)."""
 
     @abstractmethod
-    def touch(self, keys: list[bytes], slots: np.ndarray) -> None:
+    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
         """Mark recently used; ``slots[i]`` is the slot of ``keys[i]`` or -1 if absent.
 
-        The first key ends up most recent. Keys may repeat.
+        The first key ends up most recent. Keys may repeat unless ``unique`` is True.
         """
 
     def on_evictable(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook

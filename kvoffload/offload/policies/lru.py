@@ -19,9 +19,10 @@ def first_occurrences(slots: np.ndarray) -> np.ndarray:
     """``slots`` without repeats, keeping each slot's first occurrence, in order."""
     if len(slots) < 2:
         return slots
-    uniq, first = np.unique(slots, return_index=True)
-    if len(uniq) == len(slots):
+    srt = np.sort(slots)
+    if not (srt[1:] == srt[:-1]).any():
         return slots
+    _, first = np.unique(slots, return_index=True)
     return slots[np.sort(first)]
 
 
@@ -55,16 +56,18 @@ class LRUPolicy(CachePolicy):
     def remove(self, slots: np.ndarray) -> None:
         self.order.discard(slots)
 
-    def touch(self, keys: list[bytes], slots: np.ndarray) -> None:
+    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
         present = slots[slots >= 0]
         if len(present):
-            self.order.push_back(first_occurrences(present)[::-1])
+            if not unique:
+                present = first_occurrences(present)
+            self.order.push_back(present[::-1], members=True)
 
     def on_evictable(self, slots: np.ndarray) -> None:
         self.order.on_evictable(slots)
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        victims = self.order.take(n, self.table.ref, protected)
+        victims = self.order.take(n, self.table.ref, protected, self.table.prot_mark)
         if len(victims) < n:
             self.order.restore(victims)
             return None

@@ -82,22 +82,24 @@ class SlotOrder:
         """Boolean mask: which of ``slots`` are in this list."""
         return self.member[slots] == self.lid
 
-    def push_back(self, slots: np.ndarray) -> None:
+    def push_back(self, slots: np.ndarray, members: bool = False) -> None:
         """Append distinct ``slots`` at the newest end, in order (the last one is the newest).
 
         Slots already in this list move; slots in another list must have been discarded
-        from it first.
+        from it first. ``members=True`` promises that every slot is already in this list.
         """
         k = len(slots)
         if k == 0:
             return
-        self.size += int(np.count_nonzero(self.member[slots] != self.lid))
+        if not members:
+            self.size += int(np.count_nonzero(self.member[slots] != self.lid))
         if self.tail + k > len(self.buf):
             self._compact(k)
         t = self.tail
         self.buf[t : t + k] = slots
         self.pos[slots] = np.arange(self.base + t, self.base + t + k, dtype=np.int64)
-        self.member[slots] = self.lid
+        if not members:
+            self.member[slots] = self.lid
         self.tail = t + k
 
     def discard(self, slots: np.ndarray) -> None:
@@ -115,7 +117,10 @@ class SlotOrder:
         if len(slots) == 0:
             return
         p = self.pos[slots]
-        parked = (self.member[slots] == self.lid) & (p < self.base + self.head)
+        limit = self.base + self.head
+        if int(p.min()) >= limit:
+            return  # nothing parked (the common case: blocks pushed since the last scan)
+        parked = (self.member[slots] == self.lid) & (p < limit)
         if parked.any():
             for s, ps in zip(slots[parked].tolist(), p[parked].tolist()):
                 if self._pushed.get(s) != ps:
@@ -132,10 +137,11 @@ class SlotOrder:
         return parked.tolist() + cur.tolist()
 
     # ------------------------------------------------------------------ eviction scan
-    def take(self, k: int, ref: np.ndarray, protected: np.ndarray) -> np.ndarray:
+    def take(self, k: int, ref: np.ndarray, protected: np.ndarray, prot_mark: np.ndarray) -> np.ndarray:
         """The next (up to) ``k`` evictable slots in list order, oldest first.
 
-        Evictable: ``ref[s] == 0`` (ready, not pinned) and ``s`` not in ``protected``.
+        Evictable: ``ref[s] == 0`` (ready, not pinned) and ``s`` not in ``protected``
+        (``prot_mark[s] == 1`` exactly for the slots of ``protected``).
         The returned slots stay in the list but are parked; the caller must either
         :meth:`discard` them (evicted) or :meth:`restore` them. Calls may be repeated to
         continue the same scan. Observable order never changes.
@@ -146,7 +152,7 @@ class SlotOrder:
         deferred: list[tuple[int, int]] = []
         heap = self._heap
         member, pos, lid = self.member, self.pos, self.lid
-        prot_set: set[int] | None = None
+        has_prot = len(protected) > 0
         while heap and len(out) < k:
             ps, s = heapq.heappop(heap)
             if self._pushed.get(s) == ps:
@@ -155,9 +161,7 @@ class SlotOrder:
                 continue  # moved or removed since it was parked
             if ref[s] != 0:
                 continue  # pinned again: stays parked until its next unpin
-            if prot_set is None:
-                prot_set = set(protected.tolist())
-            if s in prot_set:
+            if has_prot and prot_mark[s]:
                 deferred.append((ps, s))
                 continue
             out.append(s)
@@ -170,8 +174,8 @@ class SlotOrder:
             seg = self.buf[h:end].astype(np.int64)
             cur = (member[seg] == lid) & (pos[seg] == np.arange(self.base + h, self.base + end, dtype=np.int64))
             ev = cur & (ref[seg] == 0)
-            if len(protected):
-                prot = np.isin(seg, protected)
+            if has_prot:
+                prot = prot_mark[seg].astype(bool)
                 cand = ev & ~prot
             else:
                 prot = None

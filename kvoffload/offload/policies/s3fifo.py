@@ -84,10 +84,11 @@ class S3FIFOPolicy(CachePolicy):
         self.small.discard(slots)
         self.main.discard(slots)
 
-    def touch(self, keys: list[bytes], slots: np.ndarray) -> None:
+    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
         present = slots[slots >= 0]
         if len(present):
-            present = np.unique(present)
+            if not unique:
+                present = np.unique(present)
             f = self.freq[present]
             self.freq[present] = np.minimum(f + 1, _MAX_FREQ)
 
@@ -106,7 +107,7 @@ class S3FIFOPolicy(CachePolicy):
             allowance = len(small) - self.small_target + 1
             if (allowance > 0 or main_dry) and not small_dry:
                 want = rem if main_dry else min(rem, allowance)
-                got = small.take(want, ref, protected)
+                got = small.take(want, ref, protected, self.table.prot_mark)
                 if len(got) < want:
                     small_dry = True
                 if len(got) == 0:
@@ -133,7 +134,7 @@ class S3FIFOPolicy(CachePolicy):
                     victims.append(dead)
                     rem -= len(dead)
                 continue
-            got = main.take(rem, ref, protected)
+            got = main.take(rem, ref, protected, self.table.prot_mark)
             if len(got) == 0:
                 main_dry = True
                 if small_dry:

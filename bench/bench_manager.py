@@ -1,0 +1,413 @@
+"""Benchmark of the CPU offloading manager against the straightforward OrderedDict design.
+
+Run: ``python bench/bench_manager.py [--quick]`` (or ``python -m kvoffload bench --only manager``).
+Writes the ``manager`` section of ``bench/results/<machine>.json`` (unless ``--no-write``).
+
+Measured in one run, for ``CPUOffloadingManager`` (numpy key tables) and for
+:class:`baseline_manager.OrderedDictLRUManager` (one OrderedDict of per-block ctypes objects,
+the way vLLM's CPU manager stores blocks):
+
+1. **Realistic trace** at 10^4, 10^5, 10^6 blocks (quick: 10^4, 10^5): requests of 8k-token
+   prompts = 512 keys; a prompt is a shared prefix (one of many documents/system prompts,
+   Zipf popularity, 64..448 blocks) followed by a tail unique to the request; every request
+   builds fresh key objects (as an engine hashing its prompt would). Per request, like a
+   scheduler: prefix lookup, touch of all keys, ``prepare_load`` of the hit prefix (completed
+   4 requests later), ``prepare_store`` of the rest in 128-key steps (completed 8 steps later),
+   evictions once the pool is full (it is pre-filled). Reported: requests/s, key-ops/s and the
+   ratio to the baseline. Ours runs twice: with ``lookup_batch`` (one call per request) and
+   with per-key ``lookup`` until the first miss (the baseline's way, same calls).
+2. **Per-key lookup** (ns per call, hits and misses) at each size.
+3. **Evicting 1,000 blocks**: one ``prepare_store`` of 1,000 new keys on a full pool of ready
+   blocks, at 10^4 and 10^6 capacity (quick: 10^4, 10^5), also with 20% of the pool pinned
+   at the old end of the LRU order.
+4. **Metadata bytes per block** (tracemalloc, pool full of ready blocks, key objects created
+   before tracing so they are not counted) at 10^6 blocks (quick: 10^5), for ours (lru, arc,
+   s3fifo) and the baseline (ctypes structs, and with ``__slots__`` objects).
+5. **Hit rate by policy** (lru, arc, s3fifo) replaying a prefix-sharing trace on a pool that
+   holds ~15% of the distinct blocks.
+
+Timings are wall-clock on whatever machine runs this; no targets are asserted here, the
+closing table prints each ratio next to its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import statistics
+import sys
+import time
+import tracemalloc
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from kvoffload.offload.base import LOOKUP_HIT, ReqContext
+from kvoffload.offload.manager import CPUOffloadingManager
+
+_HERE = Path(__file__).resolve().parent
+KEY_BYTES = 36  # 32-byte block hash + 4-byte group index
+PROMPT_BLOCKS = 512
+STORE_STEP = 128
+CTX = ReqContext(req_id="bench")
+
+
+def _load_sibling(name: str) -> Any:
+    path = _HERE / f"{name}.py"
+    mod_name = f"bench.{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+baseline = _load_sibling("baseline_manager")
+
+
+# ----------------------------------------------------------------------------- trace
+class PrefixTrace:
+    """Prompts of ``PROMPT_BLOCKS`` keys: a Zipf-popular shared prefix + a unique tail.
+
+    Each call of :meth:`request` returns fresh ``bytes`` key objects (hash not cached),
+    sliced from one blob per request, as an engine that hashes a prompt would create them.
+    """
+
+    def __init__(self, seed: int, num_prefixes: int, zipf_a: float = 1.1) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.num_prefixes = num_prefixes
+        self.lengths = self.rng.integers(64, 449, size=num_prefixes)
+        self.blobs = [self.rng.bytes(KEY_BYTES * int(n)) for n in self.lengths]
+        w = 1.0 / np.arange(1, num_prefixes + 1) ** zipf_a
+        self.p = w / w.sum()
+
+    def request(self) -> list[bytes]:
+        f = int(self.rng.choice(self.num_prefixes, p=self.p))
+        n_shared = int(self.lengths[f])
+        blob = self.blobs[f] + self.rng.bytes(KEY_BYTES * (PROMPT_BLOCKS - n_shared))
+        return [blob[i : i + KEY_BYTES] for i in range(0, KEY_BYTES * PROMPT_BLOCKS, KEY_BYTES)]
+
+
+def _filler(n: int, seed: int) -> list[bytes]:
+    blob = np.random.default_rng(seed).bytes(KEY_BYTES * n)
+    return [blob[i : i + KEY_BYTES] for i in range(0, KEY_BYTES * n, KEY_BYTES)]
+
+
+def _prefill(m: Any, keys: list[bytes]) -> None:
+    for i in range(0, len(keys), 4096):
+        chunk = keys[i : i + 4096]
+        m.prepare_store(chunk, CTX)
+        m.complete_store(chunk, CTX)
+
+
+def _make(impl: str, capacity: int, policy: str = "lru") -> Any:
+    if impl == "baseline":
+        return baseline.OrderedDictLRUManager(capacity)
+    return CPUOffloadingManager(capacity, cache_policy=policy)
+
+
+def run_trace(m: Any, requests: list[list[bytes]], batch_lookup: bool) -> dict[str, float]:
+    """Replay ``requests`` on ``m``; return wall time, key-ops and hit statistics."""
+    loads: deque[list[bytes]] = deque()
+    stores: deque[list[bytes]] = deque()
+    key_ops = 0
+    hit_keys = 0
+    failed = 0
+    gc.collect()
+    gc_was = gc.isenabled()
+    gc.disable()
+    t0 = time.perf_counter()
+    for keys in requests:
+        n = len(keys)
+        if batch_lookup:
+            codes = m.lookup_batch(keys, CTX)
+            miss = np.flatnonzero(codes != LOOKUP_HIT)
+            h = int(miss[0]) if len(miss) else n
+            key_ops += n
+        else:
+            h = 0
+            lookup = m.lookup
+            while h < n and lookup(keys[h], CTX) is True:
+                h += 1
+            key_ops += min(h + 1, n)
+        m.touch(keys, CTX)
+        key_ops += n
+        if h:
+            m.prepare_load(keys[:h], CTX)
+            loads.append(keys[:h])
+            key_ops += h
+            hit_keys += h
+        for c in range(h, n, STORE_STEP):
+            step = keys[c : c + STORE_STEP]
+            out = m.prepare_store(step, CTX)
+            key_ops += len(step)
+            if out is None:
+                failed += 1
+            elif out.keys_to_store:
+                stores.append(out.keys_to_store)
+        while len(loads) > 4:
+            done = loads.popleft()
+            m.complete_load(done, CTX)
+            key_ops += len(done)
+        while len(stores) > 8:
+            done = stores.popleft()
+            m.complete_store(done, CTX)
+            key_ops += len(done)
+    elapsed = time.perf_counter() - t0
+    if gc_was:
+        gc.enable()
+    return {
+        "seconds": elapsed,
+        "requests_per_s": len(requests) / elapsed,
+        "key_ops_per_s": key_ops / elapsed,
+        "hit_fraction": hit_keys / (len(requests) * PROMPT_BLOCKS),
+        "failed_stores": failed,
+    }
+
+
+def bench_trace(capacity: int, n_requests: int, repeats: int) -> dict[str, Any]:
+    """Realistic trace at ``capacity`` blocks for ours (batch / per-key lookups) and the baseline."""
+    trace = PrefixTrace(seed=7, num_prefixes=max(50, capacity // 2000))
+    warm = [trace.request() for _ in range(max(20, n_requests // 5))]
+    reqs = [trace.request() for _ in range(n_requests)]
+    filler = _filler(capacity, seed=3)
+    results: dict[str, list[dict[str, float]]] = {}
+    for _ in range(repeats):
+        for name, impl, batch in (
+            ("ours_batch_lookup", "ours", True),
+            ("ours_per_key_lookup", "ours", False),
+            ("baseline", "baseline", False),
+        ):
+            # fresh key objects for every run (hash not cached, as in an engine)
+            copies = [[bytes(bytearray(k)) for k in r] for r in reqs]
+            m = _make(impl, capacity)
+            _prefill(m, filler)
+            run_trace(m, [list(r) for r in warm], batch)
+            results.setdefault(name, []).append(run_trace(m, copies, batch))
+            del m, copies
+            gc.collect()
+    out: dict[str, Any] = {"capacity": capacity, "requests": n_requests, "repeats": repeats}
+    for name, runs in results.items():
+        best = max(runs, key=lambda r: r["requests_per_s"])
+        out[name] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in best.items()}
+    base = out["baseline"]["requests_per_s"]
+    out["ratio_batch_vs_baseline"] = round(out["ours_batch_lookup"]["requests_per_s"] / base, 2)
+    out["ratio_per_key_vs_baseline"] = round(out["ours_per_key_lookup"]["requests_per_s"] / base, 2)
+    return out
+
+
+# ----------------------------------------------------------------------------- micro
+def _best_of(fn: Callable[[], float], repeats: int) -> float:
+    return min(fn() for _ in range(repeats))
+
+
+def bench_lookup(capacity: int, n: int = 20000) -> dict[str, Any]:
+    """ns per single-key ``lookup`` call, hits (present keys, fresh objects) and misses."""
+    keys = _filler(capacity, seed=11)
+    rng = np.random.default_rng(5)
+    out: dict[str, Any] = {"capacity": capacity}
+    for impl in ("ours", "baseline"):
+        m = _make(impl, capacity)
+        _prefill(m, keys)
+        idx = rng.integers(0, capacity, size=n)
+        hits = [bytes(bytearray(keys[i])) for i in idx.tolist()]
+        misses = _filler(n, seed=int(rng.integers(1 << 30)))
+        for kind, q in (("hit", hits), ("miss", misses)):
+            for k in q:
+                hash(k)
+
+            def once(q: list[bytes] = q, m: Any = m) -> float:
+                lookup = m.lookup
+                t = time.perf_counter()
+                for k in q:
+                    lookup(k, CTX)
+                return (time.perf_counter() - t) / len(q) * 1e9
+
+            out[f"{impl}_{kind}_ns"] = round(_best_of(once, 5), 1)
+        del m
+        gc.collect()
+    out["ratio_hit"] = round(out["baseline_hit_ns"] / out["ours_hit_ns"], 2)
+    out["ratio_miss"] = round(out["baseline_miss_ns"] / out["ours_miss_ns"], 2)
+    return out
+
+
+def bench_evict(capacity: int, k: int = 1000, pinned_fraction: float = 0.0, repeats: int = 7) -> dict[str, Any]:
+    """ms for one ``prepare_store`` of ``k`` new keys that evicts ``k`` blocks from a full pool."""
+    keys = _filler(capacity, seed=13)
+    n_pin = int(capacity * pinned_fraction)
+    out: dict[str, Any] = {"capacity": capacity, "evicted": k, "pinned_at_old_end": n_pin}
+    for impl in ("ours", "baseline"):
+        m = _make(impl, capacity)
+        _prefill(m, keys)
+        if n_pin:
+            m.prepare_load(keys[:n_pin], CTX)
+        times = []
+        for r in range(repeats):
+            new = _filler(k, seed=1000 + r)
+            for x in new:
+                hash(x)
+            gc.collect()
+            t = time.perf_counter()
+            res = m.prepare_store(new, CTX)
+            times.append((time.perf_counter() - t) * 1e3)
+            assert res is not None and len(res.evicted_keys) == k
+            m.complete_store(new, CTX)
+        out[f"{impl}_ms"] = round(statistics.median(times), 3)
+        del m
+        gc.collect()
+    out["ratio"] = round(out["baseline_ms"] / out["ours_ms"], 2)
+    return out
+
+
+def bench_memory(capacity: int) -> dict[str, Any]:
+    """Bytes per block traced while building a full pool of ready blocks (keys pre-created)."""
+    keys = _filler(capacity, seed=17)
+    for k in keys:
+        hash(k)
+    out: dict[str, Any] = {"capacity": capacity}
+    makers: dict[str, Callable[[], Any]] = {
+        "ours_lru": lambda: CPUOffloadingManager(capacity, "lru"),
+        "ours_arc": lambda: CPUOffloadingManager(capacity, "arc"),
+        "ours_s3fifo": lambda: CPUOffloadingManager(capacity, "s3fifo"),
+        "baseline_ctypes": lambda: baseline.OrderedDictLRUManager(capacity),
+        "baseline_slots": lambda: baseline.SlottedOrderedDictLRUManager(capacity),
+    }
+    for name, make in makers.items():
+        gc.collect()
+        tracemalloc.start()
+        m = make()
+        _prefill(m, keys)
+        gc.collect()
+        current, _peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        out[f"{name}_bytes_per_block"] = round(current / capacity, 1)
+        del m
+        gc.collect()
+    out["ratio_lru_vs_baseline_ctypes"] = round(out["ours_lru_bytes_per_block"] / out["baseline_ctypes_bytes_per_block"], 3)
+    out["ratio_lru_vs_baseline_slots"] = round(out["ours_lru_bytes_per_block"] / out["baseline_slots_bytes_per_block"], 3)
+    return out
+
+
+def bench_hit_rate(n_requests: int, capacity: int) -> dict[str, Any]:
+    """Fraction of prompt blocks loaded instead of recomputed, per policy, same trace."""
+    trace = PrefixTrace(seed=21, num_prefixes=400, zipf_a=0.9)
+    reqs = [trace.request() for _ in range(n_requests)]
+    out: dict[str, Any] = {"capacity": capacity, "requests": n_requests}
+    for policy in ("lru", "arc", "s3fifo"):
+        m = CPUOffloadingManager(capacity, cache_policy=policy)
+        r = run_trace(m, [list(x) for x in reqs], batch_lookup=True)
+        out[policy] = round(r["hit_fraction"], 4)
+    return out
+
+
+# ----------------------------------------------------------------------------- driver
+def run(quick: bool = False) -> dict[str, Any]:
+    """Run every part; ``quick`` uses smaller sizes (about a minute)."""
+    sizes = [10_000, 100_000] if quick else [10_000, 100_000, 1_000_000]
+    evict_sizes = [10_000, 100_000] if quick else [10_000, 1_000_000]
+    n_req = 150 if quick else 400
+    result: dict[str, Any] = {"quick": quick}
+    result["trace"] = []
+    for c in sizes:
+        r = bench_trace(c, n_req, repeats=1 if quick else 2)
+        result["trace"].append(r)
+        _print_trace(r)
+    result["lookup"] = []
+    for c in sizes:
+        r = bench_lookup(c, n=5000 if quick else 20000)
+        result["lookup"].append(r)
+        print(
+            f"lookup  cap={c:>9,}  hit: ours {r['ours_hit_ns']:6.0f} ns  base {r['baseline_hit_ns']:6.0f} ns   "
+            f"miss: ours {r['ours_miss_ns']:6.0f} ns  base {r['baseline_miss_ns']:6.0f} ns",
+            flush=True,
+        )
+    result["evict_1000"] = []
+    for c in evict_sizes:
+        for frac in (0.0, 0.2):
+            r = bench_evict(c, pinned_fraction=frac)
+            result["evict_1000"].append(r)
+            print(
+                f"evict 1000  cap={c:>9,}  pinned at old end={r['pinned_at_old_end']:>7,}  "
+                f"ours {r['ours_ms']:7.3f} ms  base {r['baseline_ms']:8.3f} ms",
+                flush=True,
+            )
+    r = bench_memory(100_000 if quick else 1_000_000)
+    result["memory"] = r
+    print(
+        f"metadata bytes/block cap={r['capacity']:,}: ours lru {r['ours_lru_bytes_per_block']}, arc "
+        f"{r['ours_arc_bytes_per_block']}, s3fifo {r['ours_s3fifo_bytes_per_block']}; baseline ctypes "
+        f"{r['baseline_ctypes_bytes_per_block']}, slots {r['baseline_slots_bytes_per_block']}",
+        flush=True,
+    )
+    r = bench_hit_rate(n_requests=600 if quick else 3000, capacity=20_000)
+    result["hit_rate"] = r
+    print(f"hit rate (pool {r['capacity']:,} blocks): " + ", ".join(f"{p} {r[p]:.3f}" for p in ("lru", "arc", "s3fifo")))
+    result["targets"] = _targets(result)
+    for line in result["targets"]["lines"]:
+        print(line)
+    return result
+
+
+def _print_trace(r: dict[str, Any]) -> None:
+    b, pk, bl = r["ours_batch_lookup"], r["ours_per_key_lookup"], r["baseline"]
+    print(
+        f"trace cap={r['capacity']:>9,}: ours(batch) {b['requests_per_s']:8.0f} req/s "
+        f"{b['key_ops_per_s'] / 1e6:6.2f} Mkey-ops/s | ours(per-key) {pk['requests_per_s']:8.0f} req/s | "
+        f"baseline {bl['requests_per_s']:8.0f} req/s {bl['key_ops_per_s'] / 1e6:6.2f} Mkey-ops/s | "
+        f"ratio batch {r['ratio_batch_vs_baseline']}x per-key {r['ratio_per_key_vs_baseline']}x "
+        f"(hits {b['hit_fraction']:.2f})",
+        flush=True,
+    )
+
+
+def _targets(result: dict[str, Any]) -> dict[str, Any]:
+    lines = ["-- targets (measured / target)"]
+    ok: dict[str, bool] = {}
+    big = max(result["trace"], key=lambda r: r["capacity"])
+    ok["throughput_5x"] = big["ratio_batch_vs_baseline"] >= 5.0
+    lines.append(
+        f"throughput at {big['capacity']:,} blocks: {big['ratio_batch_vs_baseline']}x (batch lookup), "
+        f"{big['ratio_per_key_vs_baseline']}x (per-key) / >= 5x  {'MET' if ok['throughput_5x'] else 'MISSED'}"
+    )
+    lk = all(r["ratio_hit"] >= 1.0 and r["ratio_miss"] >= 1.0 for r in result["lookup"])
+    ok["lookup_not_slower"] = lk
+    lines.append(
+        "per-key lookup vs baseline: "
+        + ", ".join(f"{r['capacity']:,}: hit {r['ratio_hit']}x miss {r['ratio_miss']}x" for r in result["lookup"])
+        + f" / >= 1x  {'MET' if lk else 'MISSED'}"
+    )
+    ev = max(r["ours_ms"] for r in result["evict_1000"])
+    ok["evict_0.5ms"] = ev <= 0.5
+    lines.append(f"evict 1000 blocks, worst case: {ev} ms / <= 0.5 ms  {'MET' if ok['evict_0.5ms'] else 'MISSED'}")
+    mem = result["memory"]["ratio_lru_vs_baseline_ctypes"]
+    ok["memory_half"] = mem <= 0.5
+    lines.append(
+        f"metadata per block vs baseline: {mem} (ctypes baseline), "
+        f"{result['memory']['ratio_lru_vs_baseline_slots']} (__slots__ baseline) / <= 0.5  "
+        f"{'MET' if ok['memory_half'] else 'MISSED'}"
+    )
+    return {"met": ok, "lines": lines}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    parser.add_argument("--no-write", action="store_true", help="do not write bench/results/<machine>.json")
+    parser.add_argument("--out", default=None, help="results JSON path")
+    args = parser.parse_args(argv)
+    result = run(quick=args.quick)
+    if not args.no_write:
+        common = _load_sibling("common")
+        path = common.write_section("manager", result, args.out)
+        print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""Reuse filter: store only blocks that were asked for at least ``store_threshold`` times (SPEC §3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.offload.base import (
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    validate_keys,
+)
+from kvoffload.offload.keytable import as_key_list
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FilteredReuseManager"]
+
+
+def _check_int(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class FilteredReuseManager(OffloadingManager):
+    """Proxy that lets ``prepare_store`` store only keys seen at least ``store_threshold`` times.
+
+    Counting follows vLLM's reuse filter: every :meth:`lookup` (and every key of
+    :meth:`lookup_batch`) counts its key once, in a tracker of at most ``max_tracker_size``
+    keys that forgets the least-recently-counted key when full. :meth:`prepare_store` drops
+    the keys below the threshold *before* delegating, so they take no capacity; an
+    all-filtered call still delegates an empty list (and returns the backing's empty result).
+
+    The fix over vLLM (its issue #52022): a prefix lookup stops at the first miss, so the keys
+    after it were never counted and could never become eligible. Here ``prepare_store`` also
+    counts, once per request (``req_context.req_id``), every key this request has not counted
+    yet (through ``lookup`` or an earlier ``prepare_store``), before filtering. The next
+    request with the same prompt then finds them at the threshold. Which keys each request
+    has counted is remembered for the most recent requests, at most ``max_tracker_size``
+    (request, key) pairs in all, oldest requests forgotten first. Calls with an empty
+    ``req_id`` (an anonymous context) are not counted by ``prepare_store``: they cannot be
+    told apart.
+
+    Every other method passes through unchanged, with its ``req_context``.
+
+    Args:
+        backing: the manager that stores the blocks.
+        store_threshold: times a key must be counted before it may be stored (``>= 1``;
+            1 stores everything that was counted once).
+        max_tracker_size: keys the tracker holds (``>= 1``; smaller is a ``ValueError``).
+    """
+
+    def __init__(self, backing: OffloadingManager, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
+        if not isinstance(backing, OffloadingManager):
+            raise InvalidTypeError(f"backing must be an OffloadingManager, got {type(backing).__name__}")
+        self.store_threshold = _check_int(store_threshold, "store_threshold", 1)
+        self.max_tracker_size = _check_int(max_tracker_size, "max_tracker_size", 1)
+        self._backing = backing
+        self.counts: OrderedDict[bytes, int] = OrderedDict()
+        self._by_request: OrderedDict[str, set[bytes]] = OrderedDict()
+        self._num_pairs = 0
+        self._skipped = 0
+
+    @property
+    def backing(self) -> OffloadingManager:
+        """The wrapped manager."""
+        return self._backing
+
+    # ------------------------------------------------------------------ counting
+    def _count(self, key: bytes) -> None:
+        counts = self.counts
+        c = counts.get(key)
+        if c is None:
+            if len(counts) >= self.max_tracker_size:
+                counts.popitem(last=False)
+            counts[key] = 1
+        else:
+            counts[key] = c + 1
+            counts.move_to_end(key)
+
+    def _seen_set(self, req_id: str) -> set[bytes]:
+        seen = self._by_request.get(req_id)
+        if seen is None:
+            seen = set()
+            self._by_request[req_id] = seen
+        else:
+            self._by_request.move_to_end(req_id)
+        return seen
+
+    def _trim_requests(self) -> None:
+        by_req = self._by_request
+        while self._num_pairs > self.max_tracker_size and len(by_req) > 1:
+            _, old = by_req.popitem(last=False)
+            self._num_pairs -= len(old)
+
+    def _note(self, req_context: ReqContext, keys: Iterable[bytes]) -> None:
+        req_id = getattr(req_context, "req_id", "")
+        if not req_id:
+            return
+        seen = self._seen_set(req_id)
+        before = len(seen)
+        seen.update(keys)
+        self._num_pairs += len(seen) - before
+        self._trim_requests()
+
+    # ------------------------------------------------------------------ intercepted
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+        """Count ``key`` once, then delegate."""
+        validate_keys([key], "key")
+        self._count(key)
+        self._note(req_context, (key,))
+        return self._backing.lookup(key, req_context)
+
+    def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
+        """Count every key (each occurrence), then delegate the batch."""
+        keys = as_key_list(keys, "keys", allow_duplicates=True)
+        for k in keys:
+            self._count(k)
+        self._note(req_context, keys)
+        return self._backing.lookup_batch(keys, req_context)
+
+    def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        """Count the keys this request has not counted yet, drop those below the threshold, delegate."""
+        keys = as_key_list(keys, "keys", allow_duplicates=False)
+        req_id = getattr(req_context, "req_id", "")
+        if req_id:
+            seen = self._seen_set(req_id)
+            fresh = [k for k in keys if k not in seen]
+            for k in fresh:
+                self._count(k)
+            seen.update(fresh)
+            self._num_pairs += len(fresh)
+            self._trim_requests()
+        threshold = self.store_threshold
+        counts = self.counts
+        eligible = [k for k in keys if counts.get(k, 0) >= threshold]
+        self._skipped += len(keys) - len(eligible)
+        return self._backing.prepare_store(eligible, req_context)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ delegated
+    def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        return self._backing.prepare_load(keys, req_context)
+
+    def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        self._backing.touch(keys, req_context)
+
+    def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        self._backing.complete_load(keys, req_context)
+
+    def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        self._backing.complete_store(keys, req_context, success)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        return self._backing.take_events()
+
+    def get_stats(self) -> Any:
+        """The backing's stats with the keys this filter skipped added to ``stores_skipped``.
+
+        Returns None when the backing has no ``get_stats``.
+        """
+        skipped, self._skipped = self._skipped, 0
+        get = getattr(self._backing, "get_stats", None)
+        if get is None:
+            return None
+        stats = get()
+        if dataclasses.is_dataclass(stats) and hasattr(stats, "stores_skipped"):
+            return dataclasses.replace(stats, stores_skipped=stats.stores_skipped + skipped)
+        return stats
+
+    def reset_cache(self) -> None:
+        """Reset the backing (if it can) and forget every count."""
+        reset = getattr(self._backing, "reset_cache", None)
+        if reset is not None:
+            reset()
+        self.counts.clear()
+        self._by_request.clear()
+        self._num_pairs = 0
+
+    def shutdown(self) -> None:
+        self._backing.shutdown()
+
+    def __repr__(self) -> str:
+        return (
+            f"FilteredReuseManager(backing={self._backing!r}, store_threshold={self.store_threshold}, "
+            f"max_tracker_size={self.max_tracker_size}, tracked={len(self.counts)})"
+        )
