@@ -59,8 +59,8 @@ def as_key_list(keys: Iterable[bytes], name: str = "keys", *, allow_duplicates: 
     through :func:`kvoffload.offload.base.validate_keys`, which accepts ``bytes`` subclasses
     and raises the typed error naming the bad item.
     """
-    if isinstance(keys, (bytes, str, bytearray, memoryview)) or keys is None:
-        return validate_keys(keys, name, allow_duplicates=allow_duplicates)  # type: ignore[arg-type]
+    if isinstance(keys, (bytes, str, bytearray, memoryview)):
+        raise InvalidTypeError(f"{name} must be a collection of bytes keys, not a single {type(keys).__name__}")
     try:
         lst = list(keys)
     except TypeError as exc:
@@ -173,9 +173,8 @@ class SlotTable:
         """
         if keys.__class__ is list:
             lst: list[bytes] = keys  # type: ignore[assignment]
-        elif isinstance(keys, (bytes, str, bytearray, memoryview)) or keys is None:
-            validate_keys(keys, name, allow_duplicates=allow_duplicates)  # type: ignore[arg-type]
-            raise AssertionError("unreachable")  # pragma: no cover
+        elif isinstance(keys, (bytes, str, bytearray, memoryview)):
+            raise InvalidTypeError(f"{name} must be a collection of bytes keys, not a single {type(keys).__name__}")
         else:
             try:
                 lst = list(keys)

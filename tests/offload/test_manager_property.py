@@ -247,3 +247,79 @@ def test_fuzz_matches_reference(policy: str) -> None:
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_fuzz_matches_reference_long(policy: str) -> None:
     _fuzz(policy, seed=99 + POLICY_NAMES.index(policy), n_sequences=20000, steps=40)
+
+
+# ---------------------------------------------------------------------------- translation memo
+def _fuzz_requests(policy: str, seed: int, n_sequences: int, steps: int) -> None:
+    """Scheduler-shaped calls: slices of a few per-request key lists, so the memo is hit,
+    invalidated by evictions and failed stores, refreshed after inserts, and fed equal
+    copies and lists mutated by the caller."""
+    rng = random.Random(seed)
+    for _ in range(n_sequences):
+        n = rng.choice([1, 3, 5, 8, 12])
+        universe = UNIVERSE[: rng.choice([12, 20, 40])]
+        reqs = [rng.sample(universe, rng.randint(2, 10)) for _ in range(rng.randint(1, 5))]
+        pair = Pair(n, policy)
+        outputs: list[list[bytes]] = []
+        for _ in range(steps):
+            req = rng.choice(reqs)
+            a = rng.randrange(len(req))
+            b = rng.randint(a + 1, len(req))
+            part = req[a:b]
+            if rng.random() < 0.2:
+                part = [bytes(bytearray(x)) for x in part]  # equal values, other objects
+            op = rng.random()
+            if op < 0.15:
+                full = req if rng.random() < 0.8 else req + rng.choices(req, k=2)  # repeats too
+                pair.lookup_batch(full)
+            elif op < 0.3:
+                pair.touch(req if rng.random() < 0.7 else part)
+            elif op < 0.5:
+                before = len(pair.real.table.index)
+                pair.prepare_store(part)
+                if len(pair.real.table.index) > before:
+                    outputs.append([x for x in part if x in pair.real])
+            elif op < 0.65:
+                done = outputs.pop(0) if outputs and rng.random() < 0.7 else part
+                pair.complete_store(done, rng.random() < 0.85)
+            elif op < 0.75:
+                pair.prepare_load(part)
+            elif op < 0.85:
+                pair.complete_load(part)
+            elif op < 0.93:
+                # the caller mutates its own list: remembered batches must not follow it
+                req[a] = rng.choice(universe)
+                if len(set(req)) != len(req):
+                    req[:] = list(dict.fromkeys(req))
+            else:
+                pair.prepare_store(rng.sample(universe, rng.randint(1, 4)))
+            pair.check()
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_memo_paths_match_reference(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvoffload.offload.keytable as keytable
+
+    monkeypatch.setattr(keytable, "MEMO_MIN_KEYS", 1)
+    monkeypatch.setattr(keytable, "MEMO_ENTRIES", 3)
+    _fuzz_requests(policy, seed=77 + POLICY_NAMES.index(policy), n_sequences=700, steps=30)
+
+
+def test_memo_is_used_and_invalidated() -> None:
+    """White-box: a slice of a remembered list is served by the memo, exactly."""
+    m = CPUOffloadingManager(4)
+    keys = UNIVERSE[:12]
+    m.lookup_batch(keys, CTX)  # remembered (12 >= MEMO_MIN_KEYS)
+    r = m.table.resolve(keys[2:6], allow_duplicates=False, remember=False)
+    assert r.batch is not None and r.offset == 2 and r.slots.tolist() == [-1] * 4
+    out = m.prepare_store(keys[2:6], CTX)
+    assert out is not None and out.store_spec.block_ids.tolist() == [0, 1, 2, 3]
+    m.complete_store(keys[2:6], CTX)
+    assert m.table.resolve(keys[0:4], allow_duplicates=True, remember=False).slots.tolist() == [-1, -1, 0, 1]
+    out = m.prepare_store(keys[8:10], CTX)  # evicts keys[2], keys[3]; slots 0, 1 reused
+    assert out is not None and out.evicted_keys == keys[2:4]
+    assert out.store_spec.block_ids.tolist() == [1, 0]
+    r = m.table.resolve(keys[2:10], allow_duplicates=True, remember=False)
+    assert r.batch is not None
+    assert r.slots.tolist() == [-1, -1, 2, 3, -1, -1, 1, 0]
+    assert m.lookup_batch(keys[2:10], CTX).tolist() == [0, 0, 1, 1, 0, 0, 2, 2]
