@@ -21,27 +21,27 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.scheduler.jobs import FinishedJob, ScheduledRequest, TransferJob
+from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
-from kvoffload.sim.blocks import NULL_BLOCK, GPUBlockCache
+from kvoffload.sim.blocks import GPUBlockCache
 from kvoffload.sim.config import EngineConfig
 from kvoffload.sim.delayed import DelayedWorker
 from kvoffload.sim.kvcache import GroupKVSpec, SimKVCache
 from kvoffload.sim.request import SimRequest
-from kvoffload.sim.seq import FINISHED, LOADING, READY, RUNNING, WAITING, Seq
+from kvoffload.sim.seq import FINISHED, LOADING, RUNNING, WAITING, Seq
 from kvoffload.sim.stats import EngineStats, StepStats, TransferRecord
+from kvoffload.sim.transfers import TransferHandling
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Engine"]
 
-class Engine:
+class Engine(TransferHandling):
     """A paged-KV engine with a CPU offloading tier (see the module docstring).
 
     Args:
@@ -304,92 +304,6 @@ class Engine:
         seq.status = WAITING
         self.waiting.appendleft(seq)
         self.stats.preemptions += 1
-
-    # ------------------------------------------------------------------ transfers
-    def _submit(self, job: TransferJob, st: StepStats) -> None:
-        self._jobs[job.job_id] = job
-        if job.is_store:
-            st.store_jobs.append(job.job_id)
-            self.stats.store_jobs += 1
-        else:
-            st.load_jobs.append(job.job_id)
-            self.stats.load_jobs += 1
-            self._load_seq[job.job_id] = self.loading[job.req_id]
-        if self.config.record_transfers:
-            self.transfer_log.append(TransferRecord.from_job(self._step, job))
-        if not self.worker.transfer_async(job.job_id, job.spec):
-            logger.warning("worker refused job %d", job.job_id)
-            self._handle_results([(job.job_id, False)], st)
-
-    def _handle_results(self, results: Iterable[Any], st: StepStats) -> None:
-        results = list(results)
-        if not results:
-            return
-        for r in results:
-            size = getattr(r, "transfer_size", 0)
-            secs = getattr(r, "transfer_time", 0.0)
-            job = self._jobs.get(r[0] if isinstance(r, tuple) else r.job_id)
-            if job is None:
-                continue
-            if job.is_store:
-                self.stats.bytes_stored += size
-                self.stats.store_seconds += secs
-            else:
-                self.stats.bytes_loaded += size
-                self.stats.load_seconds += secs
-        for fj in self.scheduler.complete_jobs(results):
-            st.completed_jobs.append(fj.job_id)
-            job = self._jobs.pop(fj.job_id)
-            if fj.is_store:
-                if fj.success:
-                    self.stats.blocks_stored += len(fj.keys)
-                else:
-                    self.stats.failed_stores += 1
-            else:
-                self._on_load_done(self._load_seq.pop(fj.job_id), job, fj)
-
-    def _on_load_done(self, seq: Seq, job: TransferJob, fj: FinishedJob) -> None:
-        req = seq.req
-        del self.loading[req.request_id]
-        if fj.success:
-            for g, offs in enumerate(job.block_offsets):
-                if offs.size == 0:
-                    continue
-                lo, hi = int(offs[0]), int(offs[-1]) + 1
-                if self.config.verify_loads:
-                    self._verify(seq, g, lo, hi)
-                self.gpu.cache_blocks(req, seq.tables, g, lo, hi)
-            self.stats.blocks_loaded += len(fj.keys)
-            self.stats.loaded_tokens += seq.ext
-            seq.num_computed = min(seq.hit + seq.ext, req.num_tokens - 1)
-        else:
-            self.stats.failed_loads += 1
-            seq.num_computed = seq.hit
-        seq.status = READY
-        self.ready.append(seq)
-
-    def _verify_gpu_hit(self, seq: Seq, hit: int) -> None:
-        for g, gc in enumerate(self.groups):
-            table = seq.tables[g]
-            lo = next((i for i, b in enumerate(table) if b != NULL_BLOCK), len(table))
-            bs = gc.gpu_block_size
-            ok = self.kv.check_blocks(g, table[lo:hit // bs], seq.req.token_keys[lo * bs:(hit // bs) * bs])
-            self.stats.verified_gpu_hit_blocks += int(ok.size)
-            bad = int(ok.size - ok.sum())
-            if bad:
-                self.stats.verification_failures += bad
-                logger.error("request %s group %d: %d GPU prefix-cache blocks differ from the computed KV",
-                             seq.req.request_id, g, bad)
-
-    def _verify(self, seq: Seq, g: int, lo: int, hi: int) -> None:
-        bs = self.groups[g].gpu_block_size
-        ok = self.kv.check_blocks(g, seq.tables[g][lo:hi], seq.req.token_keys[lo * bs:hi * bs])
-        self.stats.verified_blocks += int(ok.size)
-        bad = int(ok.size - ok.sum())
-        if bad:
-            self.stats.verification_failures += bad
-            logger.error("request %s group %d: %d of %d loaded blocks differ from the computed KV",
-                         seq.req.request_id, g, bad, ok.size)
 
     # ------------------------------------------------------------------ compute
     def _compute(self, scheduled: list[ScheduledRequest]) -> None:

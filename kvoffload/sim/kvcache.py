@@ -56,9 +56,12 @@ class SimKVCache:
         dtype: a 16-bit dtype (``torch.float16`` or ``torch.bfloat16``).
         device: where the tensors live.
         seed: seeds the per-(group, layer, element) constants.
+        cpu_numpy: on CPU, write and check through numpy views of the tensors (False: torch ops,
+            the path a CUDA device takes).
     """
 
-    def __init__(self, groups: Sequence[GroupKVSpec], dtype: torch.dtype, device: torch.device, seed: int = 0) -> None:
+    def __init__(self, groups: Sequence[GroupKVSpec], dtype: torch.dtype, device: torch.device, seed: int = 0,
+                 cpu_numpy: bool = True) -> None:
         if torch.empty(0, dtype=dtype).element_size() != 2:
             raise InvalidArgumentError(f"dtype must be a 16-bit dtype, got {dtype}")
         self.specs = tuple(groups)
@@ -86,8 +89,13 @@ class SimKVCache:
             a = rng.integers(0, 2**63, size=shape2, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
             b = rng.integers(0, 2**63, size=shape2, dtype=np.uint64)
             self._consts.append((a, b))
+        # on CPU, numpy views of the same memory: single-threaded gathers/scatters, which are much
+        # faster than torch's intra-op threads for these small batches on a busy few-core host
+        self._np_flat: list[list[np.ndarray]] | None = (
+            [[f.numpy() for f in flats] for flats in self._flat] if self.device.type == "cpu" and cpu_numpy else None
+        )
 
-    def _rows(self, group: int, block_ids: np.ndarray, offsets: np.ndarray) -> torch.Tensor:
+    def _rows(self, group: int, block_ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Row indices ``[T * nkv]`` (token-major, K before V) of tokens in the flat views."""
         s = self.specs[group]
         b = block_ids.astype(np.int64)
@@ -99,29 +107,38 @@ class SimKVCache:
             rows = np.stack([(b * 2) * s.block_size + o, (b * 2 + 1) * s.block_size + o], axis=1)
         else:
             rows = b * s.block_size + o
-        return torch.from_numpy(np.ascontiguousarray(rows).reshape(-1)).to(self.device)
+        return np.ascontiguousarray(rows).reshape(-1)
 
     @property
     def layouts(self) -> list[str]:
         return [s.layout for s in self.specs]
 
-    def values(self, group: int, token_keys: np.ndarray) -> torch.Tensor:
-        """``int16 [layers, T, elems]`` KV words of tokens with these prefix keys."""
+    def _values_np(self, group: int, token_keys: np.ndarray) -> np.ndarray:
         a, b = self._consts[group]
         with np.errstate(over="ignore"):
             w = np.multiply(token_keys[None, :, None], a[:, None, :])
             np.add(w, b[:, None, :], out=w)
             np.right_shift(w, np.uint64(48), out=w)
-        return torch.from_numpy(w.astype(np.uint16).view(np.int16))
+        return w.astype(np.uint16).view(np.int16)
+
+    def values(self, group: int, token_keys: np.ndarray) -> torch.Tensor:
+        """``int16 [layers, T, elems]`` KV words of tokens with these prefix keys."""
+        return torch.from_numpy(self._values_np(group, token_keys))
 
     def write(self, group: int, block_ids: np.ndarray, offsets: np.ndarray, token_keys: np.ndarray) -> None:
         """Write the KV of tokens (``token_keys[i]`` at block ``block_ids[i]``, row ``offsets[i]``)."""
         if token_keys.size == 0:
             return
-        vals = self.values(group, token_keys).to(self.device, non_blocking=True)
         rows = self._rows(group, block_ids, offsets)
+        vals = self._values_np(group, token_keys)
+        if self._np_flat is not None:
+            for layer, flat in enumerate(self._np_flat[group]):
+                flat[rows] = vals[layer].reshape(rows.size, flat.shape[1])
+            return
+        vt = torch.from_numpy(vals).to(self.device, non_blocking=True)
+        rt = torch.from_numpy(rows).to(self.device)
         for layer, flat in enumerate(self._flat[group]):
-            flat.index_copy_(0, rows, vals[layer].view(rows.numel(), flat.shape[1]))
+            flat.index_copy_(0, rt, vt[layer].view(rows.size, flat.shape[1]))
 
     def write_tokens(self, items: Sequence[tuple[Sequence[Sequence[int]], np.ndarray, int, int]]) -> None:
         """Write the KV of tokens ``[start, start + n)`` of several requests, one batch per group.
@@ -151,12 +168,15 @@ class SimKVCache:
         b = np.repeat(ids, s.block_size)
         o = np.tile(np.arange(s.block_size, dtype=np.int64), n)
         rows = self._rows(group, b, o)
-        want = self.values(group, token_keys)
-        ok = torch.ones(n, dtype=torch.bool)
-        for layer, flat in enumerate(self._flat[group]):
-            got = flat.index_select(0, rows).cpu().view(n, -1)
-            ok &= (got == want[layer].reshape(n, -1)).all(dim=1)
-        return ok.numpy()
+        want = self._values_np(group, token_keys)
+        ok = np.ones(n, dtype=bool)
+        for layer in range(s.num_layers):
+            if self._np_flat is not None:
+                got = self._np_flat[group][layer][rows]
+            else:
+                got = self._flat[group][layer].index_select(0, torch.from_numpy(rows).to(self.device)).cpu().numpy()
+            ok &= (got.reshape(n, -1) == want[layer].reshape(n, -1)).all(axis=1)
+        return ok
 
     def block_bytes(self, group: int) -> int:
         """Bytes of one GPU block of ``group`` over all its layers."""

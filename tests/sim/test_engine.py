@@ -169,3 +169,30 @@ def test_gpu_hit_verification_detects_a_stale_block() -> None:
     run(eng, SimRequest("b", p + [1, 2]))
     assert eng.stats.verified_gpu_hit_blocks == 5
     assert eng.stats.verification_failures == 1
+
+
+@pytest.mark.parametrize("layout", ["flash_attn", "flashinfer", "mla"])
+def test_kv_cache_numpy_and_torch_paths_agree(layout: str) -> None:
+    import torch
+
+    from kvoffload.sim.kvcache import GroupKVSpec, SimKVCache
+
+    spec = [GroupKVSpec(12, 4, 2, 2, 8, layout)]
+    a = SimKVCache(spec, torch.float16, torch.device("cpu"), seed=1)
+    b = SimKVCache(spec, torch.float16, torch.device("cpu"), seed=1, cpu_numpy=False)
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 2**63, 12, dtype=np.uint64)
+    blocks = np.array([3, 3, 3, 3, 7, 7, 7, 7, 5, 5, 5, 5])
+    offs = np.tile(np.arange(4), 3)
+    for kv in (a, b):
+        kv.write(0, blocks, offs, keys)
+        assert kv.check_blocks(0, [3, 7, 5], keys).all()
+        assert kv.check_blocks(0, [7, 3, 5], keys).tolist() == [False, False, True]
+    for ta, tb in zip(a.tensors[0], b.tensors[0], strict=True):
+        assert torch.equal(ta.view(torch.int16), tb.view(torch.int16))  # raw bits (NaN patterns too)
+    # only the written blocks changed
+    untouched = [i for i in range(12) if i not in (3, 5, 7)]
+    for t in a.tensors[0]:
+        v = t.view(torch.int16)
+        blocks_view = v[:, untouched] if layout == "flash_attn" else v[untouched]
+        assert torch.count_nonzero(blocks_view) == 0
