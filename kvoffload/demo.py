@@ -15,15 +15,16 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.stats import EngineStats
-from kvoffload.sim.workload import ChatTurn, ChatWorkload
+from kvoffload.sim.workload import ChatWorkload
 
-__all__ = ["DemoSettings", "run_chat", "run_demo", "format_summary"]
+__all__ = ["DemoSettings", "drive", "run_chat", "run_demo", "format_summary", "summary_dict"]
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,42 @@ class _Progress:
             self.out.write("\n")
 
 
+def drive(engine: Engine, items: Sequence[Any], max_concurrent: int, progress: _Progress | None = None) -> None:
+    """Feed ``items`` to ``engine`` in arrival order and step until all finished.
+
+    At most ``max_concurrent`` requests are in the engine at once. Items with ``conversation``
+    and ``turn`` attributes (chat turns) are admitted only after the same conversation's previous
+    turn finished; others (trace requests) in plain arrival order.
+    """
+    pending: deque[Any] = deque(items)
+    finished_turn: dict[int, int] = {}
+    in_engine: dict[str, Any] = {}
+    done = 0
+    while pending or engine.has_unfinished_requests():
+        for _ in range(len(pending)):
+            if len(in_engine) >= max_concurrent:
+                break
+            item = pending.popleft()
+            conv = getattr(item, "conversation", None)
+            if conv is None or finished_turn.get(conv, -1) == item.turn - 1:
+                engine.add_request(item)
+                in_engine[item.request_id] = item
+            else:
+                pending.append(item)
+        step = engine.step()
+        for rid in step.finished:
+            item = in_engine.pop(rid)
+            if getattr(item, "conversation", None) is not None:
+                finished_turn[item.conversation] = item.turn
+            done += 1
+        if step.finished and progress is not None:
+            s = engine.stats
+            progress.update(done, f"CPU hits {s.loaded_tokens} tok, verified {s.verified_blocks} blocks")
+    engine.run_until_done()  # drain in-flight stores
+
+
 def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats, Engine]:
-    """Run the chat workload; a conversation's next turn arrives once its previous one finished.
+    """Run the chat workload of ``settings`` through a fresh engine with real KV bytes.
 
     Returns the engine's cumulative stats and the (shut down) engine.
     """
@@ -90,35 +125,9 @@ def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats
         seed=settings.seed,
     )
     engine = Engine(config)
-    pending: deque[ChatTurn] = deque(workload)
-    finished_turn: dict[int, int] = {}
-    conv_of: dict[str, ChatTurn] = {}
-    in_engine = 0
-    done = 0
     bar = _Progress(len(workload), progress)
     try:
-        while pending or engine.has_unfinished_requests():
-            # Admit, in arrival order, the turns whose previous turn has finished.
-            for _ in range(len(pending)):
-                if in_engine >= settings.max_concurrent:
-                    break
-                turn = pending.popleft()
-                if finished_turn.get(turn.conversation, -1) == turn.turn - 1:
-                    engine.add_request(turn)
-                    conv_of[turn.request_id] = turn
-                    in_engine += 1
-                else:
-                    pending.append(turn)
-            step = engine.step()
-            for rid in step.finished:
-                t = conv_of.pop(rid)
-                finished_turn[t.conversation] = t.turn
-                in_engine -= 1
-                done += 1
-            if step.finished:
-                s = engine.stats
-                bar.update(done, f"CPU hits {s.loaded_tokens} tok, verified {s.verified_blocks} blocks")
-        engine.run_until_done()  # drain in-flight stores
+        drive(engine, list(workload), settings.max_concurrent, bar)
     finally:
         bar.close()
         engine.shutdown()
