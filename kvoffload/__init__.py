@@ -7,6 +7,7 @@ Layers (imports run downward only):
 * :mod:`kvoffload.offload` -- core types, the numpy-backed :class:`CPUOffloadingManager`,
   eviction policies, the reuse filter, the pinned host pool and the transfer worker.
 * :mod:`kvoffload.scheduler` -- lookups, touch, load/store jobs (vLLM semantics).
+* :mod:`kvoffload.sim` (not imported here) -- a reference engine loop used by the demo and tests.
 
 Importing kvoffload never initialises CUDA.
 """
@@ -22,6 +23,15 @@ from kvoffload.errors import (
     KeyStateError,
     KVOffloadError,
     TransferError,
+)
+from kvoffload.kernels import (
+    GenericLayout,
+    KernelBackend,
+    KVCacheTable,
+    available_backends,
+    get_backend,
+    kernel_mode,
+    register_backend,
 )
 from kvoffload.offload.base import (
     LOOKUP_HIT,
@@ -40,6 +50,22 @@ from kvoffload.offload.base import (
     get_offload_group_idx,
     make_offload_key,
     validate_keys,
+)
+from kvoffload.offload.host_pool import HostPool
+from kvoffload.offload.manager import CPUOffloadingManager, OffloadingStats
+from kvoffload.offload.policies import CachePolicy, available_policies, get_policy_class, register_policy
+from kvoffload.offload.reuse import FilteredReuseManager
+from kvoffload.offload.worker import TransferResult, TransferWorker
+from kvoffload.scheduler import (
+    FinishedJob,
+    GroupOffloadConfig,
+    OffloadingScheduler,
+    OffloadingSchedulerConfig,
+    ScheduledRequest,
+    SchedulerStepOutput,
+    TransferJob,
+    maximal_prefix_lookup,
+    sliding_window_lookup,
 )
 
 __version__ = "0.1.0"
@@ -70,4 +96,33 @@ __all__ = [
     "LOOKUP_MISS",
     "LOOKUP_HIT",
     "LOOKUP_PENDING",
+    # manager and policies
+    "CPUOffloadingManager",
+    "OffloadingStats",
+    "FilteredReuseManager",
+    "CachePolicy",
+    "register_policy",
+    "get_policy_class",
+    "available_policies",
+    # data path
+    "KVCacheTable",
+    "GenericLayout",
+    "KernelBackend",
+    "get_backend",
+    "register_backend",
+    "available_backends",
+    "kernel_mode",
+    "HostPool",
+    "TransferWorker",
+    "TransferResult",
+    # scheduler
+    "OffloadingScheduler",
+    "OffloadingSchedulerConfig",
+    "GroupOffloadConfig",
+    "ScheduledRequest",
+    "SchedulerStepOutput",
+    "TransferJob",
+    "FinishedJob",
+    "maximal_prefix_lookup",
+    "sliding_window_lookup",
 ]

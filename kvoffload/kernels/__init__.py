@@ -1,5 +1,38 @@
 """Data path: Triton pack/unpack kernels, their torch reference, the backend registry.
 
 Imports nothing else of kvoffload except :mod:`kvoffload.errors`: kernels know bytes and block
-ids, not keys.
+ids, not keys. Importing this package does not import triton (backends load lazily).
+
+* :class:`KVCacheTable` -- an engine's KV tensors (flash-attn ``[2, num_blocks, block_size, heads,
+  head_dim]``, flashinfer ``[num_blocks, 2, block_size, heads, head_dim]``, MLA ``[num_blocks,
+  block_size, dim]`` or :class:`GenericLayout`) canonicalised into byte views per group.
+* :class:`KernelBackend` -- ``pack`` (GPU pages -> packed host records) and ``unpack`` (reverse),
+  one launch per job; :func:`get_backend` picks ``triton``/``torch``/``dma``/``module:Class``
+  (env ``KVOFFLOAD_BACKEND``).
 """
+
+from kvoffload.kernels.layout import GenericLayout, GroupTable, KVCacheTable, LayoutSpec, PageView
+from kvoffload.kernels.registry import (
+    ENV_BACKEND,
+    KernelBackend,
+    available_backends,
+    get_backend,
+    kernel_mode,
+    register_backend,
+    registered_backends,
+)
+
+__all__ = [
+    "KVCacheTable",
+    "GenericLayout",
+    "LayoutSpec",
+    "PageView",
+    "GroupTable",
+    "KernelBackend",
+    "get_backend",
+    "register_backend",
+    "available_backends",
+    "registered_backends",
+    "kernel_mode",
+    "ENV_BACKEND",
+]
