@@ -51,7 +51,7 @@ def plot_transfer(results: dict[str, Any], path: Path) -> Path:
     rows = results["rows"]
     peak_methods = {r["method"] for r in rows if r.get("ratio_to_peak") == 1.0}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for ax, direction in zip(axes, ("pack", "unpack")):
+    for ax, direction in zip(axes, ("pack", "unpack"), strict=True):
         series: dict[tuple[str, str], dict[int, list[float]]] = {}
         for r in rows:
             if r["direction"] == direction:

@@ -13,9 +13,9 @@ import json
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kvoffload.errors import InvalidArgumentError

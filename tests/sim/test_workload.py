@@ -22,7 +22,7 @@ def test_chat_workload_is_deterministic_and_shares_prefixes() -> None:
         by_conv.setdefault(t.conversation, []).append(t)
     for turns in by_conv.values():
         assert [t.turn for t in turns] == [0, 1, 2]  # arrival order respects turn order
-        for prev, nxt in zip(turns, turns[1:]):
+        for prev, nxt in zip(turns, turns[1:], strict=False):
             assert nxt.prompt_token_ids[: len(prev.prompt_token_ids)] == prev.prompt_token_ids
             assert len(nxt.prompt_token_ids) > len(prev.prompt_token_ids) + prev.max_tokens - 1
     firsts = [turns[0].prompt_token_ids[: w1.system_tokens] for turns in by_conv.values()]
