@@ -4,8 +4,9 @@ This is the design kvoffload's numpy manager is measured against, written the ob
 (the way vLLM's CPU manager stores blocks): one ``OrderedDict`` key -> per-block status
 object in LRU order, a ``ctypes`` struct per block (ref count, slot id; ref count -1 =
 pending), a free list, per-key Python loops. It keeps a count of evictable blocks so that a
-hopeless store fails in O(1), like vLLM. Same semantics as ``CPUOffloadingManager(lru)``
-(SPEC §2) for valid input; it does no input validation.
+hopeless store fails in O(1), like vLLM, and counts lookup hits/misses (one counter bump per
+lookup, as vLLM's manager and ours do). Same semantics as ``CPUOffloadingManager(lru)``
+(SPEC §2) for valid input; it does no input validation, keeps no events.
 """
 
 from __future__ import annotations
@@ -41,12 +42,22 @@ class OrderedDictLRUManager:
         self.num_allocated = 0
         self.free_list: list[int] = []
         self.num_evictable = 0
+        # lookup statistics, one counter bump per lookup (vLLM's manager keeps them too;
+        # kvoffload's manager reports them in get_stats)
+        self.hits = 0
+        self.misses = 0
+        self.pending_hits = 0
 
     def lookup(self, key: bytes, req_context: ReqContext) -> bool | None:
         block = self.blocks.get(key)
         if block is None:
+            self.misses += 1
             return False
-        return True if block.is_ready else None
+        if block.is_ready:
+            self.hits += 1
+            return True
+        self.pending_hits += 1
+        return None
 
     def prepare_load(self, keys: Iterable[bytes], req_context: ReqContext) -> CPULoadStoreSpec:
         ids = []
@@ -83,17 +94,10 @@ class OrderedDictLRUManager:
         if need > 0:
             if need > self.num_evictable:
                 return None
-            protected = set(keys)
-            for key, block in blocks.items():
-                if block.ref_cnt == 0 and key not in protected:
-                    evicted.append(key)
-                    if len(evicted) == need:
-                        break
-            if len(evicted) < need:
+            got = self.evict(need, set(keys))
+            if got is None:
                 return None
-            for key in evicted:
-                self.free_list.append(blocks.pop(key).block_id)
-            self.num_evictable -= need
+            evicted = got
         ids = []
         for key in to_store:
             if self.num_allocated < self.num_blocks:
@@ -104,6 +108,22 @@ class OrderedDictLRUManager:
             blocks[key] = BlockStatus(slot)
             ids.append(slot)
         return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(ids), evicted_keys=evicted)
+
+    def evict(self, need: int, protected: set[bytes]) -> list[bytes] | None:
+        """Evict the ``need`` least recent ready, unpinned blocks not in ``protected``."""
+        blocks = self.blocks
+        evicted: list[bytes] = []
+        for key, block in blocks.items():
+            if block.ref_cnt == 0 and key not in protected:
+                evicted.append(key)
+                if len(evicted) == need:
+                    break
+        if len(evicted) < need:
+            return None
+        for key in evicted:
+            self.free_list.append(blocks.pop(key).block_id)
+        self.num_evictable -= need
+        return evicted
 
     def complete_store(self, keys: Iterable[bytes], req_context: ReqContext, success: bool = True) -> None:
         blocks = self.blocks

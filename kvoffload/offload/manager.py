@@ -123,6 +123,23 @@ class CPUOffloadingManager(OffloadingManager):
     the only per-key Python structure is the ``dict`` key -> slot. Every method validates
     all of its arguments before changing anything; a failing call changes nothing.
 
+    Costs (``k`` = keys in the call): one C-level dict pass over the keys (skipped when the
+    keys are a slice of a recently looked-up/touched list: translation memo) plus a fixed
+    number of numpy operations on ``k`` elements. Recency order is an append-only log with
+    lazy deletion (:mod:`kvoffload.offload.policies.order`): touching ``k`` keys appends
+    ``k`` entries; evicting ``k`` blocks scans O(k) entries amortised, because blocks found
+    pinned or pending at the old end are parked (skipped for good until they become
+    evictable again, then re-queued at their old recency position). Neither depends on the
+    pool's capacity nor on how many pinned blocks sit at the old end; the log is compacted
+    (O(capacity)) at most once per ``capacity`` appends. A ``prepare_store`` that cannot
+    make room fails in O(1) (the manager counts evictable blocks exactly). Not thread-safe:
+    call it from the scheduler's thread, like vLLM's manager.
+
+    ``lookup_batch`` is the vectorised form of ``lookup`` for schedulers that look up a whole
+    prompt at once. A key object that is not ``bytes`` but compares equal to a stored key
+    (e.g. a ``memoryview`` of it) is treated as that key by lookups; keys that are stored are
+    always exactly ``bytes``.
+
     Args:
         num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
         cache_policy: ``"lru"`` (default), ``"arc"``, ``"s3fifo"``, a registered name, or
@@ -332,19 +349,11 @@ class CPUOffloadingManager(OffloadingManager):
             if need > t.num_evictable - prot_ev:
                 self._n_stores_failed += len(keys_l)
                 return None
-            mark = t.prot_mark
-            mark[protected] = 1
-            try:
-                victims = self._policy.evict(need, protected)
-            finally:
-                mark[protected] = 0
-            if victims is None:
+            got = self._evict(need, protected)
+            if got is None:
                 self._n_stores_failed += len(keys_l)
                 return None
-            if len(victims) != need:  # pragma: no cover - policy contract violation
-                raise RuntimeError(f"policy {self.cache_policy!r} returned {len(victims)} victims, expected {need}")
-            evicted = t.release(victims)
-            self._n_evictions += need
+            evicted = got
             if self._events is not None:
                 self._events.append(OffloadingEvent(keys=list(evicted), medium=CPU_MEDIUM, removed=True))
         count_before = t.insert_count
@@ -357,6 +366,26 @@ class CPUOffloadingManager(OffloadingManager):
         return PrepareStoreOutput(
             keys_to_store=list(to_store), store_spec=CPULoadStoreSpec(new_slots), evicted_keys=evicted
         )
+
+    def _evict(self, need: int, protected: np.ndarray) -> list[bytes] | None:
+        """Evict ``need`` ready, unpinned blocks not in ``protected`` (slots); return their keys.
+
+        The caller has checked that enough such blocks exist; None (nothing changed) if the
+        policy still cannot find them.
+        """
+        t = self._table
+        mark = t.prot_mark
+        mark[protected] = 1
+        try:
+            victims = self._policy.evict(need, protected)
+        finally:
+            mark[protected] = 0
+        if victims is None:
+            return None
+        if len(victims) != need:  # pragma: no cover - policy contract violation
+            raise RuntimeError(f"policy {self.cache_policy!r} returned {len(victims)} victims, expected {need}")
+        self._n_evictions += need
+        return t.release(victims)
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         """Finish stores: pending keys become ready (``success``) or are removed (failure).

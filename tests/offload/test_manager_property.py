@@ -9,7 +9,7 @@ by failed stores):
 * a hypothesis ``RuleBasedStateMachine`` per policy (shrinks failures to a minimal sequence);
 * a seeded random fuzzer per policy, cheaper per sequence, for the bulk of the sequences.
 
-Default run: 300 hypothesis sequences + 2,000 fuzzed sequences per policy (thousands per
+Default run: 200 hypothesis sequences + 1,500 fuzzed + 500 scheduler-shaped sequences per policy (thousands per
 policy in all). With ``KVOFFLOAD_SLOW_TESTS=1``, the ``slow`` tests fuzz 20,000 longer
 sequences per policy (~6 minutes).
 """
@@ -197,7 +197,7 @@ class ManagerMachine(RuleBasedStateMachine):
 def _machine(policy: str) -> type[RuleBasedStateMachine]:
     cls = type(f"ManagerMachine_{policy}", (ManagerMachine,), {"policy": policy})
     cls.TestCase.settings = settings(  # type: ignore[attr-defined]
-        max_examples=300,
+        max_examples=200,
         stateful_step_count=30,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -239,7 +239,7 @@ def _fuzz(policy: str, seed: int, n_sequences: int, steps: int) -> None:
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_fuzz_matches_reference(policy: str) -> None:
-    _fuzz(policy, seed=1234 + POLICY_NAMES.index(policy), n_sequences=2000, steps=25)
+    _fuzz(policy, seed=1234 + POLICY_NAMES.index(policy), n_sequences=1500, steps=25)
 
 
 @pytest.mark.slow
@@ -302,7 +302,7 @@ def test_memo_paths_match_reference(policy: str, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(keytable, "MEMO_MIN_KEYS", 1)
     monkeypatch.setattr(keytable, "MEMO_ENTRIES", 3)
-    _fuzz_requests(policy, seed=77 + POLICY_NAMES.index(policy), n_sequences=700, steps=30)
+    _fuzz_requests(policy, seed=77 + POLICY_NAMES.index(policy), n_sequences=500, steps=30)
 
 
 def test_memo_is_used_and_invalidated() -> None:

@@ -170,7 +170,7 @@ class SlotOrder:
         need = k - len(out)
         while need > 0 and self.head < self.tail:
             h = self.head
-            end = min(self.tail, h + max(64, 2 * need))
+            end = min(self.tail, h + need + max(64, need // 4))
             seg = self.buf[h:end].astype(np.int64)
             cur = (member[seg] == lid) & (pos[seg] == np.arange(self.base + h, self.base + end, dtype=np.int64))
             ev = cur & (ref[seg] == 0)
