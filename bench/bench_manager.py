@@ -40,20 +40,15 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from kvoffload.offload.base import LOOKUP_HIT, ReqContext
 from kvoffload.offload.manager import CPUOffloadingManager
 
 _HERE = Path(__file__).resolve().parent
-KEY_BYTES = 36  # 32-byte block hash + 4-byte group index
-PROMPT_BLOCKS = 512
-STORE_STEP = 128
-CTX = ReqContext(req_id="bench")
 
 
 def _load_sibling(name: str) -> Any:
@@ -70,106 +65,19 @@ def _load_sibling(name: str) -> Any:
 
 
 baseline = _load_sibling("baseline_manager")
-
-
-# ----------------------------------------------------------------------------- trace
-class PrefixTrace:
-    """Prompts of ``PROMPT_BLOCKS`` keys: a Zipf-popular shared prefix + a unique tail.
-
-    Each call of :meth:`request` returns fresh ``bytes`` key objects (hash not cached),
-    sliced from one blob per request, as an engine that hashes a prompt would create them.
-    """
-
-    def __init__(self, seed: int, num_prefixes: int, zipf_a: float = 1.1) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.num_prefixes = num_prefixes
-        self.lengths = self.rng.integers(64, 449, size=num_prefixes)
-        self.blobs = [self.rng.bytes(KEY_BYTES * int(n)) for n in self.lengths]
-        w = 1.0 / np.arange(1, num_prefixes + 1) ** zipf_a
-        self.p = w / w.sum()
-
-    def request(self) -> list[bytes]:
-        f = int(self.rng.choice(self.num_prefixes, p=self.p))
-        n_shared = int(self.lengths[f])
-        blob = self.blobs[f] + self.rng.bytes(KEY_BYTES * (PROMPT_BLOCKS - n_shared))
-        return [blob[i : i + KEY_BYTES] for i in range(0, KEY_BYTES * PROMPT_BLOCKS, KEY_BYTES)]
-
-
-def _filler(n: int, seed: int) -> list[bytes]:
-    blob = np.random.default_rng(seed).bytes(KEY_BYTES * n)
-    return [blob[i : i + KEY_BYTES] for i in range(0, KEY_BYTES * n, KEY_BYTES)]
-
-
-def _prefill(m: Any, keys: list[bytes]) -> None:
-    for i in range(0, len(keys), 4096):
-        chunk = keys[i : i + 4096]
-        m.prepare_store(chunk, CTX)
-        m.complete_store(chunk, CTX)
+_trace = _load_sibling("manager_trace")
+PrefixTrace = _trace.PrefixTrace
+run_trace = _trace.run_trace
+_filler = _trace._filler
+_prefill = _trace._prefill
+CTX = _trace.CTX
+PROMPT_BLOCKS = _trace.PROMPT_BLOCKS
 
 
 def _make(impl: str, capacity: int, policy: str = "lru") -> Any:
     if impl == "baseline":
         return baseline.OrderedDictLRUManager(capacity)
     return CPUOffloadingManager(capacity, cache_policy=policy)
-
-
-def run_trace(m: Any, requests: list[list[bytes]], batch_lookup: bool) -> dict[str, float]:
-    """Replay ``requests`` on ``m``; return wall time, key-ops and hit statistics."""
-    loads: deque[list[bytes]] = deque()
-    stores: deque[list[bytes]] = deque()
-    key_ops = 0
-    hit_keys = 0
-    failed = 0
-    gc.collect()
-    gc_was = gc.isenabled()
-    gc.disable()
-    t0 = time.perf_counter()
-    for keys in requests:
-        n = len(keys)
-        if batch_lookup:
-            codes = m.lookup_batch(keys, CTX)
-            miss = np.flatnonzero(codes != LOOKUP_HIT)
-            h = int(miss[0]) if len(miss) else n
-            key_ops += n
-        else:
-            h = 0
-            lookup = m.lookup
-            while h < n and lookup(keys[h], CTX) is True:
-                h += 1
-            key_ops += min(h + 1, n)
-        m.touch(keys, CTX)
-        key_ops += n
-        if h:
-            m.prepare_load(keys[:h], CTX)
-            loads.append(keys[:h])
-            key_ops += h
-            hit_keys += h
-        for c in range(h, n, STORE_STEP):
-            step = keys[c : c + STORE_STEP]
-            out = m.prepare_store(step, CTX)
-            key_ops += len(step)
-            if out is None:
-                failed += 1
-            elif out.keys_to_store:
-                stores.append(out.keys_to_store)
-        while len(loads) > 4:
-            done = loads.popleft()
-            m.complete_load(done, CTX)
-            key_ops += len(done)
-        while len(stores) > 8:
-            done = stores.popleft()
-            m.complete_store(done, CTX)
-            key_ops += len(done)
-    elapsed = time.perf_counter() - t0
-    if gc_was:
-        gc.enable()
-    return {
-        "seconds": elapsed,
-        "requests_per_s": len(requests) / elapsed,
-        "key_ops_per_s": key_ops / elapsed,
-        "hit_fraction": hit_keys / (len(requests) * PROMPT_BLOCKS),
-        "failed_stores": failed,
-    }
 
 
 def bench_trace(capacity: int, n_requests: int, repeats: int) -> dict[str, Any]:
@@ -319,8 +227,9 @@ def bench_memory(capacity: int) -> dict[str, Any]:
         out[f"{name}_bytes_per_block"] = round(current / capacity, 1)
         del m
         gc.collect()
-    out["ratio_lru_vs_baseline_ctypes"] = round(out["ours_lru_bytes_per_block"] / out["baseline_ctypes_bytes_per_block"], 3)
-    out["ratio_lru_vs_baseline_slots"] = round(out["ours_lru_bytes_per_block"] / out["baseline_slots_bytes_per_block"], 3)
+    ours = out["ours_lru_bytes_per_block"]
+    out["ratio_lru_vs_baseline_ctypes"] = round(ours / out["baseline_ctypes_bytes_per_block"], 3)
+    out["ratio_lru_vs_baseline_slots"] = round(ours / out["baseline_slots_bytes_per_block"], 3)
     return out
 
 
@@ -381,7 +290,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     )
     r = bench_hit_rate(n_requests=600 if quick else 3000, capacity=20_000)
     result["hit_rate"] = r
-    print(f"hit rate (pool {r['capacity']:,} blocks): " + ", ".join(f"{p} {r[p]:.3f}" for p in ("lru", "arc", "s3fifo")))
+    rates = ", ".join(f"{p} {r[p]:.3f}" for p in ("lru", "arc", "s3fifo"))
+    print(f"hit rate (pool {r['capacity']:,} blocks): {rates}")
     result["targets"] = _targets(result)
     for line in result["targets"]["lines"]:
         print(line)
@@ -415,7 +325,8 @@ def _targets(result: dict[str, Any]) -> dict[str, Any]:
     lines.append(
         "per-key lookup speed vs baseline: "
         + ", ".join(
-            f"{r['capacity']:,}: " + " ".join(f"{kind} {r[f'ratio_{kind}']}x" for kind in kinds) for r in result["lookup"]
+            f"{r['capacity']:,}: " + " ".join(f"{kind} {r[f'ratio_{kind}']}x" for kind in kinds)
+            for r in result["lookup"]
         )
         + f" / >= 1x  {'MET' if lk else 'MISSED'}"
     )

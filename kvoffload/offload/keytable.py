@@ -254,10 +254,10 @@ class SlotTable:
         b.keys = lst
         b.slots = slots.copy()
         b.gen = self.gen[slots]
-        b.pos = dict(zip(lst, range(n)))
+        b.pos = dict(zip(lst, range(n), strict=True))
         b.has_dups = len(b.pos) != n
         if b.has_dups:  # keep each key's first position
-            b.pos = dict(zip(reversed(lst), range(n - 1, -1, -1)))
+            b.pos = dict(zip(reversed(lst), range(n - 1, -1, -1), strict=True))
         b.insert_seen = self.insert_count
         memo = self._memo
         memo.insert(0, b)
@@ -299,7 +299,7 @@ class SlotTable:
             slots = np.arange(start, start + fresh, dtype=np.int64)
             slot_list = list(range(start, start + fresh))
         self.num_allocated += fresh
-        self.index.update(zip(keys, slot_list))
+        self.index.update(zip(keys, slot_list, strict=True))
         self.keys[slots] = keys if m > 1 else keys[0]
         self.ref[slots] = PENDING
         self.num_pending += m

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from kvoffload.errors import InvalidTypeError, KeyStateError
+from kvoffload.errors import KeyStateError
 from kvoffload.offload.base import (
     LOOKUP_HIT,
     LOOKUP_MISS,
@@ -31,6 +30,7 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING, Resolved, SlotTable
+from kvoffload.offload.manager_stats import COUNTERS, ClosedIndex, OffloadingStats, check_bool
 from kvoffload.offload.policies.base import CachePolicy, get_policy_class
 
 logger = logging.getLogger(__name__)
@@ -42,73 +42,6 @@ CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 #: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready)
 _CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
-
-
-@dataclass
-class OffloadingStats:
-    """Snapshot returned by :meth:`CPUOffloadingManager.get_stats`.
-
-    Gauges (current values): ``num_blocks``, ``num_used`` (pending + ready), ``num_pending``,
-    ``num_pinned`` (ready with ref count > 0), ``usage`` = ``num_used / num_blocks``
-    (pending blocks count as used; 0.0 for an empty pool), ``write_usage`` =
-    ``num_pending / num_blocks``.
-
-    Counters (deltas since the previous ``get_stats`` call): ``lookups`` (keys looked up,
-    per-key and batched), ``hits`` (ready), ``pending_hits`` (present but pending),
-    ``misses``, ``evictions`` (blocks evicted), ``stores_started`` (slots allocated by
-    ``prepare_store``), ``stores_skipped`` (keys not stored: already present, or filtered
-    out by a reuse filter), ``stores_failed`` (keys of ``prepare_store`` calls that returned
-    None), ``stores_completed``, ``stores_aborted`` (pending blocks removed by a failed
-    ``complete_store``), ``loads`` (blocks pinned by ``prepare_load``).
-    """
-
-    num_blocks: int = 0
-    num_used: int = 0
-    num_pending: int = 0
-    num_pinned: int = 0
-    usage: float = 0.0
-    write_usage: float = 0.0
-    lookups: int = 0
-    hits: int = 0
-    pending_hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    stores_started: int = 0
-    stores_skipped: int = 0
-    stores_failed: int = 0
-    stores_completed: int = 0
-    stores_aborted: int = 0
-    loads: int = 0
-
-
-_COUNTERS = (
-    "hits",
-    "pending_hits",
-    "misses",
-    "evictions",
-    "stores_started",
-    "stores_skipped",
-    "stores_failed",
-    "stores_completed",
-    "stores_aborted",
-    "loads",
-)
-
-
-class _ClosedIndex:
-    """Stands in for the key index after ``shutdown``: every per-key lookup raises."""
-
-    def get(self, key: object, default: object = None) -> object:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
-
-    def __contains__(self, key: object) -> bool:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
-
-
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -157,7 +90,7 @@ class CPUOffloadingManager(OffloadingManager):
     """
 
     def __init__(self, num_blocks: int, cache_policy: str = "lru", enable_events: bool = False) -> None:
-        enable_events = _check_bool(enable_events, "enable_events")
+        enable_events = check_bool(enable_events, "enable_events")
         policy_cls = get_policy_class(cache_policy)
         self._table = SlotTable(num_blocks)
         self.num_blocks: int = self._table.num_blocks
@@ -392,7 +325,7 @@ class CPUOffloadingManager(OffloadingManager):
 
         Ready keys are untouched and absent keys ignored, in both cases.
         """
-        success = _check_bool(success, "success")
+        success = check_bool(success, "success")
         r = self._resolve(keys, allow_duplicates=True)
         slots = r.slots
         if len(slots) == 0 or self.num_blocks == 0:
@@ -418,7 +351,8 @@ class CPUOffloadingManager(OffloadingManager):
             self._policy.on_evictable(pend)
             if self._events is not None:
                 ks = r.keys
-                self._events.append(OffloadingEvent(keys=[ks[i] for i in sel.tolist()], medium=CPU_MEDIUM, removed=False))
+                done = [ks[i] for i in sel.tolist()]
+                self._events.append(OffloadingEvent(keys=done, medium=CPU_MEDIUM, removed=False))
         else:
             self._policy.remove(pend)
             t.release(pend)
@@ -446,7 +380,7 @@ class CPUOffloadingManager(OffloadingManager):
             write_usage=t.num_pending / n if n else 0.0,
             lookups=self._n_hits + self._n_pending_hits + self._n_misses,
         )
-        for name in _COUNTERS:
+        for name in COUNTERS:
             setattr(stats, name, getattr(self, "_n_" + name))
             setattr(self, "_n_" + name, 0)
         return stats
@@ -471,7 +405,7 @@ class CPUOffloadingManager(OffloadingManager):
         if self._events is not None:
             self._events = []
         self._closed = True
-        self._index = _ClosedIndex()  # type: ignore[assignment]
+        self._index = ClosedIndex()  # type: ignore[assignment]
 
     def __len__(self) -> int:
         """Number of keys present (pending or ready)."""

@@ -56,9 +56,14 @@ BAD_KEY_LISTS = [
 ]
 
 
+METHODS = ["prepare_store", "prepare_load", "complete_load", "complete_store", "touch", "lookup_batch"]
+
+
 @pytest.mark.parametrize("keys,exc", BAD_KEY_LISTS)
-@pytest.mark.parametrize("method", ["prepare_store", "prepare_load", "complete_load", "complete_store", "touch", "lookup_batch"])
-def test_non_bytes_keys_rejected_without_change(busy: CPUOffloadingManager, method: str, keys: object, exc: type) -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_non_bytes_keys_rejected_without_change(
+    busy: CPUOffloadingManager, method: str, keys: object, exc: type
+) -> None:
     before = snapshot(busy)
     with pytest.raises(exc, match="keys"):
         getattr(busy, method)(keys, CTX)
@@ -130,7 +135,11 @@ def test_repeated_key_in_complete_load_unpins_per_occurrence() -> None:
     assert m.table.num_evictable == 2 and m.table.num_pinned == 0
 
 
-@pytest.mark.parametrize("n,exc", [(-1, InvalidArgumentError), (True, InvalidTypeError), (4.0, InvalidTypeError), ("4", InvalidTypeError), (None, InvalidTypeError)])
+@pytest.mark.parametrize(
+    "n,exc",
+    [(-1, InvalidArgumentError), (True, InvalidTypeError), (4.0, InvalidTypeError), ("4", InvalidTypeError),
+     (None, InvalidTypeError)],
+)
 def test_bad_num_blocks(n: object, exc: type) -> None:
     with pytest.raises(exc, match="num_blocks"):
         CPUOffloadingManager(n)  # type: ignore[arg-type]

@@ -38,9 +38,10 @@ class CachePolicy(ABC):
     * :meth:`evict` to pick victims, and :meth:`clear` on reset.
 
     A block is *evictable* iff ``table.ref[s] == 0``. ``evict`` must pick only evictable
-    slots not in ``protected`` (also marked 1 in ``table.prot_mark`` during the call); it either returns exactly ``n`` slots (and forgets them) or
-    returns None and leaves every observable decision unchanged. The manager only calls
-    ``evict`` when at least ``n`` evictable, unprotected blocks exist.
+    slots not in ``protected`` (also marked 1 in ``table.prot_mark`` during the call); it
+    either returns exactly ``n`` slots (and forgets them) or returns None and leaves every
+    observable decision unchanged. The manager only calls ``evict`` when at least ``n``
+    evictable, unprotected blocks exist.
 
     Args:
         capacity: number of slots (``table.num_blocks``).

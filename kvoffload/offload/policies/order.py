@@ -122,7 +122,7 @@ class SlotOrder:
             return  # nothing parked (the common case: blocks pushed since the last scan)
         parked = (self.member[slots] == self.lid) & (p < limit)
         if parked.any():
-            for s, ps in zip(slots[parked].tolist(), p[parked].tolist()):
+            for s, ps in zip(slots[parked].tolist(), p[parked].tolist(), strict=True):
                 if self._pushed.get(s) != ps:
                     self._pushed[s] = ps
                     heapq.heappush(self._heap, (ps, s))
