@@ -4,10 +4,13 @@ Every error the package raises on bad input derives from :class:`KVOffloadError`
 the builtin exception an engine author would catch anyway (``ValueError``/``TypeError``/
 ``RuntimeError``), so ``except ValueError`` keeps working.
 
-This module imports nothing from the rest of the package: every subpackage may use it.
+This module imports nothing from the rest of the package: every subpackage may use it, for the
+exceptions and for :func:`check_int`, the one integer-argument check they all share.
 """
 
 from __future__ import annotations
+
+from numbers import Integral
 
 __all__ = [
     "KVOffloadError",
@@ -16,6 +19,7 @@ __all__ = [
     "KeyStateError",
     "BackendUnavailableError",
     "TransferError",
+    "check_int",
 ]
 
 
@@ -41,3 +45,18 @@ class BackendUnavailableError(KVOffloadError, RuntimeError):
 
 class TransferError(KVOffloadError, RuntimeError):
     """A transfer could not be set up (the worker reports run-time failures as ``success=False``)."""
+
+
+def check_int(value: object, name: str, minimum: int | None = None) -> int:
+    """``value`` as a Python int, or a typed error naming ``name``.
+
+    Accepts ``int`` and numpy integers; rejects ``bool`` (``True`` is not 1 here), floats and
+    strings with :class:`InvalidTypeError`, and values below ``minimum`` with
+    :class:`InvalidArgumentError`.
+    """
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {v}")
+    return v

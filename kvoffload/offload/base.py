@@ -20,7 +20,7 @@ from typing import Any, NewType
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +55,6 @@ LOOKUP_HIT = 1
 LOOKUP_PENDING = 2
 
 
-def _check_int(value: object, name: str) -> int:
-    """Return ``value`` as an int; bools and non-integers are a typed error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return int(value)
-
 
 def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
     """Pack a block hash and a KV-cache group index into an :data:`OffloadKey`.
@@ -74,7 +68,7 @@ def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
     """
     if not isinstance(block_hash, bytes):
         raise InvalidTypeError(f"block_hash must be bytes, got {type(block_hash).__name__}")
-    g = _check_int(group_idx, "group_idx")
+    g = check_int(group_idx, "group_idx")
     if not 0 <= g <= _MAX_GROUP_IDX:
         raise InvalidArgumentError(f"group_idx must be in [0, 2**32 - 1], got {g}")
     return OffloadKey(block_hash + g.to_bytes(_GROUP_IDX_BYTES, "big", signed=False))
@@ -141,7 +135,7 @@ def _as_id_array(values: object, name: str) -> np.ndarray:
     else:
         seq = list(values)  # type: ignore[call-overload]
         for i, v in enumerate(seq):
-            _check_int(v, f"{name}[{i}]")
+            check_int(v, f"{name}[{i}]")
         arr = np.asarray(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)):
         raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")

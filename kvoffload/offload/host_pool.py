@@ -24,10 +24,9 @@ import threading
 import weakref
 from typing import Any
 
-import numpy as np
 import torch
 
-from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError
+from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +53,6 @@ def _warn_pageable_once(reason: str) -> None:
         _warned_pageable = True
     logger.warning("kvoffload host pool: %s; using pageable host memory (transfers will be slower)", reason)
 
-
-def _check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
-    if v < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {v}")
-    return v
 
 
 def _chunk_ranges(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
@@ -129,8 +120,8 @@ class HostPool:
         device: torch.device | str = "cpu",
         pin: bool | None = None,
     ) -> None:
-        self.num_slots = _check_int(num_slots, "num_slots", 1)
-        self.slot_bytes = _check_int(slot_bytes, "slot_bytes", 1)
+        self.num_slots = check_int(num_slots, "num_slots", 1)
+        self.slot_bytes = check_int(slot_bytes, "slot_bytes", 1)
         if pin is not None and not isinstance(pin, bool):
             raise InvalidTypeError(f"pin must be a bool or None, got {type(pin).__name__}")
         if not isinstance(device, (torch.device, str)):
@@ -202,7 +193,7 @@ class HostPool:
         return self._buffer is None
 
     def _check_slot(self, slot: int) -> int:
-        s = _check_int(slot, "slot", 0)
+        s = check_int(slot, "slot", 0)
         if s >= self.num_slots:
             raise InvalidArgumentError(f"slot must be < num_slots={self.num_slots}, got {s}")
         return s

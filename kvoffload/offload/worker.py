@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, check_int
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.registry import KernelBackend, get_backend
 from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
@@ -88,14 +88,6 @@ class _InFlight:
     arrays: JobArrays
 
 
-def _check_int(value: object, name: str, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
-    if minimum is not None and v < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {v}")
-    return v
-
 
 class TransferWorker:
     """Moves jobs between the KV cache described by ``table`` and a pinned host pool.
@@ -133,24 +125,24 @@ class TransferWorker:
     ) -> None:
         if not isinstance(table, KVCacheTable):
             raise InvalidTypeError(f"table must be a KVCacheTable, got {type(table).__name__}")
-        num_slots = _check_int(num_cpu_blocks, "num_cpu_blocks", 1)
+        num_slots = check_int(num_cpu_blocks, "num_cpu_blocks", 1)
         G = len(table.groups)
         if G == 0:
             raise InvalidArgumentError("table has no KV-cache group")
         if isinstance(block_size_factors, (int, np.integer)) and not isinstance(block_size_factors, bool):
-            factors = [_check_int(block_size_factors, "block_size_factors", 1)] * G
+            factors = [check_int(block_size_factors, "block_size_factors", 1)] * G
         elif isinstance(block_size_factors, Sequence) and not isinstance(block_size_factors, (str, bytes)):
             if len(block_size_factors) != G:
                 raise InvalidArgumentError(
                     f"block_size_factors must have one entry per group ({G}), got {len(block_size_factors)}"
                 )
-            factors = [_check_int(f, f"block_size_factors[{i}]", 1) for i, f in enumerate(block_size_factors)]
+            factors = [check_int(f, f"block_size_factors[{i}]", 1) for i, f in enumerate(block_size_factors)]
         else:
             raise InvalidTypeError(
                 f"block_size_factors must be an int or a sequence of ints, got {type(block_size_factors).__name__}"
             )
         if max_programs is not None:
-            max_programs = _check_int(max_programs, "max_programs", 1)
+            max_programs = check_int(max_programs, "max_programs", 1)
 
         record_bytes = np.array([grp.record_bytes for grp in table.groups], dtype=np.int64)
         self.factors = np.array(factors, dtype=np.int64)
@@ -209,7 +201,7 @@ class TransferWorker:
 
     # ------------------------------------------------------------------ submit
     def _parse(self, job_id: object, spec: object) -> tuple[int, JobArrays, bool]:
-        jid = _check_int(job_id, "job_id")
+        jid = check_int(job_id, "job_id")
         if jid in self._inflight or any(r.job_id == jid for r in self._finished):
             raise InvalidArgumentError(f"job_id {jid} is already in flight or not reported yet")
         if not isinstance(spec, (tuple, list)) or len(spec) != 2:
@@ -338,7 +330,7 @@ class TransferWorker:
         """
         if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Collection):
             raise InvalidTypeError(f"job_ids must be a collection of ints, got {type(job_ids).__name__}")
-        ids = [_check_int(j, "job_ids[]") for j in job_ids]
+        ids = [check_int(j, "job_ids[]") for j in job_ids]
         for jid in ids:
             job = self._inflight.get(jid)
             if job is None:

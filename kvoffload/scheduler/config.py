@@ -18,18 +18,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
 
 __all__ = ["GroupOffloadConfig", "OffloadingSchedulerConfig"]
 
-
-def _pos_int(value: object, name: str, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
-    if v < 0 or (v == 0 and not allow_zero):
-        raise InvalidArgumentError(f"{name} must be {'>= 0' if allow_zero else '>= 1'}, got {v}")
-    return v
 
 
 @dataclass(frozen=True)
@@ -51,17 +43,17 @@ class GroupOffloadConfig:
     sliding_window_size_in_blocks: int | None = None
 
     def __post_init__(self) -> None:
-        g = _pos_int(self.group_idx, "group_idx", allow_zero=True)
+        g = check_int(self.group_idx, "group_idx", 0)
         if g > 2**32 - 1:
             raise InvalidArgumentError(f"group_idx must be < 2**32, got {g}")
-        bs = _pos_int(self.gpu_block_size, "gpu_block_size")
-        obs = _pos_int(self.offloaded_block_size, "offloaded_block_size")
+        bs = check_int(self.gpu_block_size, "gpu_block_size", 1)
+        obs = check_int(self.offloaded_block_size, "offloaded_block_size", 1)
         if obs % bs:
             raise InvalidArgumentError(
                 f"offloaded_block_size ({obs}) must be a multiple of gpu_block_size ({bs})"
             )
         if self.sliding_window_size_in_blocks is not None:
-            _pos_int(self.sliding_window_size_in_blocks, "sliding_window_size_in_blocks")
+            check_int(self.sliding_window_size_in_blocks, "sliding_window_size_in_blocks", 1)
 
     @property
     def block_size_factor(self) -> int:
@@ -105,9 +97,9 @@ class OffloadingSchedulerConfig:
             if g.group_idx != i:
                 raise InvalidArgumentError(f"groups[{i}].group_idx must be {i}, got {g.group_idx}")
         object.__setattr__(self, "groups", groups)
-        _pos_int(self.num_workers, "num_workers")
+        check_int(self.num_workers, "num_workers", 1)
         gcd = math.gcd(*(g.gpu_block_size for g in groups))
-        hbs = gcd if self.hash_block_size is None else _pos_int(self.hash_block_size, "hash_block_size")
+        hbs = gcd if self.hash_block_size is None else check_int(self.hash_block_size, "hash_block_size", 1)
         for g in groups:
             if g.gpu_block_size % hbs:
                 raise InvalidArgumentError(
@@ -154,7 +146,7 @@ class OffloadingSchedulerConfig:
             )
         groups = []
         for g in range(n):
-            bs = _pos_int(gpu_block_sizes[g], f"gpu_block_sizes[{g}]")
-            f = _pos_int(factors[g], f"block_size_factor[{g}]")
+            bs = check_int(gpu_block_sizes[g], f"gpu_block_sizes[{g}]", 1)
+            f = check_int(factors[g], f"block_size_factor[{g}]", 1)
             groups.append(GroupOffloadConfig(g, bs, bs * f, windows[g]))
         return cls(tuple(groups), hash_block_size=hash_block_size, num_workers=num_workers)

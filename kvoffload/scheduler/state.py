@@ -130,7 +130,8 @@ class RequestOffloadState:
         self._update_capacity()
 
     def _update_capacity(self) -> None:
-        self.capacity_tokens = min(len(gs.block_ids) * bs for gs, bs in zip(self.groups, self._block_sizes))
+        self.capacity_tokens = min(len(gs.block_ids) * bs for gs, bs in
+            zip(self.groups, self._block_sizes, strict=True))
 
     def update_keys(self, num_tokens: int) -> None:
         """Extend each group's key list to the full offloaded blocks within ``num_tokens`` tokens

@@ -7,19 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
 
 __all__ = ["check_count", "check_block_table", "check_block_ids", "check_scheduled", "parse_results"]
 
 
 def check_count(value: object, name: str) -> int:
     """A non-negative int (bools rejected)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
-    if v < 0:
-        raise InvalidArgumentError(f"{name} must be >= 0, got {v}")
-    return v
+    return check_int(value, name, 0)
 
 
 def check_block_ids(ids: object, name: str) -> list[int]:

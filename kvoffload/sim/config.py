@@ -6,18 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidTypeError, check_int
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 
 __all__ = ["GroupConfig", "EngineConfig"]
 
-
-def _int(value: object, name: str, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < lo:
-        raise InvalidArgumentError(f"{name} must be >= {lo}, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -40,11 +33,11 @@ class GroupConfig:
     layout: str = "flash_attn"
 
     def __post_init__(self) -> None:
-        _int(self.gpu_block_size, "gpu_block_size", 1)
-        _int(self.block_size_factor, "block_size_factor", 1)
-        _int(self.num_layers, "num_layers", 1)
+        check_int(self.gpu_block_size, "gpu_block_size", 1)
+        check_int(self.block_size_factor, "block_size_factor", 1)
+        check_int(self.num_layers, "num_layers", 1)
         if self.sliding_window_blocks is not None:
-            _int(self.sliding_window_blocks, "sliding_window_blocks", 1)
+            check_int(self.sliding_window_blocks, "sliding_window_blocks", 1)
 
     @property
     def offloaded_block_size(self) -> int:
@@ -99,13 +92,13 @@ class EngineConfig:
         if not self.groups or not all(isinstance(g, GroupConfig) for g in self.groups):
             raise InvalidTypeError("groups must be a non-empty tuple of GroupConfig")
         object.__setattr__(self, "groups", tuple(self.groups))
-        _int(self.num_gpu_blocks, "num_gpu_blocks", 2)
-        _int(self.num_cpu_blocks, "num_cpu_blocks", 1)
-        _int(self.num_heads, "num_heads", 1)
-        _int(self.head_dim, "head_dim", 1)
-        _int(self.max_num_seqs, "max_num_seqs", 1)
-        _int(self.max_num_batched_tokens, "max_num_batched_tokens", 1)
-        _int(self.transfer_latency_steps, "transfer_latency_steps", 0)
+        check_int(self.num_gpu_blocks, "num_gpu_blocks", 2)
+        check_int(self.num_cpu_blocks, "num_cpu_blocks", 1)
+        check_int(self.num_heads, "num_heads", 1)
+        check_int(self.head_dim, "head_dim", 1)
+        check_int(self.max_num_seqs, "max_num_seqs", 1)
+        check_int(self.max_num_batched_tokens, "max_num_batched_tokens", 1)
+        check_int(self.transfer_latency_steps, "transfer_latency_steps", 0)
 
     def scheduler_config(self) -> OffloadingSchedulerConfig:
         """The offloading scheduler's view of these groups."""
