@@ -175,6 +175,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     if s["verification_failures"]:
         lines.append(f"VERIFICATION FAILED: {s['verification_failures']} of {s['verified_blocks']} loaded blocks "
                      "differ from the KV the engine computed")
+    elif s["verified_blocks"] == 0:
+        lines.append("verified: nothing was loaded from the CPU tier (the GPU cache held the working set: "
+                     "try a smaller --gpu-blocks)")
     else:
         lines.append(f"verified: {s['verified_blocks']} GPU blocks loaded, all byte-identical")
     return "\n".join(lines)
