@@ -134,6 +134,10 @@ class SlotTable:
         self.gen: np.ndarray = np.zeros(n, dtype=np.uint32)
         #: scratch mask of the keys named in the current ``prepare_store`` (1 = protected)
         self.prot_mark: np.ndarray = np.zeros(n, dtype=np.int8)
+        # memoryviews of the same memory: single-slot reads/writes on the small-batch paths
+        # (a Python int in ~30 ns, about twice as fast as numpy scalar indexing)
+        self.gen_mv: memoryview = memoryview(self.gen)
+        self.prot_mv: memoryview = memoryview(self.prot_mark)
         self.num_allocated: int = 0
         self.free_list: list[int] = []
         self.num_pending: int = 0
@@ -305,6 +309,48 @@ class SlotTable:
         self.num_pending += m
         self.insert_count += 1
         return slots
+
+    def allocate_list(self, keys: list[bytes]) -> list[int]:
+        """:meth:`allocate` for a few keys, with scalar operations; returns the slots as a list."""
+        m = len(keys)
+        start = self.num_allocated
+        fresh = min(m, self.num_blocks - start)
+        if fresh == m:
+            slots = list(range(start, start + m))
+        else:
+            reused = m - fresh
+            tail = self.free_list[-reused:]
+            del self.free_list[-reused:]
+            tail.reverse()
+            slots = list(range(start, start + fresh)) + tail if fresh else tail
+        self.num_allocated = start + fresh
+        index, karr, ref = self.index, self.keys, self.ref_buf
+        for k, s in zip(keys, slots, strict=True):
+            index[k] = s
+            karr[s] = k
+            ref[s] = PENDING
+        self.num_pending += m
+        self.insert_count += 1
+        return slots
+
+    def release_list(self, slots: list[int]) -> list[bytes]:
+        """:meth:`release` for a few slots (a list), with scalar operations."""
+        index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv
+        out: list[bytes] = []
+        n_pending = 0
+        for s in slots:
+            k = karr[s]
+            out.append(k)
+            del index[k]
+            karr[s] = None
+            gen[s] = (gen[s] + 1) & 0xFFFFFFFF
+            if ref[s] == PENDING:
+                n_pending += 1
+            ref[s] = FREE
+        self.num_pending -= n_pending
+        self.num_evictable -= len(slots) - n_pending
+        self.free_list.extend(slots)
+        return out
 
     def release(self, slots: np.ndarray) -> list[bytes]:
         """Free ``slots`` (in that order onto the free list); return their keys.

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from kvoffload.errors import KeyStateError
+from kvoffload.offload import manager_small as _small
 from kvoffload.offload.base import (
     LOOKUP_HIT,
     LOOKUP_MISS,
@@ -30,6 +31,7 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING, Resolved, SlotTable
+from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec
 from kvoffload.offload.manager_stats import COUNTERS, ClosedIndex, OffloadingStats, check_bool
 from kvoffload.offload.policies.base import CachePolicy, get_policy_class
 
@@ -162,6 +164,10 @@ class CPUOffloadingManager(OffloadingManager):
             ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or
             ``LOOKUP_PENDING`` (2) per key, same as calling :meth:`lookup` on each.
         """
+        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
+            out = _small.lookup_batch_small(self, keys)  # type: ignore[arg-type]
+            if out is not FALLBACK:
+                return out  # type: ignore[return-value]
         r = self._resolve(keys, allow_duplicates=True, remember=True)
         n = len(r.keys)
         if n == 0:
@@ -185,6 +191,10 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             KeyStateError: a key is absent or pending (nothing is pinned then).
         """
+        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
+            out = _small.prepare_load_small(self, keys)  # type: ignore[arg-type]
+            if out is not FALLBACK:
+                return out  # type: ignore[return-value]
         r = self._resolve(keys, allow_duplicates=False)
         slots = r.slots
         if len(slots):
@@ -202,7 +212,7 @@ class CPUOffloadingManager(OffloadingManager):
             t.num_evictable -= newly
             t.num_pinned += newly
             self._n_loads += len(slots)
-        return CPULoadStoreSpec(slots)
+        return cpu_spec(slots)
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Unpin ``keys`` (ref count -1 per occurrence).
@@ -211,6 +221,9 @@ class CPUOffloadingManager(OffloadingManager):
             KeyStateError: a key is absent, pending, or not pinned (often enough, counting
                 repeats); nothing is unpinned then.
         """
+        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
+            if _small.complete_load_small(self, keys) is not FALLBACK:  # type: ignore[arg-type]
+                return
         r = self._resolve(keys, allow_duplicates=True)
         slots = r.slots
         if len(slots) == 0:
@@ -244,6 +257,9 @@ class CPUOffloadingManager(OffloadingManager):
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
+        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
+            if _small.touch_small(self, keys) is not FALLBACK:  # type: ignore[arg-type]
+                return
         r = self._resolve(keys, allow_duplicates=True, remember=True)
         if r.keys:
             self._policy.touch(r.keys, r.slots, unique=r.unique)
@@ -259,6 +275,10 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
         """
+        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
+            out = _small.prepare_store_small(self, keys)  # type: ignore[arg-type]
+            if out is not FALLBACK:
+                return out  # type: ignore[return-value]
         r = self._resolve(keys, allow_duplicates=False)
         keys_l, slots = r.keys, r.slots
         t = self._table
@@ -297,7 +317,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._n_stores_started += n_new
         self._n_stores_skipped += n_present
         return PrepareStoreOutput(
-            keys_to_store=list(to_store), store_spec=CPULoadStoreSpec(new_slots), evicted_keys=evicted
+            keys_to_store=list(to_store), store_spec=cpu_spec(new_slots), evicted_keys=evicted
         )
 
     def _evict(self, need: int, protected: np.ndarray) -> list[bytes] | None:
@@ -326,6 +346,9 @@ class CPUOffloadingManager(OffloadingManager):
         Ready keys are untouched and absent keys ignored, in both cases.
         """
         success = check_bool(success, "success")
+        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
+            if _small.complete_store_small(self, keys, success) is not FALLBACK:  # type: ignore[arg-type]
+                return
         r = self._resolve(keys, allow_duplicates=True)
         slots = r.slots
         if len(slots) == 0 or self.num_blocks == 0:

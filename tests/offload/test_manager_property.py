@@ -9,7 +9,8 @@ by failed stores):
 * a hypothesis ``RuleBasedStateMachine`` per policy (shrinks failures to a minimal sequence);
 * a seeded random fuzzer per policy, cheaper per sequence, for the bulk of the sequences.
 
-Default run: 200 hypothesis sequences + 1,500 fuzzed + 500 scheduler-shaped sequences per policy (thousands per
+Default run: 200 hypothesis sequences + 1,800 fuzzed (scalar, array and mixed paths) + 500
+scheduler-shaped sequences per policy (thousands per
 policy in all). With ``KVOFFLOAD_SLOW_TESTS=1``, the ``slow`` tests fuzz 20,000 longer
 sequences per policy (~6 minutes).
 """
@@ -237,9 +238,29 @@ def _fuzz(policy: str, seed: int, n_sequences: int, steps: int) -> None:
             pair.check()
 
 
+def _small_paths(monkeypatch: pytest.MonkeyPatch, small_batch: int, scan_budget: int = 64) -> None:
+    """Route calls on up to ``small_batch`` keys to the scalar paths (0: array paths only)."""
+    import kvoffload.offload.manager as manager_mod
+    import kvoffload.offload.policies.order as order_mod
+
+    monkeypatch.setattr(manager_mod, "SMALL_BATCH", small_batch)
+    monkeypatch.setattr(order_mod, "SCAN_BUDGET", scan_budget)
+
+
 @pytest.mark.parametrize("policy", POLICY_NAMES)
-def test_fuzz_matches_reference(policy: str) -> None:
-    _fuzz(policy, seed=1234 + POLICY_NAMES.index(policy), n_sequences=1500, steps=25)
+@pytest.mark.parametrize(
+    ("small_batch", "scan_budget"),
+    [(32, 64), (3, 0), (0, 64)],
+    ids=["scalar-paths", "mixed-paths", "array-paths"],
+)
+def test_fuzz_matches_reference(
+    policy: str, small_batch: int, scan_budget: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scalar paths (every call here is small), array paths, and both interleaved (calls of
+    up to 3 keys scalar, the rest array; scalar eviction scans cut short to one entry)."""
+    _small_paths(monkeypatch, small_batch, scan_budget)
+    seed = 1234 + POLICY_NAMES.index(policy) + 10 * small_batch
+    _fuzz(policy, seed=seed, n_sequences=600, steps=25)
 
 
 @pytest.mark.slow
@@ -302,11 +323,13 @@ def test_memo_paths_match_reference(policy: str, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(keytable, "MEMO_MIN_KEYS", 1)
     monkeypatch.setattr(keytable, "MEMO_ENTRIES", 3)
+    _small_paths(monkeypatch, 0)  # the memo serves the array paths
     _fuzz_requests(policy, seed=77 + POLICY_NAMES.index(policy), n_sequences=500, steps=30)
 
 
-def test_memo_is_used_and_invalidated() -> None:
+def test_memo_is_used_and_invalidated(monkeypatch: pytest.MonkeyPatch) -> None:
     """White-box: a slice of a remembered list is served by the memo, exactly."""
+    _small_paths(monkeypatch, 0)
     m = CPUOffloadingManager(4)
     keys = UNIVERSE[:12]
     m.lookup_batch(keys, CTX)  # remembered (12 >= MEMO_MIN_KEYS)

@@ -85,6 +85,32 @@ class CachePolicy(ABC):
         """Bytes held by the policy's arrays (for memory reports)."""
         return 0
 
+    # ------------------------------------------------------------------ small batches
+    # The manager handles calls on a few keys (``SMALL_BATCH``) without numpy: slots come
+    # as Python lists of ints. These defaults convert to arrays and call the methods above,
+    # so a policy only has to implement the array forms; the built-in ones override them
+    # with scalar code (a numpy call costs ~1 us whatever its size).
+    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+        """:meth:`insert` with ``slots`` as a list."""
+        self.insert(np.array(slots, dtype=np.int64), keys)
+
+    def remove_list(self, slots: list[int]) -> None:
+        """:meth:`remove` with ``slots`` as a list."""
+        self.remove(np.array(slots, dtype=np.int64))
+
+    def touch_list(self, keys: list[bytes], slots: list[int]) -> None:
+        """:meth:`touch` with ``slots`` as a list (``-1`` = absent; keys may repeat)."""
+        self.touch(keys, np.array(slots, dtype=np.int64), unique=False)
+
+    def on_evictable_list(self, slots: list[int]) -> None:
+        """:meth:`on_evictable` with ``slots`` as a list."""
+        self.on_evictable(np.array(slots, dtype=np.int64))
+
+    def evict_list(self, n: int, protected: list[int]) -> list[int] | None:
+        """:meth:`evict` with ``protected`` and the result as lists."""
+        got = self.evict(n, np.array(protected, dtype=np.int64) if protected else np.zeros(0, dtype=np.int64))
+        return None if got is None else got.tolist()
+
 
 _REGISTRY: dict[str, type[CachePolicy]] = {}
 _BUILTIN_MODULES = {

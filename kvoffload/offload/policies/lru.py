@@ -74,6 +74,31 @@ class LRUPolicy(CachePolicy):
         self.order.discard(victims)
         return victims
 
+    # scalar forms for small batches (see CachePolicy)
+    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+        self.order.push_back_list(slots)
+
+    def remove_list(self, slots: list[int]) -> None:
+        self.order.discard_list(slots)
+
+    def touch_list(self, keys: list[bytes], slots: list[int]) -> None:
+        seen: set[int] = set()
+        present = [s for s in slots if s >= 0 and not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
+        if present:
+            present.reverse()
+            self.order.push_back_list(present, members=True)
+
+    def on_evictable_list(self, slots: list[int]) -> None:
+        self.order.on_evictable_list(slots)
+
+    def evict_list(self, n: int, protected: list[int]) -> list[int] | None:
+        victims = self.order.take_list(n, self.table.ref_buf, protected, self.table.prot_mark)
+        if len(victims) < n:
+            self.order.on_evictable_list(victims)
+            return None
+        self.order.discard_list(victims)
+        return victims
+
     def clear(self) -> None:
         self.member[:] = 0
         self.order.clear()
