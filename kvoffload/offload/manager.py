@@ -11,7 +11,8 @@ independent of the pool's capacity.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -44,6 +45,47 @@ CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 #: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready)
 _CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
+
+
+def _make_lookup(
+    index: dict[bytes, int], ref: array
+) -> tuple[Callable[[OffloadKey, ReqContext], bool | None], Callable[[], tuple[int, int, int]]]:
+    """A per-instance ``lookup`` closure over the key index and the state buffer, and a
+    function that returns and resets its (hits, pending hits, misses) counters.
+
+    Same behaviour as :meth:`CPUOffloadingManager.lookup`; closure cells instead of
+    attribute loads on ``self`` make a lookup miss cost no more than a bare ``dict.get``
+    plus one call (the type check a miss needs is then paid for).
+    """
+    hits = pending = misses = 0
+    get = index.get
+
+    def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
+        nonlocal hits, pending, misses
+        try:
+            s = get(key)
+        except TypeError:  # unhashable
+            validate_keys([key], "key")
+            raise
+        if s is None:
+            if key.__class__ is not bytes:
+                validate_keys([key], "key")
+            misses += 1
+            return False
+        if ref[s] >= 0:
+            hits += 1
+            return True
+        pending += 1
+        return None
+
+    def drain() -> tuple[int, int, int]:
+        nonlocal hits, pending, misses
+        out = (hits, pending, misses)
+        hits = pending = misses = 0
+        return out
+
+    lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
+    return lookup, drain
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -113,6 +155,9 @@ class CPUOffloadingManager(OffloadingManager):
         # hot-path aliases
         self._index = self._table.index
         self._ref_buf = self._table.ref_buf
+        self._drain_lookup_counts: Callable[[], tuple[int, int, int]] | None = None
+        if type(self).lookup is CPUOffloadingManager.lookup:  # not overridden by a subclass
+            self.lookup, self._drain_lookup_counts = _make_lookup(self._index, self._ref_buf)  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -401,12 +446,20 @@ class CPUOffloadingManager(OffloadingManager):
             num_pinned=t.num_pinned,
             usage=t.num_used / n if n else 0.0,
             write_usage=t.num_pending / n if n else 0.0,
-            lookups=self._n_hits + self._n_pending_hits + self._n_misses,
         )
+        self._fold_lookup_counts()
+        stats.lookups = self._n_hits + self._n_pending_hits + self._n_misses
         for name in COUNTERS:
             setattr(stats, name, getattr(self, "_n_" + name))
             setattr(self, "_n_" + name, 0)
         return stats
+
+    def _fold_lookup_counts(self) -> None:
+        if self._drain_lookup_counts is not None:
+            hits, pending, misses = self._drain_lookup_counts()
+            self._n_hits += hits
+            self._n_pending_hits += pending
+            self._n_misses += misses
 
     def reset_cache(self) -> None:
         """Drop every block (pending and pinned ones too) and the policy's history.
@@ -429,6 +482,10 @@ class CPUOffloadingManager(OffloadingManager):
             self._events = []
         self._closed = True
         self._index = ClosedIndex()  # type: ignore[assignment]
+        if self._drain_lookup_counts is not None:  # back to the method, which now raises
+            self._fold_lookup_counts()
+            self._drain_lookup_counts = None
+            del self.lookup
 
     def __len__(self) -> int:
         """Number of keys present (pending or ready)."""
