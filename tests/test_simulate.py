@@ -54,3 +54,19 @@ def test_cli_writes_plot_csv_json(tmp_path: Path) -> None:
     assert [(r["policy"], int(r["cpu_blocks"])) for r in rows] == [("lru", 8), ("lru", 64), ("arc", 8), ("arc", 64)]
     data = json.loads((out / "results.json").read_text())
     assert len(data["points"]) == 4 and data["working_set_blocks"] > 0
+
+
+def test_block_hash_trace_matches_token_trace(tmp_path: Path) -> None:
+    from kvoffload.sim.request import hash_blocks
+
+    items = list(ChatWorkload(conversations=8, turns=3))
+    tok_path, hash_path = tmp_path / "tokens.jsonl", tmp_path / "hashes.jsonl"
+    write_trace(tok_path, items)
+    with hash_path.open("w") as f:
+        for t in items:
+            n = len(t.prompt_token_ids) // 16 * 16  # whole blocks only: both traces then hash alike
+            f.write(json.dumps({"block_hashes": [h.hex() for h in hash_blocks(t.prompt_token_ids[:n], 16)],
+                                "num_tokens": n, "max_tokens": t.max_tokens}) + "\n")
+    (p_hash,) = simulate(read_trace(hash_path), _SMALL, ["lru"], [400], verbose=False)
+    assert p_hash.cpu_hit_tokens > 0
+    assert working_set_blocks(read_trace(hash_path), 16) == working_set_blocks(items, 16)
