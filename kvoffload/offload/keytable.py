@@ -352,11 +352,12 @@ class SlotTable:
         self.free_list.extend(slots)
         return out
 
-    def release(self, slots: np.ndarray) -> list[bytes]:
+    def release(self, slots: np.ndarray, ready: bool = False) -> list[bytes]:
         """Free ``slots`` (in that order onto the free list); return their keys.
 
-        Updates ``num_pending``/``num_evictable`` from the slots' current state; the caller
-        never releases pinned slots.
+        Updates ``num_pending``/``num_evictable`` from the slots' current state (``ready``:
+        the caller knows they are all ready with ref count 0, i.e. eviction victims); the
+        caller never releases pinned slots.
         """
         if len(slots) == 0:
             return []
@@ -364,8 +365,10 @@ class SlotTable:
         deque(map(self.index.__delitem__, keys), maxlen=0)
         self.keys[slots] = None
         self.gen[slots] += 1
-        states = self.ref[slots]
-        n_pending = int(np.count_nonzero(states == PENDING))
+        if ready:
+            n_pending = 0
+        else:
+            n_pending = int(np.count_nonzero(self.ref[slots] == PENDING))
         self.num_pending -= n_pending
         self.num_evictable -= len(slots) - n_pending
         self.ref[slots] = FREE

@@ -372,18 +372,21 @@ class CPUOffloadingManager(OffloadingManager):
         policy still cannot find them.
         """
         t = self._table
-        mark = t.prot_mark
-        mark[protected] = 1
-        try:
+        if len(protected):
+            mark = t.prot_mark
+            mark[protected] = 1
+            try:
+                victims = self._policy.evict(need, protected)
+            finally:
+                mark[protected] = 0
+        else:
             victims = self._policy.evict(need, protected)
-        finally:
-            mark[protected] = 0
         if victims is None:
             return None
         if len(victims) != need:  # pragma: no cover - policy contract violation
             raise RuntimeError(f"policy {self.cache_policy!r} returned {len(victims)} victims, expected {need}")
         self._n_evictions += need
-        return t.release(victims)
+        return t.release(victims, ready=True)
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         """Finish stores: pending keys become ready (``success``) or are removed (failure).

@@ -71,7 +71,7 @@ class LRUPolicy(CachePolicy):
         if len(victims) < n:
             self.order.restore(victims)
             return None
-        self.order.discard(victims)
+        self.order.discard_taken(victims)
         return victims
 
     # scalar forms for small batches (see CachePolicy)

@@ -119,6 +119,12 @@ class SlotOrder:
             self.member[slots[mine]] = 0
             self.size -= n
 
+    def discard_taken(self, slots: np.ndarray) -> None:
+        """Remove ``slots`` just returned by :meth:`take` (all in this list)."""
+        if len(slots):
+            self.member[slots] = 0
+            self.size -= len(slots)
+
     def on_evictable(self, slots: np.ndarray) -> None:
         """``slots`` just became evictable (ready with ref 0): re-queue the parked ones."""
         if len(slots) == 0:
@@ -276,8 +282,9 @@ class SlotOrder:
             h = self.head
             end = min(self.tail, h + need + max(64, need // 4))
             seg = self.buf[h:end].astype(np.int64)
-            cur = (member[seg] == lid) & (pos[seg] == np.arange(self.base + h, self.base + end, dtype=np.int64))
-            ev = cur & (ref[seg] == 0)
+            ev = ref[seg] == 0
+            ev &= member[seg] == lid
+            ev &= pos[seg] == np.arange(self.base + h, self.base + end, dtype=np.int64)  # current entries
             if has_prot:
                 prot = prot_mark[seg].astype(bool)
                 cand = ev & ~prot
@@ -303,6 +310,8 @@ class SlotOrder:
                 heapq.heappush(heap, (ps, s))
         if len(chunks) == 1:
             return taken
+        if len(chunks) == 2 and not out:
+            return chunks[1]
         return np.concatenate(chunks)
 
     def restore(self, slots: np.ndarray) -> None:
