@@ -9,7 +9,7 @@ by failed stores):
 * a hypothesis ``RuleBasedStateMachine`` per policy (shrinks failures to a minimal sequence);
 * a seeded random fuzzer per policy, cheaper per sequence, for the bulk of the sequences.
 
-Default run: 200 hypothesis sequences + 1,800 fuzzed (scalar, array and mixed paths) + 500
+Default run: 200 hypothesis sequences + 1,800 fuzzed (scalar, array and mixed paths) + 600
 scheduler-shaped sequences per policy (thousands per
 policy in all). With ``KVOFFLOAD_SLOW_TESTS=1``, the ``slow`` tests fuzz 20,000 longer
 sequences per policy (~6 minutes).
@@ -318,13 +318,17 @@ def _fuzz_requests(policy: str, seed: int, n_sequences: int, steps: int) -> None
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
-def test_memo_paths_match_reference(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("small_batch", [0, 3], ids=["array-paths", "mixed-paths"])
+def test_memo_paths_match_reference(policy: str, small_batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memo serves the array paths; with ``small_batch=3`` calls on up to 3 keys take the
+    scalar paths in between, which bypass the memo but change slots under it."""
     import kvoffload.offload.keytable as keytable
 
     monkeypatch.setattr(keytable, "MEMO_MIN_KEYS", 1)
     monkeypatch.setattr(keytable, "MEMO_ENTRIES", 3)
-    _small_paths(monkeypatch, 0)  # the memo serves the array paths
-    _fuzz_requests(policy, seed=77 + POLICY_NAMES.index(policy), n_sequences=500, steps=30)
+    _small_paths(monkeypatch, small_batch, scan_budget=0 if small_batch else 64)
+    seed = 77 + POLICY_NAMES.index(policy) + 10 * small_batch
+    _fuzz_requests(policy, seed=seed, n_sequences=300, steps=30)
 
 
 def test_memo_is_used_and_invalidated(monkeypatch: pytest.MonkeyPatch) -> None:
