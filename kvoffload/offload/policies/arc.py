@@ -134,6 +134,22 @@ class ARCPolicy(CachePolicy):
                 ghost.popitem(last=False)
         return picks[0][0] if len(picks) == 1 else np.concatenate([g for g, _ in picks])
 
+    # scalar forms for small batches (see CachePolicy); eviction and touch use the array forms
+    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+        self.t1.push_back_list(slots)
+        for ghost in (self.b1, self.b2):
+            if ghost:
+                for key in keys:
+                    ghost.pop(key, None)
+
+    def remove_list(self, slots: list[int]) -> None:
+        self.t1.discard_list(slots)
+        self.t2.discard_list(slots)
+
+    def on_evictable_list(self, slots: list[int]) -> None:
+        self.t1.on_evictable_list(slots)
+        self.t2.on_evictable_list(slots)
+
     def clear(self) -> None:
         self.member[:] = 0
         self.t1.clear()

@@ -62,6 +62,7 @@ class S3FIFOPolicy(CachePolicy):
         self.member = np.zeros(capacity, dtype=np.int8)
         self.pos = np.zeros(capacity, dtype=np.int64)
         self.freq = np.zeros(capacity, dtype=np.int8)
+        self._freq_mv = memoryview(self.freq)
         self.small = SlotOrder(_S, self.member, self.pos, capacity)
         self.main = SlotOrder(_M, self.member, self.pos, capacity)
         self.ghost: OrderedDict[bytes, None] = OrderedDict()
@@ -155,6 +156,42 @@ class S3FIFOPolicy(CachePolicy):
         for _ in range(len(self.ghost) - self.capacity):
             self.ghost.popitem(last=False)
         return victims[0] if len(victims) == 1 else np.concatenate(victims)
+
+    # scalar forms for small batches (see CachePolicy); eviction uses the array form
+    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+        freq = self._freq_mv
+        for s in slots:
+            freq[s] = 0
+        ghost = self.ghost
+        if ghost and any(k in ghost for k in keys):
+            small: list[int] = []
+            main: list[int] = []
+            for s, k in zip(slots, keys, strict=True):
+                if k in ghost:
+                    del ghost[k]
+                    main.append(s)
+                else:
+                    small.append(s)
+            self.small.push_back_list(small)
+            self.main.push_back_list(main)
+            return
+        self.small.push_back_list(slots)
+
+    def remove_list(self, slots: list[int]) -> None:
+        self.small.discard_list(slots)
+        self.main.discard_list(slots)
+
+    def touch_list(self, keys: list[bytes], slots: list[int]) -> None:
+        freq = self._freq_mv
+        for s in set(slots):
+            if s >= 0:
+                f = freq[s]
+                if f < _MAX_FREQ:
+                    freq[s] = f + 1
+
+    def on_evictable_list(self, slots: list[int]) -> None:
+        self.small.on_evictable_list(slots)
+        self.main.on_evictable_list(slots)
 
     def clear(self) -> None:
         self.member[:] = 0
