@@ -6,7 +6,9 @@ object in LRU order, a ``ctypes`` struct per block (ref count, slot id; ref coun
 pending), a free list, per-key Python loops. It keeps a count of evictable blocks so that a
 hopeless store fails in O(1), like vLLM, and counts lookup hits/misses (one counter bump per
 lookup, as vLLM's manager and ours do). Same semantics as ``CPUOffloadingManager(lru)``
-(SPEC §2) for valid input; it does no input validation, keeps no events.
+(SPEC §2) for valid input; it does no input validation, keeps no events. Its specs are built
+from ``int64`` arrays, so that the comparison does not depend on the cost of
+``CPULoadStoreSpec``'s per-item checks of a Python list.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import ctypes
 from collections import OrderedDict
 from collections.abc import Iterable
+
+import numpy as np
 
 from kvoffload.offload.base import CPULoadStoreSpec, PrepareStoreOutput, ReqContext
 
@@ -68,7 +72,7 @@ class OrderedDictLRUManager:
                 self.num_evictable -= 1
             block.ref_cnt += 1
             ids.append(block.block_id)
-        return CPULoadStoreSpec(ids)
+        return CPULoadStoreSpec(np.array(ids, dtype=np.int64))
 
     def touch(self, keys: Iterable[bytes], req_context: ReqContext) -> None:
         blocks = self.blocks
@@ -107,7 +111,7 @@ class OrderedDictLRUManager:
                 slot = self.free_list.pop()
             blocks[key] = BlockStatus(slot)
             ids.append(slot)
-        return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(ids), evicted_keys=evicted)
+        return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(np.array(ids, dtype=np.int64)), evicted_keys=evicted)
 
     def evict(self, need: int, protected: set[bytes]) -> list[bytes] | None:
         """Evict the ``need`` least recent ready, unpinned blocks not in ``protected``."""
