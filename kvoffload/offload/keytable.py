@@ -200,7 +200,7 @@ class SlotTable:
         absent = slots < 0
         n_absent = int(np.count_nonzero(absent))
         if n_absent:
-            akeys = lst if n_absent == n else [lst[i] for i in np.flatnonzero(absent).tolist()]
+            akeys = lst if n_absent == n else [lst[i] for i in absent.nonzero()[0].tolist()]
             if set(map(type, akeys)) != {bytes}:
                 validate_keys(lst, name, allow_duplicates=allow_duplicates)
         else:
@@ -238,12 +238,12 @@ class SlotTable:
     def _memo_slots(self, b: _Batch, off: int, n: int) -> np.ndarray:
         end = off + n
         sl = b.slots[off:end]
-        if not np.array_equal(self.gen[sl], b.gen[off:end]):
+        if (self.gen[sl] != b.gen[off:end]).any():
             fresh = self.slots_of(b.keys[off:end])
             b.slots[off:end] = fresh
             b.gen[off:end] = self.gen[fresh]
         elif b.insert_seen != self.insert_count:
-            a = np.flatnonzero(sl < 0)
+            a = (sl < 0).nonzero()[0]
             if len(a):
                 ks = b.keys
                 found = self.slots_of([ks[off + i] for i in a.tolist()])

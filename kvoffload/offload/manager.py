@@ -337,7 +337,7 @@ class CPUOffloadingManager(OffloadingManager):
             positions = None
             to_store = keys_l
         else:
-            positions = np.flatnonzero(absent_mask)
+            positions = absent_mask.nonzero()[0]
             to_store = [keys_l[i] for i in positions.tolist()]
         need = n_new - t.num_free
         evicted: list[bytes] = []
@@ -404,7 +404,7 @@ class CPUOffloadingManager(OffloadingManager):
         t = self._table
         sel_mask = t.ref[slots] == PENDING
         sel_mask &= slots >= 0
-        sel = np.flatnonzero(sel_mask)
+        sel = sel_mask.nonzero()[0]
         if len(sel) == 0:
             return
         pend = slots[sel]

@@ -82,7 +82,7 @@ class ARCPolicy(CachePolicy):
             self.t2.push_back(rp[~in_t1 | ready])
         if (self.b1 or self.b2) and len(present) < len(keys):
             b1, b2 = self.b1, self.b2
-            for i in np.flatnonzero(~present_mask)[::-1].tolist():
+            for i in (~present_mask).nonzero()[0][::-1].tolist():
                 key = keys[i]
                 if key in b1:
                     delta = max(1.0, len(b2) / len(b1))

@@ -242,7 +242,7 @@ class SlotOrder:
         seg = self.buf[self.head : self.tail].astype(np.int64)
         idx = np.arange(self.base + self.head, self.base + self.tail, dtype=np.int64)
         cur = seg[(self.member[seg] == self.lid) & (self.pos[seg] == idx)] if len(seg) else seg
-        parked = np.flatnonzero((self.member == self.lid) & (self.pos < self.base + self.head))
+        parked = ((self.member == self.lid) & (self.pos < self.base + self.head)).nonzero()[0]
         parked = parked[np.argsort(self.pos[parked], kind="stable")]
         return parked.tolist() + cur.tolist()
 
@@ -291,14 +291,14 @@ class SlotOrder:
             else:
                 prot = None
                 cand = ev
-            idx = np.flatnonzero(cand)
+            idx = cand.nonzero()[0]
             if len(idx) >= need:
                 idx = idx[:need]
                 consumed = int(idx[-1]) + 1
             else:
                 consumed = end - h
             if prot is not None:
-                pe = np.flatnonzero(ev[:consumed] & prot[:consumed])
+                pe = (ev[:consumed] & prot[:consumed]).nonzero()[0]
                 for s in seg[pe].tolist():
                     deferred.append((int(pos[s]), s))
             chunks.append(seg[idx])

@@ -74,7 +74,7 @@ class S3FIFOPolicy(CachePolicy):
         if ghost:
             hit = np.fromiter((k in ghost for k in keys), dtype=bool, count=len(keys))
             if hit.any():
-                for i in np.flatnonzero(hit).tolist():
+                for i in hit.nonzero()[0].tolist():
                     del ghost[keys[i]]
                 self.small.push_back(slots[~hit])
                 self.main.push_back(slots[hit])
