@@ -111,7 +111,8 @@ class OrderedDictLRUManager:
                 slot = self.free_list.pop()
             blocks[key] = BlockStatus(slot)
             ids.append(slot)
-        return PrepareStoreOutput(keys_to_store=to_store, store_spec=CPULoadStoreSpec(np.array(ids, dtype=np.int64)), evicted_keys=evicted)
+        spec = CPULoadStoreSpec(np.array(ids, dtype=np.int64))
+        return PrepareStoreOutput(keys_to_store=to_store, store_spec=spec, evicted_keys=evicted)
 
     def evict(self, need: int, protected: set[bytes]) -> list[bytes] | None:
         """Evict the ``need`` least recent ready, unpinned blocks not in ``protected``."""

@@ -5,13 +5,15 @@
 :class:`~kvoffload.offload.policies.base.CachePolicy` (``lru``, ``arc``, ``s3fifo`` or
 ``"module:Class"``). Batches are handled with array operations: a call on ``k`` keys costs a
 C-level dict pass over the keys plus a fixed number of numpy operations on ``k`` elements,
-independent of the pool's capacity.
+independent of the pool's capacity. Calls on a few keys (a ``list`` of at most
+:data:`~kvoffload.offload.manager_small.SMALL_BATCH`, e.g. one block per request in decode)
+take the scalar paths of :mod:`kvoffload.offload.manager_small` instead: a numpy call costs
+about a microsecond whatever its size, which would dominate them.
 """
 
 from __future__ import annotations
 
 import logging
-from array import array
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -32,7 +34,7 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING, Resolved, SlotTable
-from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec
+from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
 from kvoffload.offload.manager_stats import COUNTERS, ClosedIndex, OffloadingStats, check_bool
 from kvoffload.offload.policies.base import CachePolicy, get_policy_class
 
@@ -45,47 +47,6 @@ CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 #: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready)
 _CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
-
-
-def _make_lookup(
-    index: dict[bytes, int], ref: array
-) -> tuple[Callable[[OffloadKey, ReqContext], bool | None], Callable[[], tuple[int, int, int]]]:
-    """A per-instance ``lookup`` closure over the key index and the state buffer, and a
-    function that returns and resets its (hits, pending hits, misses) counters.
-
-    Same behaviour as :meth:`CPUOffloadingManager.lookup`; closure cells instead of
-    attribute loads on ``self`` make a lookup miss cost no more than a bare ``dict.get``
-    plus one call (the type check a miss needs is then paid for).
-    """
-    hits = pending = misses = 0
-    get = index.get
-
-    def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
-        nonlocal hits, pending, misses
-        try:
-            s = get(key)
-        except TypeError:  # unhashable
-            validate_keys([key], "key")
-            raise
-        if s is None:
-            if key.__class__ is not bytes:
-                validate_keys([key], "key")
-            misses += 1
-            return False
-        if ref[s] >= 0:
-            hits += 1
-            return True
-        pending += 1
-        return None
-
-    def drain() -> tuple[int, int, int]:
-        nonlocal hits, pending, misses
-        out = (hits, pending, misses)
-        hits = pending = misses = 0
-        return out
-
-    lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
-    return lookup, drain
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -110,12 +71,15 @@ class CPUOffloadingManager(OffloadingManager):
     pool's capacity nor on how many pinned blocks sit at the old end; the log is compacted
     (O(capacity)) at most once per ``capacity`` appends. A ``prepare_store`` that cannot
     make room fails in O(1) (the manager counts evictable blocks exactly). Not thread-safe:
-    call it from the scheduler's thread, like vLLM's manager.
+    call it from the scheduler's thread, like vLLM's manager. Calls on at most
+    ``SMALL_BATCH`` (32) keys given as a ``list`` run scalar code over the same arrays
+    (:mod:`kvoffload.offload.manager_small`), with the same results and errors.
 
-    ``lookup_batch`` is the vectorised form of ``lookup`` for schedulers that look up a whole
-    prompt at once. A key object that is not ``bytes`` but compares equal to a stored key
-    (e.g. a ``memoryview`` of it) is treated as that key by lookups; keys that are stored are
-    always exactly ``bytes``.
+    ``lookup`` is a per-instance closure (same contract as the method below) so that a miss
+    costs no more than in a plain ``dict``-based manager. ``lookup_batch`` is the vectorised
+    form of ``lookup`` for schedulers that look up a whole prompt at once. A key object that
+    is not ``bytes`` but compares equal to a stored key (e.g. a ``memoryview`` of it) is
+    treated as that key by lookups; keys that are stored are always exactly ``bytes``.
 
     Args:
         num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
@@ -157,7 +121,8 @@ class CPUOffloadingManager(OffloadingManager):
         self._ref_buf = self._table.ref_buf
         self._drain_lookup_counts: Callable[[], tuple[int, int, int]] | None = None
         if type(self).lookup is CPUOffloadingManager.lookup:  # not overridden by a subclass
-            self.lookup, self._drain_lookup_counts = _make_lookup(self._index, self._ref_buf)  # type: ignore[method-assign]
+            self.lookup, self._drain_lookup_counts = make_lookup(self._index, self._ref_buf)  # type: ignore[method-assign]
+            self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
 
     # ------------------------------------------------------------------ helpers
     @property

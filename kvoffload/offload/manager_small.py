@@ -1,4 +1,4 @@
-"""Small-batch paths of :class:`~kvoffload.offload.manager.CPUOffloadingManager` (scalar code, no numpy).
+"""Scalar fast paths of :class:`~kvoffload.offload.manager.CPUOffloadingManager`: small batches, per-key lookup.
 
 A scheduler in decode calls the manager with one or a few keys at a time (a request's block
 just filled: ``prepare_store([key])``, then ``complete_store([key])``). A numpy call costs
@@ -17,6 +17,8 @@ which raises the typed error or handles the unusual input.
 from __future__ import annotations
 
 import logging
+from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,7 +29,10 @@ from kvoffload.offload.base import (
     LOOKUP_PENDING,
     CPULoadStoreSpec,
     OffloadingEvent,
+    OffloadKey,
     PrepareStoreOutput,
+    ReqContext,
+    validate_keys,
 )
 from kvoffload.offload.keytable import PENDING
 
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SMALL_BATCH", "FALLBACK", "cpu_spec"]
+__all__ = ["SMALL_BATCH", "FALLBACK", "cpu_spec", "make_lookup"]
 
 #: Calls on at most this many keys (a ``list``) take the scalar paths of this module.
 SMALL_BATCH = 32
@@ -55,6 +60,47 @@ def cpu_spec(slots: np.ndarray) -> CPULoadStoreSpec:
     spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
     spec.block_ids = slots
     return spec
+
+
+def make_lookup(
+    index: dict[bytes, int], ref: array
+) -> tuple[Callable[[OffloadKey, ReqContext], bool | None], Callable[[], tuple[int, int, int]]]:
+    """A per-instance ``lookup`` closure over the key index and the state buffer, and a
+    function that returns and resets its (hits, pending hits, misses) counters.
+
+    Same behaviour as :meth:`CPUOffloadingManager.lookup` (True ready, False absent, None
+    pending; a non-``bytes`` key that is absent is an ``InvalidTypeError``). Closure cells
+    instead of attribute loads on ``self`` make a lookup miss cost no more than a bare
+    ``dict.get`` plus one call (the type check a miss needs is then paid for).
+    """
+    hits = pending = misses = 0
+    get = index.get
+
+    def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
+        nonlocal hits, pending, misses
+        try:
+            s = get(key)
+        except TypeError:  # unhashable
+            validate_keys([key], "key")
+            raise
+        if s is None:
+            if key.__class__ is not bytes:
+                validate_keys([key], "key")
+            misses += 1
+            return False
+        if ref[s] >= 0:
+            hits += 1
+            return True
+        pending += 1
+        return None
+
+    def drain() -> tuple[int, int, int]:
+        nonlocal hits, pending, misses
+        out = (hits, pending, misses)
+        hits = pending = misses = 0
+        return out
+
+    return lookup, drain
 
 
 def _slots_or_fallback(m: CPUOffloadingManager, keys: list[bytes]) -> list[int | None] | None:
