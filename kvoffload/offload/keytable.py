@@ -199,12 +199,13 @@ class SlotTable:
             raise
         absent = slots < 0
         n_absent = int(np.count_nonzero(absent))
-        if n_absent:
+        akeys: list[bytes] | None = None  # the absent keys, gathered only when needed
+        # every absent item must be exactly bytes (present ones compare equal to a stored key):
+        # one C pass over all items first, the absent ones only if that finds another type
+        if n_absent and set(map(type, lst)) != {bytes}:
             akeys = lst if n_absent == n else [lst[i] for i in absent.nonzero()[0].tolist()]
             if set(map(type, akeys)) != {bytes}:
                 validate_keys(lst, name, allow_duplicates=allow_duplicates)
-        else:
-            akeys = []
         unique = False
         if not allow_duplicates:
             present = slots[~absent] if n_absent else slots
@@ -212,8 +213,11 @@ class SlotTable:
                 srt = np.sort(present)
                 if (srt[1:] == srt[:-1]).any():
                     validate_keys(lst, name, allow_duplicates=False)
-            if len(akeys) > 1 and len(set(akeys)) != len(akeys):
-                validate_keys(lst, name, allow_duplicates=False)
+            if n_absent > 1:
+                if akeys is None:
+                    akeys = lst if n_absent == n else [lst[i] for i in absent.nonzero()[0].tolist()]
+                if len(set(akeys)) != len(akeys):
+                    validate_keys(lst, name, allow_duplicates=False)
             unique = True
         lst = list(lst)
         if remember and n >= MEMO_MIN_KEYS and self.num_blocks:
