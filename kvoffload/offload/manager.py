@@ -297,7 +297,7 @@ class CPUOffloadingManager(OffloadingManager):
         n_present = len(keys_l) - n_new
         if n_new == 0:
             self._n_stores_skipped += n_present
-            return PrepareStoreOutput(keys_to_store=[], store_spec=CPULoadStoreSpec(_EMPTY_I64), evicted_keys=[])
+            return PrepareStoreOutput(keys_to_store=[], store_spec=cpu_spec(np.zeros(0, np.int64)), evicted_keys=[])
         if n_present == 0:
             positions = None
             to_store = keys_l

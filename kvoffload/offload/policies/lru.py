@@ -51,7 +51,7 @@ class LRUPolicy(CachePolicy):
         self.order = SlotOrder(1, self.member, self.pos, capacity)
 
     def insert(self, slots: np.ndarray, keys: list[bytes]) -> None:
-        self.order.push_back(slots)
+        self.order.push_back(slots, fresh=True)
 
     def remove(self, slots: np.ndarray) -> None:
         self.order.discard(slots)

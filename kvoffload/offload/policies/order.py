@@ -89,16 +89,19 @@ class SlotOrder:
         """Boolean mask: which of ``slots`` are in this list."""
         return self.member[slots] == self.lid
 
-    def push_back(self, slots: np.ndarray, members: bool = False) -> None:
+    def push_back(self, slots: np.ndarray, members: bool = False, fresh: bool = False) -> None:
         """Append distinct ``slots`` at the newest end, in order (the last one is the newest).
 
         Slots already in this list move; slots in another list must have been discarded
-        from it first. ``members=True`` promises that every slot is already in this list.
+        from it first. ``members=True`` promises that every slot is already in this list,
+        ``fresh=True`` that none is in any list (blocks just allocated).
         """
         k = len(slots)
         if k == 0:
             return
-        if not members:
+        if fresh:
+            self.size += k
+        elif not members:
             self.size += int(np.count_nonzero(self.member[slots] != self.lid))
         if self.tail + k > len(self.buf):
             self._compact(k)
