@@ -159,12 +159,21 @@ def bench_lookup(capacity: int, n: int = 20000, rounds: int = 5) -> dict[str, An
     return out
 
 
+def _evict_now(m: Any, impl: str, k: int) -> Any:
+    """Evict ``k`` blocks (no protected keys) through the implementation's internal step."""
+    return m._evict(k, np.zeros(0, dtype=np.int64)) if impl == "ours" else m.evict(k, set())
+
+
 def bench_evict(capacity: int, k: int = 1000, pinned_fraction: float = 0.0, repeats: int = 7) -> dict[str, Any]:
     """Evicting ``k`` blocks from a full pool of ready blocks.
 
     ``*_evict_ms``: the eviction itself (choose ``k`` victims in LRU order, forget them, free
-    their slots; what ``prepare_store`` does before allocating). ``*_store_ms``: a whole
-    ``prepare_store`` of ``k`` new keys on the full pool (eviction + allocation + insertion).
+    their slots; what ``prepare_store`` does before allocating), timed right after a full
+    ``gc.collect()`` -- whose traversal of the caller's million-key list flushes the CPU
+    caches, so this is the cold case (the target is checked on it). ``*_evict_warm_ms``: the
+    same straight after other manager calls (gc disabled), as inside a scheduler step.
+    ``*_store_ms``: a whole ``prepare_store`` of ``k`` new keys on the full pool (eviction +
+    allocation + insertion).
     Medians of ``repeats``; the pool is refilled between repeats (untimed).
     """
     keys = _filler(capacity, seed=13)
@@ -175,14 +184,23 @@ def bench_evict(capacity: int, k: int = 1000, pinned_fraction: float = 0.0, repe
         _prefill(m, keys)
         if n_pin:
             m.prepare_load(keys[:n_pin], CTX)
-        ev_times, st_times = [], []
+        ev_times, warm_times, st_times = [], [], []
         for r in range(repeats):
-            gc.collect()
+            gc.collect()  # cold: right after a full collection (caches flushed by its traversal)
             t = time.perf_counter()
-            got = m._evict(k, np.zeros(0, dtype=np.int64)) if impl == "ours" else m.evict(k, set())
+            got = _evict_now(m, impl, k)
             ev_times.append((time.perf_counter() - t) * 1e3)
             assert got is not None and len(got) == k
             refill = _filler(k, seed=5000 + r)
+            m.prepare_store(refill, CTX)
+            m.complete_store(refill, CTX)
+            gc.disable()  # warm: straight after other manager calls, as inside a scheduler step
+            t = time.perf_counter()
+            got = _evict_now(m, impl, k)
+            warm_times.append((time.perf_counter() - t) * 1e3)
+            gc.enable()
+            assert got is not None and len(got) == k
+            refill = _filler(k, seed=7000 + r)
             m.prepare_store(refill, CTX)
             m.complete_store(refill, CTX)
             new = _filler(k, seed=1000 + r)
@@ -195,10 +213,12 @@ def bench_evict(capacity: int, k: int = 1000, pinned_fraction: float = 0.0, repe
             assert res is not None and len(res.evicted_keys) == k
             m.complete_store(new, CTX)
         out[f"{impl}_evict_ms"] = round(statistics.median(ev_times), 3)
+        out[f"{impl}_evict_warm_ms"] = round(statistics.median(warm_times), 3)
         out[f"{impl}_store_ms"] = round(statistics.median(st_times), 3)
         del m
         gc.collect()
     out["ratio_evict"] = round(out["baseline_evict_ms"] / out["ours_evict_ms"], 2)
+    out["ratio_evict_warm"] = round(out["baseline_evict_warm_ms"] / out["ours_evict_warm_ms"], 2)
     out["ratio_store"] = round(out["baseline_store_ms"] / out["ours_store_ms"], 2)
     return out
 
@@ -276,7 +296,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             result["evict_1000"].append(r)
             print(
                 f"evict 1000  cap={c:>9,}  pinned at old end={r['pinned_at_old_end']:>7,}  "
-                f"evict: ours {r['ours_evict_ms']:6.3f} ms base {r['baseline_evict_ms']:7.3f} ms | "
+                f"evict: ours {r['ours_evict_ms']:6.3f} ms base {r['baseline_evict_ms']:7.3f} ms "
+                f"(warm: ours {r['ours_evict_warm_ms']:6.3f} base {r['baseline_evict_warm_ms']:7.3f}) | "
                 f"prepare_store(1000 new): ours {r['ours_store_ms']:6.3f} ms base {r['baseline_store_ms']:7.3f} ms",
                 flush=True,
             )
@@ -331,10 +352,12 @@ def _targets(result: dict[str, Any]) -> dict[str, Any]:
         + f" / >= 1x  {'MET' if lk else 'MISSED'}"
     )
     ev = max(r["ours_evict_ms"] for r in result["evict_1000"])
+    evw = max(r["ours_evict_warm_ms"] for r in result["evict_1000"])
     st = max(r["ours_store_ms"] for r in result["evict_1000"])
     ok["evict_0.5ms"] = ev <= 0.5
     lines.append(
-        f"evict 1000 blocks, worst case: {ev} ms (whole prepare_store of 1000 new keys: {st} ms) / <= 0.5 ms  "
+        f"evict 1000 blocks, worst case: {ev} ms cold, {evw} ms warm (whole prepare_store of 1000 new keys: "
+        f"{st} ms) / <= 0.5 ms (cold)  "
         f"{'MET' if ok['evict_0.5ms'] else 'MISSED'}"
     )
     mem = result["memory"]["ratio_lru_vs_baseline_ctypes"]
