@@ -358,7 +358,8 @@ class CPUOffloadingManager(OffloadingManager):
 
         Ready keys are untouched and absent keys ignored, in both cases.
         """
-        success = check_bool(success, "success")
+        if success.__class__ is not bool:
+            success = check_bool(success, "success")
         if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
             if _small.complete_store_small(self, keys, success) is not FALLBACK:  # type: ignore[arg-type]
                 return

@@ -149,10 +149,19 @@ def touch_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
 def prepare_store_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
     """:meth:`CPUOffloadingManager.prepare_store` for a few keys."""
     n = len(keys)
-    slots = _slots_or_fallback(m, keys)
-    if slots is None or (n > 1 and len(set(keys)) != n):
-        return FALLBACK
-    to_store = [k for k, s in zip(keys, slots, strict=True) if s is None]
+    slots: list[int | None] | None
+    if n == 1:  # the decode-step case: one block per request
+        k = keys[0]
+        if k.__class__ is not bytes:
+            return FALLBACK
+        s1 = m._index.get(k)
+        slots = [s1]
+        to_store = [k] if s1 is None else []
+    else:
+        slots = _slots_or_fallback(m, keys)
+        if slots is None or (n > 1 and len(set(keys)) != n):
+            return FALLBACK
+        to_store = [k for k, s in zip(keys, slots, strict=True) if s is None]
     n_new = len(to_store)
     n_present = n - n_new
     if n_new == 0:
@@ -201,18 +210,30 @@ def prepare_store_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
 
 def complete_store_small(m: CPUOffloadingManager, keys: list[bytes], success: bool) -> object:
     """:meth:`CPUOffloadingManager.complete_store` for a few keys (repeats allowed)."""
-    slots = _slots_or_fallback(m, keys)
-    if slots is None:
-        return FALLBACK
     ref = m._ref_buf
-    sel: list[int] = []
-    done: list[bytes] = []
-    for k, s in zip(keys, slots, strict=True):
-        if s is not None and ref[s] == PENDING and s not in sel:
-            sel.append(s)
-            done.append(k)
-    if not sel:
-        return None
+    sel: list[int]
+    done: list[bytes]
+    if len(keys) == 1:  # the decode-step case: one block per request
+        k = keys[0]
+        if k.__class__ is not bytes:
+            return FALLBACK
+        s1 = m._index.get(k)
+        if s1 is None or ref[s1] != PENDING:
+            return None
+        sel = [s1]
+        done = [k]
+    else:
+        slots = _slots_or_fallback(m, keys)
+        if slots is None:
+            return FALLBACK
+        sel = []
+        done = []
+        for k, s in zip(keys, slots, strict=True):
+            if s is not None and ref[s] == PENDING and s not in sel:
+                sel.append(s)
+                done.append(k)
+        if not sel:
+            return None
     t = m._table
     if success:
         for s in sel:
