@@ -54,9 +54,12 @@ def check_int(value: object, name: str, minimum: int | None = None) -> int:
     strings with :class:`InvalidTypeError`, and values below ``minimum`` with
     :class:`InvalidArgumentError`.
     """
-    if isinstance(value, bool) or not isinstance(value, Integral):
+    if type(value) is int:  # the common case, ~10x cheaper than the ABC check below
+        v = value
+    elif isinstance(value, bool) or not isinstance(value, Integral):
         raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
+    else:
+        v = int(value)
     if minimum is not None and v < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {v}")
     return v

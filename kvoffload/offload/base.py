@@ -134,9 +134,10 @@ def _as_id_array(values: object, name: str) -> np.ndarray:
         arr = values
     else:
         seq = list(values)  # type: ignore[call-overload]
-        for i, v in enumerate(seq):
-            check_int(v, f"{name}[{i}]")
-        arr = np.asarray(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
+        if not all(type(v) is int for v in seq):  # slow path only to name the offending item
+            for i, v in enumerate(seq):
+                check_int(v, f"{name}[{i}]")
+        arr = np.array(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)):
         raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
