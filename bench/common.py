@@ -117,7 +117,7 @@ def provenance() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")),
         "argv": sys.argv,
     }
     if torch.cuda.is_available():
