@@ -31,15 +31,15 @@ __all__ = ["DemoSettings", "drive", "run_chat", "run_demo", "format_summary", "s
 class DemoSettings:
     """Sizes of the demo; the defaults run in well under a minute on a 2-core CPU."""
 
-    conversations: int = 64
-    turns: int = 5
+    conversations: int = 128
+    turns: int = 6
     gpu_block_size: int = 16
     block_size_factor: int = 2
-    num_layers: int = 4
-    num_heads: int = 4
+    num_layers: int = 8
+    num_heads: int = 8
     head_dim: int = 64
-    gpu_blocks: int = 256
-    cpu_blocks: int = 640
+    gpu_blocks: int = 512
+    cpu_blocks: int = 1536
     max_concurrent: int = 16
     policy: str = "lru"
     backend: str | None = None
