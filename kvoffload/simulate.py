@@ -160,7 +160,10 @@ def run_simulate(args: argparse.Namespace) -> int:
                                                   "settings": asdict(settings), "points": rows}, indent=2) + "\n")
     png = plot_hit_rates(points, out / "hit_rate.png", f"CPU-tier hit rate vs capacity — {source}", offloaded)
     top = max(p.cpu_hit_rate for p in points)
-    for policy in policies:
+    if top == 0:
+        print(f"no CPU-tier hits at any capacity: the GPU cache ({settings.gpu_blocks} blocks) holds the working "
+              "set; try a smaller --gpu-blocks")
+    for policy in policies if top > 0 else ():
         enough = [p for p in points if p.policy == policy and p.cpu_hit_rate >= 0.95 * top]
         where = f"{min(p.cpu_blocks for p in enough)} blocks" if enough else "no capacity tried"
         print(f"{policy}: 95% of the best CPU-tier hit rate ({top:.1%}) from {where}")
