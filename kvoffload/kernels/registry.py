@@ -245,9 +245,15 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
 
 
 def kernel_mode() -> str:
-    """``"compiled"`` (triton + CUDA), ``"interpreted"`` (triton without CUDA) or ``"unavailable"``."""
+    """``"compiled"`` (triton + CUDA), ``"interpreted"`` (triton's interpreter on CPU) or
+    ``"unavailable"`` (no triton, or an interpreter that cannot run the kernel: ``"unavailable: why"``)."""
     try:
         importlib.import_module("triton")
     except Exception:  # noqa: BLE001 - a broken triton install is "unavailable"
         return "unavailable"
-    return "compiled" if torch.cuda.is_available() else "interpreted"
+    if torch.cuda.is_available():
+        return "compiled"
+    from kvoffload.kernels.triton_backend import interpreter_problem  # noqa: PLC0415
+
+    problem = interpreter_problem()
+    return "interpreted" if problem is None else f"unavailable: {problem}"

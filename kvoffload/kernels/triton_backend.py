@@ -30,7 +30,7 @@ from kvoffload.kernels.registry import KernelBackend
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TritonBackend", "job_alignment"]
+__all__ = ["TritonBackend", "job_alignment", "interpreter_problem"]
 
 _interp_lock = threading.Lock()
 
@@ -50,6 +50,31 @@ def _kernels() -> tuple[Any, Any]:
     from kvoffload.kernels.triton_kernels import copy_records_kernel  # noqa: PLC0415
 
     return copy_records_kernel, InterpretedFunction(copy_records_kernel.fn)
+
+
+@functools.lru_cache(maxsize=1)
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run the kernel here, or None if it can.
+
+    Runs a tiny kernel with a run-time loop bound through the interpreter once per process:
+    Triton <= 3.6's interpreter converts such bounds with ``int()`` on a 1-element array, which
+    NumPy >= 2.4 refuses, so the CPU path needs a newer Triton or an older NumPy.
+    """
+    try:
+        from triton.runtime.interpreter import InterpretedFunction  # noqa: PLC0415
+
+        from kvoffload.kernels.triton_kernels import interpreter_probe_kernel  # noqa: PLC0415
+
+        out = torch.zeros(1, dtype=torch.int64)
+        InterpretedFunction(interpreter_probe_kernel.fn)[(1,)](out, 3)
+        if int(out.item()) != 3:
+            return f"the interpreter computed {int(out.item())} instead of 3"
+    except Exception as exc:  # noqa: BLE001 - any failure means the interpreter cannot be used
+        import numpy  # noqa: PLC0415
+
+        return (f"triton {_triton().__version__} interpreter fails with numpy {numpy.__version__} "
+                f"({type(exc).__name__}: {str(exc)[:120]}); use triton >= 3.7 or numpy < 2.4")
+    return None
 
 
 def _word(alignment: int) -> tuple[Any, int]:
@@ -135,7 +160,12 @@ class TritonBackend(KernelBackend):
         except Exception as exc:  # noqa: BLE001 - any import problem means "cannot run"
             logger.debug("triton backend unavailable: %s", exc)
             return False
-        return device.type == "cpu" or torch.cuda.is_available()
+        if device.type == "cuda":
+            return torch.cuda.is_available()
+        problem = interpreter_problem()
+        if problem is not None:
+            logger.debug("triton backend unavailable on CPU: %s", problem)
+        return problem is None
 
     def config(self, device: torch.device) -> LaunchConfig:
         """Effective launch parameters for ``device``."""

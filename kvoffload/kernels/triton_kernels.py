@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["copy_records_kernel"]
+__all__ = ["copy_records_kernel", "interpreter_probe_kernel"]
 
 
 @triton.jit(do_not_specialize=["n_job", "max_views"])
@@ -78,3 +78,13 @@ def copy_records_kernel(
                 else:
                     x = tl.load(host_ptr + host_base + idx, mask=mask)
                     tl.store(cache_ptr + cache_base + idx, x, mask=mask)
+
+
+@triton.jit
+def interpreter_probe_kernel(out_ptr, n):
+    """Counts to ``n`` in a loop with a run-time bound: what :func:`copy_records_kernel` needs
+    from Triton's interpreter (Triton <= 3.6 cannot do it under NumPy >= 2.4)."""
+    acc = 0
+    for _ in range(0, n):
+        acc += 1
+    tl.store(out_ptr, acc)

@@ -36,6 +36,7 @@ def test_bad_input_cuda(backend_name: str, bad, direction: str) -> None:  # type
     check_bad_input(get_backend(backend_name, "cuda"), case, make_job(case, case.table(), seed=14), bad, direction)
 
 
+@pytest.mark.interpreter
 def test_empty_group_accepts_any_nonnegative_block_and_moves_nothing() -> None:
     case = build_case("flash_attn", "fp16", seed=63)  # group 2 is empty
     table = case.table()

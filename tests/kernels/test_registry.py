@@ -34,6 +34,7 @@ def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_BACKEND, raising=False)
 
 
+@pytest.mark.interpreter
 def test_builtins_registered_and_auto_choice_on_cpu() -> None:
     assert {"torch", "triton", "dma"} <= set(registered_backends())
     assert get_backend(device="cpu").name == "torch"
@@ -43,6 +44,7 @@ def test_builtins_registered_and_auto_choice_on_cpu() -> None:
     assert "torch" in names and "triton" in names and "dma" not in names
 
 
+@pytest.mark.interpreter
 def test_env_var_selects_and_explicit_unavailable_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_BACKEND, "triton")
     assert get_backend(device="cpu").name == "triton"
@@ -118,8 +120,22 @@ def test_auto_fallback_logs_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest
 
 
 def test_kernel_mode_and_abstract_base() -> None:
-    assert kernel_mode() in ("compiled", "interpreted", "unavailable")
+    from kvoffload.kernels.triton_backend import interpreter_problem
+
+    mode = kernel_mode()
+    assert mode.split(":")[0] in ("compiled", "interpreted", "unavailable")
     if not torch.cuda.is_available():
-        assert kernel_mode() == "interpreted"
+        problem = interpreter_problem()
+        assert mode == ("interpreted" if problem is None else f"unavailable: {problem}")
     with pytest.raises(TypeError):
         KernelBackend()  # type: ignore[abstract]
+
+
+def test_interpreter_probe_agrees_with_availability() -> None:
+    from kvoffload.kernels.triton_backend import TritonBackend, interpreter_problem
+
+    problem = interpreter_problem()
+    assert TritonBackend.is_available(torch.device("cpu")) is (problem is None)
+    assert ("triton" in available_backends("cpu")) is (problem is None)
+    if problem is not None:  # the reason names the versions and the way out
+        assert "numpy" in problem or "triton" in problem
