@@ -169,16 +169,3 @@ class SlottedOrderedDictLRUManager(OrderedDictLRUManager):
                 new = SlottedBlock(old.block_id)
                 self.blocks[key] = new
         return out
-
-    def complete_store(self, keys: Iterable[bytes], req_context: ReqContext, success: bool = True) -> None:
-        blocks = self.blocks
-        for key in keys:
-            block = blocks.get(key)
-            if block is None or block.ref_cnt >= 0:
-                continue
-            if success:
-                block.ref_cnt = 0
-                self.num_evictable += 1
-            else:
-                del blocks[key]
-                self.free_list.append(block.block_id)
