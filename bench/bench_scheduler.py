@@ -245,8 +245,13 @@ def run(quick: bool = False) -> dict[str, Any]:
     capacity = 1_000_000
     n_running = 256
     n_steps = 64 if quick else 400
-    result: dict[str, Any] = {"quick": quick, "capacity": capacity, "running_requests": n_running,
-                              "prompt_tokens": PROMPT, "gpu_block_size": BLOCK}
+    result: dict[str, Any] = {
+        "quick": quick,
+        "capacity": capacity,
+        "running_requests": n_running,
+        "prompt_tokens": PROMPT,
+        "gpu_block_size": BLOCK,
+    }
     ours = CPUOffloadingManager(capacity)
     _fill(ours, capacity)
     result["decode"] = bench_decode(ours, n_running, n_steps)
@@ -277,16 +282,22 @@ def run(quick: bool = False) -> dict[str, Any]:
     own = result["decode_null_manager"]["us_per_step_mean"]
     result["scheduler_own_us_per_step"] = own
     result["manager_share_of_step"] = round(max(0.0, d["us_per_step_mean"] - own) / d["us_per_step_mean"], 3)
-    print(f"-- target: decode step {d['us_per_step_mean']} us (p99 {d['us_per_step_p99']} us) / <= 1000 us "
-          f"{'MET' if result['target_met'] else 'MISSED'}; {d['us_per_request']} us per request; "
-          f"{result['ratio_decode_to_bare_loop']}x the bare step loop; scheduler alone {own} us/step "
-          f"(the manager's calls are {result['manager_share_of_step']:.0%} of the step)", flush=True)
+    print(
+        f"-- target: decode step {d['us_per_step_mean']} us (p99 {d['us_per_step_p99']} us) / <= 1000 us "
+        f"{'MET' if result['target_met'] else 'MISSED'}; {d['us_per_request']} us per request; "
+        f"{result['ratio_decode_to_bare_loop']}x the bare step loop; scheduler alone {own} us/step "
+        f"(the manager's calls are {result['manager_share_of_step']:.0%} of the step)",
+        flush=True,
+    )
     return result
 
 
 def _print(name: str, r: dict[str, Any]) -> None:
-    print(f"{name:32s} mean {r['us_per_step_mean']:8.1f} us/step  median {r['us_per_step_median']:8.1f}  "
-          f"p99 {r['us_per_step_p99']:8.1f}  {r['us_per_request']:7.3f} us/request", flush=True)
+    print(
+        f"{name:32s} mean {r['us_per_step_mean']:8.1f} us/step  median {r['us_per_step_median']:8.1f}  "
+        f"p99 {r['us_per_step_p99']:8.1f}  {r['us_per_request']:7.3f} us/request",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,8 +103,9 @@ def _make_table(shape: Shape, block_size: int, num_blocks: int, device: torch.de
     return KVCacheTable.from_tensors([tensors], shape.layout)
 
 
-def _job(rng: np.random.Generator, num_gpu_blocks: int, blocks: int, record_bytes: int,
-         host_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _job(
+    rng: np.random.Generator, num_gpu_blocks: int, blocks: int, record_bytes: int, host_bytes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     block_ids = rng.permutation(num_gpu_blocks)[:blocks].astype(np.int64)
     slots = rng.permutation(host_bytes // record_bytes)[:blocks].astype(np.int64)
     return block_ids, np.zeros(blocks, dtype=np.int32), slots * record_bytes
@@ -140,9 +141,17 @@ def _time_gpu(fn: Callable[[], object], quick: bool) -> float:
 # --------------------------------------------------------------------------- one case
 
 
-def _bench_case(shape: Shape, block_size: int, table: KVCacheTable, pool: torch.Tensor, pages: int,
-                backends: dict[str, KernelBackend], rng: np.random.Generator, gpu: bool,
-                quick: bool) -> list[dict[str, Any]]:
+def _bench_case(
+    shape: Shape,
+    block_size: int,
+    table: KVCacheTable,
+    pool: torch.Tensor,
+    pages: int,
+    backends: dict[str, KernelBackend],
+    rng: np.random.Generator,
+    gpu: bool,
+    quick: bool,
+) -> list[dict[str, Any]]:
     group = table.groups[0]
     blocks = max(1, pages // shape.num_views)
     job = _job(rng, group.num_blocks, blocks, group.record_bytes, pool.numel())
@@ -150,12 +159,14 @@ def _bench_case(shape: Shape, block_size: int, table: KVCacheTable, pool: torch.
     dev = table.device
     contiguous = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     host = pool[:nbytes]
-    timer: Callable[[Callable[[], object]], float] = (
-        (lambda f: _time_gpu(f, quick)) if gpu else _time_cpu
-    )
+    timer: Callable[[Callable[[], object]], float] = (lambda f: _time_gpu(f, quick)) if gpu else _time_cpu
     base = {
-        "shape": shape.name, "block_size": block_size, "page_bytes": group.views[0].page_bytes,
-        "pages": blocks * shape.num_views, "blocks": blocks, "bytes": nbytes,
+        "shape": shape.name,
+        "block_size": block_size,
+        "page_bytes": group.views[0].page_bytes,
+        "pages": blocks * shape.num_views,
+        "blocks": blocks,
+        "bytes": nbytes,
     }
     rows = []
     for direction in ("pack", "unpack"):
@@ -166,19 +177,36 @@ def _bench_case(shape: Shape, block_size: int, table: KVCacheTable, pool: torch.
             peak_fn = lambda: contiguous.copy_(host, non_blocking=gpu)  # noqa: E731
         peak_ms = timer(peak_fn)
         peak_gbps = nbytes / peak_ms / 1e6
-        rows.append({**base, "direction": direction, "method": "peak" if gpu else "memcpy",
-                     "ms": peak_ms, "gbps": peak_gbps, "ratio_to_peak": 1.0})
+        rows.append(
+            {
+                **base,
+                "direction": direction,
+                "method": "peak" if gpu else "memcpy",
+                "ms": peak_ms,
+                "gbps": peak_gbps,
+                "ratio_to_peak": 1.0,
+            }
+        )
         for name, be in backends.items():
             op = be.pack if to_host else be.unpack
             ms = timer(lambda op=op: op(table, pool, *job))
             gbps = nbytes / ms / 1e6
-            rows.append({**base, "direction": direction, "method": name, "ms": ms, "gbps": gbps,
-                         "ratio_to_peak": gbps / peak_gbps})
+            rows.append(
+                {
+                    **base,
+                    "direction": direction,
+                    "method": name,
+                    "ms": ms,
+                    "gbps": gbps,
+                    "ratio_to_peak": gbps / peak_gbps,
+                }
+            )
     return rows
 
 
-def _verify(table: KVCacheTable, pool: torch.Tensor, backends: dict[str, KernelBackend],
-            rng: np.random.Generator) -> dict[str, bool]:
+def _verify(
+    table: KVCacheTable, pool: torch.Tensor, backends: dict[str, KernelBackend], rng: np.random.Generator
+) -> dict[str, bool]:
     """Each backend's pack of a few random blocks, then unpack into other blocks, byte-checked
     against the pages themselves (read with plain slicing, independent of every backend)."""
     group = table.groups[0]
@@ -189,14 +217,14 @@ def _verify(table: KVCacheTable, pool: torch.Tensor, backends: dict[str, KernelB
         src, dst, offs = ids[:blocks], ids[blocks:], offs[:blocks]
         gids = gids[:blocks]
         for off in offs.tolist():
-            pool[off:off + group.record_bytes].zero_()
+            pool[off : off + group.record_bytes].zero_()
         be.pack(table, pool, src, gids, offs)
         be.unpack(table, pool, dst, gids, offs)
         if table.device.type == "cuda":
             torch.cuda.synchronize(table.device)
         ok = True
         for s_id, d_id, off in zip(src.tolist(), dst.tolist(), offs.tolist(), strict=True):
-            rec = pool[off:off + group.record_bytes]
+            rec = pool[off : off + group.record_bytes]
             want = torch.cat([v.pages[s_id].cpu() for v in group.views])
             got = torch.cat([v.pages[d_id].cpu() for v in group.views])
             ok = ok and torch.equal(rec, want) and torch.equal(got, want)
@@ -208,9 +236,13 @@ def _map_job_overhead(quick: bool) -> dict[str, float]:
     """Host cost (µs) of turning a spec pair into per-block arrays, 3 groups, factor 4."""
     out = {}
     rng = np.random.default_rng(0)
-    geom = GroupGeometry(record_bytes=np.array([64 * 32768, 61 * 36864, 0], dtype=np.int64),
-                         num_gpu_blocks=np.array([1 << 20] * 3, dtype=np.int64),
-                         factors=np.array([4, 4, 4], dtype=np.int64), slot_bytes=4 * 64 * 32768, num_slots=1 << 20)
+    geom = GroupGeometry(
+        record_bytes=np.array([64 * 32768, 61 * 36864, 0], dtype=np.int64),
+        num_gpu_blocks=np.array([1 << 20] * 3, dtype=np.int64),
+        factors=np.array([4, 4, 4], dtype=np.int64),
+        slot_bytes=4 * 64 * 32768,
+        num_slots=1 << 20,
+    )
     for n in (16, 256) if quick else (16, 256, 4096):
         sizes = [n, n, n // 2]
         gpu = GPULoadStoreSpec(rng.permutation(1 << 20)[: sum(sizes)], sizes, [1, 0, 3])
@@ -236,8 +268,9 @@ def _plan(gpu: bool, quick: bool) -> tuple[list[int], list[int]]:
 
 def _summary(rows: list[dict[str, Any]], gpu: bool) -> dict[str, Any]:
     def pick(method: str, direction: str, lo: int, hi: int) -> list[dict[str, Any]]:
-        return [r for r in rows if r["method"] == method and r["direction"] == direction
-                and lo <= r["page_bytes"] <= hi]
+        return [
+            r for r in rows if r["method"] == method and r["direction"] == direction and lo <= r["page_bytes"] <= hi
+        ]
 
     out: dict[str, Any] = {}
     if gpu:
@@ -245,24 +278,44 @@ def _summary(rows: list[dict[str, Any]], gpu: bool) -> dict[str, Any]:
             sel = pick("triton", direction, 28 * KIB, 36 * KIB)
             if sel:
                 ratios = [r["ratio_to_peak"] for r in sel]
-                out[f"{direction}_ratio_at_32k"] = {"min": min(ratios), "median": statistics.median(ratios),
-                                                    "target": target, "met": min(ratios) >= target}
+                out[f"{direction}_ratio_at_32k"] = {
+                    "min": min(ratios),
+                    "median": statistics.median(ratios),
+                    "target": target,
+                    "met": min(ratios) >= target,
+                }
             speedups = []
             for r in pick("triton", direction, 0, 24 * KIB):
-                d = next((x for x in rows if x["method"] == "dma" and x["direction"] == direction
-                          and x["shape"] == r["shape"] and x["page_bytes"] == r["page_bytes"]
-                          and x["pages"] == r["pages"]), None)
+                d = next(
+                    (
+                        x
+                        for x in rows
+                        if x["method"] == "dma"
+                        and x["direction"] == direction
+                        and x["shape"] == r["shape"]
+                        and x["page_bytes"] == r["page_bytes"]
+                        and x["pages"] == r["pages"]
+                    ),
+                    None,
+                )
                 if d:
                     speedups.append(r["gbps"] / d["gbps"])
             if speedups:
-                out[f"{direction}_speedup_vs_dma_4_24k"] = {"min": min(speedups), "median": statistics.median(speedups),
-                                                           "target": 5.0, "met": min(speedups) >= 5.0}
+                out[f"{direction}_speedup_vs_dma_4_24k"] = {
+                    "min": min(speedups),
+                    "median": statistics.median(speedups),
+                    "target": 5.0,
+                    "met": min(speedups) >= 5.0,
+                }
     else:
         for direction in ("pack", "unpack"):
             ratios = [r["ratio_to_peak"] for r in rows if r["method"] == "torch" and r["direction"] == direction]
             if ratios:
-                out[f"{direction}_torch_vs_memcpy"] = {"min": min(ratios), "median": statistics.median(ratios),
-                                                       "max": max(ratios)}
+                out[f"{direction}_torch_vs_memcpy"] = {
+                    "min": min(ratios),
+                    "median": statistics.median(ratios),
+                    "max": max(ratios),
+                }
     return out
 
 
@@ -287,7 +340,9 @@ def run(quick: bool = False, max_programs: int = 16, verbose: bool = True) -> di
     # one pinned (GPU) / pageable (CPU) host region reused by every case: room for 2x the largest job
     max_job = max(
         max(1, c // s.num_views) * s.num_views * s.block_size_for(p) * s.token_bytes
-        for s in SHAPES for p in page_sizes for c in counts
+        for s in SHAPES
+        for p in page_sizes
+        for c in counts
     )
     pool = HostPool(1, 2 * max_job, device=dev, pin=True if gpu else False)
     rows: list[dict[str, Any]] = []
@@ -304,9 +359,12 @@ def run(quick: bool = False, max_programs: int = 16, verbose: bool = True) -> di
                     rows += case_rows
                     if verbose:
                         for r in case_rows:
-                            print(f"{r['shape']:>8} page {r['page_bytes'] / KIB:6.2f} KiB x {r['pages']:6d} "
-                                  f"{r['direction']:>6} {r['method']:>7}: {r['gbps']:8.2f} GB/s "
-                                  f"({r['ratio_to_peak']:.2f} of {'P' if gpu else 'memcpy'})", flush=True)
+                            print(
+                                f"{r['shape']:>8} page {r['page_bytes'] / KIB:6.2f} KiB x {r['pages']:6d} "
+                                f"{r['direction']:>6} {r['method']:>7}: {r['gbps']:8.2f} GB/s "
+                                f"({r['ratio_to_peak']:.2f} of {'P' if gpu else 'memcpy'})",
+                                flush=True,
+                            )
                 del table
                 if gpu:
                     torch.cuda.empty_cache()
@@ -318,7 +376,8 @@ def run(quick: bool = False, max_programs: int = 16, verbose: bool = True) -> di
         "mode": "gpu" if gpu else "cpu",
         "quick": quick,
         "device": common.gpu_name() if gpu else common.cpu_model(),
-        "baseline": "peak: one cudaMemcpyAsync of the same bytes, contiguous GPU <-> pinned host" if gpu
+        "baseline": "peak: one cudaMemcpyAsync of the same bytes, contiguous GPU <-> pinned host"
+        if gpu
         else "memcpy: Tensor.copy_ of the same bytes between contiguous CPU buffers",
         "max_programs": max_programs if "triton" in backends else None,
         "backends": list(backends),
@@ -329,16 +388,22 @@ def run(quick: bool = False, max_programs: int = 16, verbose: bool = True) -> di
         "elapsed_s": round(time.perf_counter() - t_start, 2),
     }
     if not gpu:
-        result["note"] = ("CPU-only machine: one torch thread, best of several runs; triton runs only "
-                          "through the interpreter here (not timed); GPU figures need a CUDA machine")
+        result["note"] = (
+            "CPU-only machine: one torch thread, best of several runs; triton runs only "
+            "through the interpreter here (not timed); GPU figures need a CUDA machine"
+        )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes (CI / smoke runs)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="results JSON (default bench/results/<machine-slug>.json); merged by section")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results JSON (default bench/results/<machine-slug>.json); merged by section",
+    )
     parser.add_argument("--max-programs", type=int, default=16, help="triton program cap (SM budget)")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, max_programs=args.max_programs)

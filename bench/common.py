@@ -89,7 +89,10 @@ def _driver_version() -> str | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
         )
         return out.stdout.strip().splitlines()[0] or None
     except (OSError, subprocess.SubprocessError, IndexError):
@@ -148,8 +151,9 @@ def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def write_section(section: str, data: Any, path: str | os.PathLike[str] | None = None,
-                  prov: dict[str, Any] | None = None) -> Path:
+def write_section(
+    section: str, data: Any, path: str | os.PathLike[str] | None = None, prov: dict[str, Any] | None = None
+) -> Path:
     """Merge ``{section: data}`` into the results file (atomically) and return its path.
 
     Other sections are kept; the top-level ``provenance`` becomes this run's, and the section

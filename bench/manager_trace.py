@@ -24,6 +24,7 @@ PROMPT_BLOCKS = 512
 STORE_STEP = 128
 CTX = ReqContext(req_id="bench")
 
+
 class PrefixTrace:
     """Prompts of ``PROMPT_BLOCKS`` keys: a Zipf-popular shared prefix + a unique tail.
 
@@ -56,8 +57,6 @@ def _prefill(m: Any, keys: list[bytes]) -> None:
         chunk = keys[i : i + 4096]
         m.prepare_store(chunk, CTX)
         m.complete_store(chunk, CTX)
-
-
 
 
 def run_trace(m: Any, requests: list[list[bytes]], batch_lookup: bool) -> dict[str, float]:

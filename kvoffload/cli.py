@@ -92,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_sim = sub.add_parser("simulate", help="hit rate vs CPU capacity per policy, no bytes moved")
     p_sim.add_argument("--trace", default=None, help="JSONL trace (see README); default: the demo's chat workload")
     p_sim.add_argument("--policies", default=None, help="comma-separated policies (default: all registered)")
-    p_sim.add_argument("--capacities", type=_capacity_list, default=None,
-                       help="comma-separated CPU capacities in offloaded blocks")
+    p_sim.add_argument(
+        "--capacities", type=_capacity_list, default=None, help="comma-separated CPU capacities in offloaded blocks"
+    )
     p_sim.add_argument("--gpu-blocks", type=_positive_int, default=None, help="GPU KV capacity in GPU blocks")
     p_sim.add_argument("--conversations", type=_positive_int, default=None)
     p_sim.add_argument("--seed", type=_non_negative_int, default=0)

@@ -61,8 +61,9 @@ class _Progress:
         frac = done / self.total if self.total else 1.0
         if self.tty:
             bar = "#" * int(frac * 30)
-            self.out.write(f"\r[{bar:<30}] {done}/{self.total} requests  {extra}  "
-                           f"{time.perf_counter() - self.start:5.1f}s")
+            self.out.write(
+                f"\r[{bar:<30}] {done}/{self.total} requests  {extra}  {time.perf_counter() - self.start:5.1f}s"
+            )
             self.out.flush()
         elif int(frac * 10) > self._last_decile:
             self._last_decile = int(frac * 10)
@@ -173,11 +174,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     if s["verification_failures"]:
-        lines.append(f"VERIFICATION FAILED: {s['verification_failures']} of {s['verified_blocks']} loaded blocks "
-                     "differ from the KV the engine computed")
+        lines.append(
+            f"VERIFICATION FAILED: {s['verification_failures']} of {s['verified_blocks']} loaded blocks "
+            "differ from the KV the engine computed"
+        )
     elif s["verified_blocks"] == 0:
-        lines.append("verified: nothing was loaded from the CPU tier (the GPU cache held the working set: "
-                     "try a smaller --gpu-blocks)")
+        lines.append(
+            "verified: nothing was loaded from the CPU tier (the GPU cache held the working set: "
+            "try a smaller --gpu-blocks)"
+        )
     else:
         lines.append(f"verified: {s['verified_blocks']} GPU blocks loaded, all byte-identical")
     return "\n".join(lines)
@@ -200,9 +205,12 @@ def run_demo(args: argparse.Namespace) -> int:
         get_backend(args.backend, "cuda" if _cuda() else "cpu")
     if settings.gpu_blocks < 2:
         raise InvalidArgumentError("--gpu-blocks must be at least 2")
-    print(f"kvoffload demo: {settings.conversations} conversations x {settings.turns} turns, "
-          f"GPU {settings.gpu_blocks} blocks of {settings.gpu_block_size} tokens, "
-          f"CPU {settings.cpu_blocks} slots, policy {settings.policy}", flush=True)
+    print(
+        f"kvoffload demo: {settings.conversations} conversations x {settings.turns} turns, "
+        f"GPU {settings.gpu_blocks} blocks of {settings.gpu_block_size} tokens, "
+        f"CPU {settings.cpu_blocks} slots, policy {settings.policy}",
+        flush=True,
+    )
     stats, engine = run_chat(settings, progress=not args.no_progress)
     summary = summary_dict(settings, stats, engine)
     print(format_summary(summary))

@@ -64,8 +64,9 @@ def format_info(info: dict[str, Any]) -> str:
     lines = [f"{k:<14} {v}" for k, v in info.items() if k != "device"]
     dev = info["device"]
     if isinstance(dev, dict):
-        lines.insert(5, f"{'device':<14} {dev['name']} (sm_{dev['compute_capability'].replace('.', '')}, "
-                        f"{dev['sm_count']} SMs)")
+        lines.insert(
+            5, f"{'device':<14} {dev['name']} (sm_{dev['compute_capability'].replace('.', '')}, {dev['sm_count']} SMs)"
+        )
     else:
         lines.insert(5, f"{'device':<14} {dev}")
     lines.append(f"{'platform':<14} {platform.platform()} / {sys.implementation.name}")

@@ -51,8 +51,9 @@ class SimPoint:
 def _to_request(t: TraceRequest) -> SimRequest:
     if t.token_ids is not None:
         return SimRequest(t.request_id, t.token_ids, t.max_tokens)
-    return SimRequest(t.request_id, None, t.max_tokens, prompt_block_hashes=t.block_hashes,
-                      num_prompt_tokens=t.num_tokens)
+    return SimRequest(
+        t.request_id, None, t.max_tokens, prompt_block_hashes=t.block_hashes, num_prompt_tokens=t.num_tokens
+    )
 
 
 def working_set_blocks(items: list[Any], block_size: int) -> int:
@@ -73,16 +74,26 @@ def default_capacities(working_set_offloaded_blocks: int) -> list[int]:
     return sorted({max(1, round(w * f)) for f in _FRACTIONS})
 
 
-def simulate(items: list[Any], settings: DemoSettings, policies: list[str], capacities: list[int],
-             verbose: bool = True) -> list[SimPoint]:
+def simulate(
+    items: list[Any], settings: DemoSettings, policies: list[str], capacities: list[int], verbose: bool = True
+) -> list[SimPoint]:
     """Run every (policy, capacity) pair; items are chat turns or :class:`SimRequest`s."""
     group = GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, 1)
     points: list[SimPoint] = []
     for policy in policies:
         for cap in capacities:
-            config = EngineConfig(groups=(group,), num_gpu_blocks=settings.gpu_blocks, num_cpu_blocks=cap,
-                                  num_heads=1, head_dim=4, max_num_seqs=settings.max_concurrent,
-                                  verify_loads=False, cache_policy=policy, seed=settings.seed, device="cpu")
+            config = EngineConfig(
+                groups=(group,),
+                num_gpu_blocks=settings.gpu_blocks,
+                num_cpu_blocks=cap,
+                num_heads=1,
+                head_dim=4,
+                max_num_seqs=settings.max_concurrent,
+                verify_loads=False,
+                cache_policy=policy,
+                seed=settings.seed,
+                device="cpu",
+            )
             engine = Engine(config, worker=NullTransferWorker())
             t0 = time.perf_counter()
             # Trace requests are single-use objects: rebuild them for every run.
@@ -90,13 +101,26 @@ def simulate(items: list[Any], settings: DemoSettings, policies: list[str], capa
             drive(engine, run_items, settings.max_concurrent)
             engine.shutdown()
             s = engine.stats
-            p = SimPoint(policy, cap, cap * group.offloaded_block_size, s.prompt_tokens, s.admitted_tokens,
-                         s.loaded_tokens, s.gpu_hit_tokens, s.cpu_hit_rate, s.hit_rate, s.cpu_evictions,
-                         time.perf_counter() - t0)
+            p = SimPoint(
+                policy,
+                cap,
+                cap * group.offloaded_block_size,
+                s.prompt_tokens,
+                s.admitted_tokens,
+                s.loaded_tokens,
+                s.gpu_hit_tokens,
+                s.cpu_hit_rate,
+                s.hit_rate,
+                s.cpu_evictions,
+                time.perf_counter() - t0,
+            )
             points.append(p)
             if verbose:
-                print(f"  {policy:>8}  {cap:>7} blocks  CPU-tier hit {p.cpu_hit_rate:6.1%}  "
-                      f"total hit {p.hit_rate:6.1%}  evictions {p.cpu_evictions:>6}  ({p.seconds:.1f}s)", flush=True)
+                print(
+                    f"  {policy:>8}  {cap:>7} blocks  CPU-tier hit {p.cpu_hit_rate:6.1%}  "
+                    f"total hit {p.hit_rate:6.1%}  evictions {p.cpu_evictions:>6}  ({p.seconds:.1f}s)",
+                    flush=True,
+                )
     return points
 
 
@@ -131,9 +155,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     if not policies:
         raise InvalidArgumentError("--policies must name at least one policy")
     base = DemoSettings()
-    settings = DemoSettings(**{**asdict(base), "seed": args.seed,
-                               **({"gpu_blocks": args.gpu_blocks} if args.gpu_blocks else {}),
-                               **({"conversations": args.conversations} if args.conversations else {})})
+    settings = DemoSettings(
+        **{
+            **asdict(base),
+            "seed": args.seed,
+            **({"gpu_blocks": args.gpu_blocks} if args.gpu_blocks else {}),
+            **({"conversations": args.conversations} if args.conversations else {}),
+        }
+    )
     if args.trace:
         items: list[Any] = list(read_trace(args.trace))
         source = f"trace {args.trace} ({len(items)} requests)"
@@ -148,21 +177,28 @@ def run_simulate(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
-    print(f"simulating {source}; working set ~{ws} offloaded blocks of {offloaded} tokens; "
-          f"GPU {settings.gpu_blocks} blocks; policies {','.join(policies)}", flush=True)
+    print(
+        f"simulating {source}; working set ~{ws} offloaded blocks of {offloaded} tokens; "
+        f"GPU {settings.gpu_blocks} blocks; policies {','.join(policies)}",
+        flush=True,
+    )
     points = simulate(items, settings, policies, capacities)
     rows = [asdict(p) for p in points]
     with (out / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (out / "results.json").write_text(json.dumps({"source": source, "working_set_blocks": ws,
-                                                  "settings": asdict(settings), "points": rows}, indent=2) + "\n")
+    (out / "results.json").write_text(
+        json.dumps({"source": source, "working_set_blocks": ws, "settings": asdict(settings), "points": rows}, indent=2)
+        + "\n"
+    )
     png = plot_hit_rates(points, out / "hit_rate.png", f"CPU-tier hit rate vs capacity — {source}", offloaded)
     top = max(p.cpu_hit_rate for p in points)
     if top == 0:
-        print(f"no CPU-tier hits at any capacity: the GPU cache ({settings.gpu_blocks} blocks) holds the working "
-              "set; try a smaller --gpu-blocks")
+        print(
+            f"no CPU-tier hits at any capacity: the GPU cache ({settings.gpu_blocks} blocks) holds the working "
+            "set; try a smaller --gpu-blocks"
+        )
     for policy in policies if top > 0 else ():
         enough = [p for p in points if p.policy == policy and p.cpu_hit_rate >= 0.95 * top]
         where = f"{min(p.cpu_blocks for p in enough)} blocks" if enough else "no capacity tried"

@@ -21,8 +21,9 @@ def _interpreter_problem() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cpu_triton = [it for it in items if "gpu" not in it.keywords
-                  and ("interpreter" in it.keywords or "triton" in it.nodeid)]
+    cpu_triton = [
+        it for it in items if "gpu" not in it.keywords and ("interpreter" in it.keywords or "triton" in it.nodeid)
+    ]
     problem = _interpreter_problem() if cpu_triton else None
     if problem is not None:
         skip_interp = pytest.mark.skip(reason=f"Triton interpreter unusable here: {problem}")

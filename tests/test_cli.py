@@ -10,8 +10,17 @@ from kvoffload.info import collect_info, format_info
 
 def test_info_fields() -> None:
     info = collect_info()
-    for field in ("kvoffload", "python", "torch", "triton", "numpy", "device", "backends", "kernel_mode",
-                  "pinned_memory"):
+    for field in (
+        "kvoffload",
+        "python",
+        "torch",
+        "triton",
+        "numpy",
+        "device",
+        "backends",
+        "kernel_mode",
+        "pinned_memory",
+    ):
         assert field in info
     text = format_info(info)
     assert "torch" in text and "device" in text

@@ -14,8 +14,9 @@ from kvoffload.demo import DemoSettings, format_summary, run_chat, summary_dict
 
 
 def test_small_chat_run_loads_from_cpu_and_verifies() -> None:
-    settings = DemoSettings(conversations=8, turns=3, num_layers=2, num_heads=2, head_dim=16,
-                            gpu_blocks=48, cpu_blocks=96, max_concurrent=4)
+    settings = DemoSettings(
+        conversations=8, turns=3, num_layers=2, num_heads=2, head_dim=16, gpu_blocks=48, cpu_blocks=96, max_concurrent=4
+    )
     stats, engine = run_chat(settings, progress=False)
     assert stats.requests_finished == 24
     assert stats.loaded_tokens > 0 and stats.blocks_loaded > 0
@@ -26,8 +27,15 @@ def test_small_chat_run_loads_from_cpu_and_verifies() -> None:
 
 
 def test_smaller_gpu_means_more_cpu_hits() -> None:
-    base = {"conversations": 8, "turns": 3, "num_layers": 1, "num_heads": 1, "head_dim": 16, "cpu_blocks": 256,
-            "max_concurrent": 4}
+    base = {
+        "conversations": 8,
+        "turns": 3,
+        "num_layers": 1,
+        "num_heads": 1,
+        "head_dim": 16,
+        "cpu_blocks": 256,
+        "max_concurrent": 4,
+    }
     big, _ = run_chat(DemoSettings(gpu_blocks=400, **base), progress=False)
     small, _ = run_chat(DemoSettings(gpu_blocks=48, **base), progress=False)
     assert small.loaded_tokens > big.loaded_tokens
@@ -35,8 +43,24 @@ def test_smaller_gpu_means_more_cpu_hits() -> None:
 
 def test_demo_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo.json"
-    rc = main(["demo", "--conversations", "4", "--gpu-blocks", "400", "--cpu-blocks", "64", "--no-progress",
-               "--policy", "arc", "--backend", "torch", "--json", str(out)])
+    rc = main(
+        [
+            "demo",
+            "--conversations",
+            "4",
+            "--gpu-blocks",
+            "400",
+            "--cpu-blocks",
+            "64",
+            "--no-progress",
+            "--policy",
+            "arc",
+            "--backend",
+            "torch",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["settings"]["policy"] == "arc" and data["backend"] == "torch"

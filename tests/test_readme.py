@@ -10,7 +10,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def test_readme_engine_example_runs() -> None:
     text = README.read_text()
-    section = text[text.index("## Wiring it into an engine"):]
+    section = text[text.index("## Wiring it into an engine") :]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     exec(compile(code.group(1), "README.md", "exec"), {"__name__": "readme_example"})  # noqa: S102

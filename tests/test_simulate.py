@@ -44,8 +44,7 @@ def test_default_capacities_span_the_working_set() -> None:
 
 def test_cli_writes_plot_csv_json(tmp_path: Path) -> None:
     out = tmp_path / "sim"
-    rc = main(["simulate", "--policies", "lru,arc", "--capacities", "8,64", "--conversations", "4",
-               "--out", str(out)])
+    rc = main(["simulate", "--policies", "lru,arc", "--capacities", "8,64", "--conversations", "4", "--out", str(out)])
     assert rc == 0
     png = (out / "hit_rate.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -65,8 +64,16 @@ def test_block_hash_trace_matches_token_trace(tmp_path: Path) -> None:
     with hash_path.open("w") as f:
         for t in items:
             n = len(t.prompt_token_ids) // 16 * 16  # whole blocks only: both traces then hash alike
-            f.write(json.dumps({"block_hashes": [h.hex() for h in hash_blocks(t.prompt_token_ids[:n], 16)],
-                                "num_tokens": n, "max_tokens": t.max_tokens}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "block_hashes": [h.hex() for h in hash_blocks(t.prompt_token_ids[:n], 16)],
+                        "num_tokens": n,
+                        "max_tokens": t.max_tokens,
+                    }
+                )
+                + "\n"
+            )
     (p_hash,) = simulate(read_trace(hash_path), _SMALL, ["lru"], [400], verbose=False)
     assert p_hash.cpu_hit_tokens > 0
     assert working_set_blocks(read_trace(hash_path), 16) == working_set_blocks(items, 16)

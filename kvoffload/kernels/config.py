@@ -93,8 +93,9 @@ def load_tables(directory: str | None = None) -> dict[str, Any]:
     return acc
 
 
-def resolve_config(tables: dict[str, Any], device_name: str | None, capability: tuple[int, int] | None,
-                   interpreter: bool = False) -> LaunchConfig:
+def resolve_config(
+    tables: dict[str, Any], device_name: str | None, capability: tuple[int, int] | None, interpreter: bool = False
+) -> LaunchConfig:
     """Resolve launch parameters from merged ``tables`` (see the module docstring for the order)."""
     cfg = LaunchConfig().merged(tables.get("default", {}), "default")
     if interpreter:

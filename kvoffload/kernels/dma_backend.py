@@ -32,7 +32,7 @@ class DmaBackend(KernelBackend):
             for b, g, off in entries:
                 for v in table.groups[g].views:
                     page = v.pages[b]
-                    dst = host[off + v.record_offset:off + v.record_offset + v.page_bytes]
+                    dst = host[off + v.record_offset : off + v.record_offset + v.page_bytes]
                     if to_host:
                         dst.copy_(page, non_blocking=True)
                     else:

@@ -133,8 +133,10 @@ def canonical_views(tensor: torch.Tensor, layout: LayoutSpec, where: str = "tens
     if ndim is not None and tensor.dim() != ndim:
         raise InvalidArgumentError(f"{where}: layout {lname} needs a {ndim}-d tensor, got shape {list(shape)}")
     if block_dim >= tensor.dim():
-        raise InvalidArgumentError(f"{where}: layout {lname} has block_dim {block_dim} but the tensor is "
-                                   f"{tensor.dim()}-d (shape {list(shape)})")
+        raise InvalidArgumentError(
+            f"{where}: layout {lname} has block_dim {block_dim} but the tensor is "
+            f"{tensor.dim()}-d (shape {list(shape)})"
+        )
     for d, size in fixed.items():
         if shape[d] != size:
             raise InvalidArgumentError(f"{where}: layout {lname} needs size {size} at dim {d}, got shape {list(shape)}")
@@ -239,9 +241,7 @@ class KVCacheTable:
         elif isinstance(layouts, Sequence):
             per_group = list(layouts)
             if len(per_group) != len(groups):
-                raise InvalidArgumentError(
-                    f"layouts has {len(per_group)} entries but there are {len(groups)} groups"
-                )
+                raise InvalidArgumentError(f"layouts has {len(per_group)} entries but there are {len(groups)} groups")
         else:
             raise InvalidTypeError(f"layouts must be a layout or a sequence of layouts, got {type(layouts).__name__}")
         device: torch.device | None = None
@@ -263,9 +263,7 @@ class KVCacheTable:
                     if num_blocks is None:
                         num_blocks = v.num_blocks
                     elif v.num_blocks != num_blocks:
-                        raise InvalidArgumentError(
-                            f"{where} has {v.num_blocks} blocks but group {g} has {num_blocks}"
-                        )
+                        raise InvalidArgumentError(f"{where} has {v.num_blocks} blocks but group {g} has {num_blocks}")
                     key = (v.ptr, v.block_stride, v.page_bytes, v.num_blocks)
                     if key in seen:
                         continue  # aliased by another layer: moved once
@@ -302,6 +300,8 @@ class KVCacheTable:
         return tuple(g.record_bytes for g in self.groups)
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"g{i}: {len(g.views)} views x {g.num_blocks} blocks, record {g.record_bytes} B"
-                          for i, g in enumerate(self.groups))
+        parts = ", ".join(
+            f"g{i}: {len(g.views)} views x {g.num_blocks} blocks, record {g.record_bytes} B"
+            for i, g in enumerate(self.groups)
+        )
         return f"KVCacheTable(device={self.device}, {parts})"

@@ -41,8 +41,9 @@ def _word(values: list[int]) -> int:
     return w
 
 
-def _typed(t: torch.Tensor, byte_offset: int, shape: tuple[int, ...], byte_strides: tuple[int, ...],
-           w: int) -> torch.Tensor:
+def _typed(
+    t: torch.Tensor, byte_offset: int, shape: tuple[int, ...], byte_strides: tuple[int, ...], w: int
+) -> torch.Tensor:
     """A view of ``t``'s storage as ``w``-byte words (offset/strides given in bytes, multiples of ``w``)."""
     storage = t.untyped_storage()
     out = torch.empty(0, dtype=_WORD_DTYPES[w], device=t.device)
@@ -90,8 +91,16 @@ class TorchBackend(KernelBackend):
         for v in group.views:
             vals += [v.ptr - v.pages.untyped_storage().data_ptr(), v.block_stride, v.page_bytes]
         w = _word(vals)
-        pages = [_typed(v.pages, v.ptr - v.pages.untyped_storage().data_ptr(), (v.num_blocks, v.page_bytes // w),
-                        (v.block_stride, w), w) for v in group.views]
+        pages = [
+            _typed(
+                v.pages,
+                v.ptr - v.pages.untyped_storage().data_ptr(),
+                (v.num_blocks, v.page_bytes // w),
+                (v.block_stride, w),
+                w,
+            )
+            for v in group.views
+        ]
         ids = _to_device(job.block_ids[sel], dev)
         n, rw = len(sel), rb // w
         if on_cuda:
@@ -99,15 +108,15 @@ class TorchBackend(KernelBackend):
             if to_host:
                 records = torch.cat([p.index_select(0, ids) for p in pages], dim=1).view(torch.uint8)
                 for j, off in enumerate(offsets.tolist()):
-                    host_w[off:off + rb].copy_(records[j], non_blocking=True)
+                    host_w[off : off + rb].copy_(records[j], non_blocking=True)
             else:
                 records_b = torch.empty((n, rb), dtype=torch.uint8, device=dev)
                 for j, off in enumerate(offsets.tolist()):
-                    records_b[j].copy_(host_w[off:off + rb], non_blocking=True)
+                    records_b[j].copy_(host_w[off : off + rb], non_blocking=True)
                 records = records_b.view(_WORD_DTYPES[w])
                 col = 0
                 for v, p in zip(group.views, pages, strict=True):
-                    p.index_copy_(0, ids, records[:, col:col + v.page_bytes // w])
+                    p.index_copy_(0, ids, records[:, col : col + v.page_bytes // w])
                     col += v.page_bytes // w
             return
         # CPU, one view at a time (no record-sized temporaries): host rows as words, strided rows
@@ -124,7 +133,7 @@ class TorchBackend(KernelBackend):
         for v, p in zip(group.views, pages, strict=True):
             pw = v.page_bytes // w
             if d >= rb:
-                dst = rows[:, col:col + pw]
+                dst = rows[:, col : col + pw]
                 if to_host:
                     dst.index_copy_(0, row_idx, p.index_select(0, ids))
                 else:

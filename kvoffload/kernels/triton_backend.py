@@ -72,8 +72,10 @@ def interpreter_problem() -> str | None:
     except Exception as exc:  # noqa: BLE001 - any failure means the interpreter cannot be used
         import numpy  # noqa: PLC0415
 
-        return (f"triton {_triton().__version__} interpreter fails with numpy {numpy.__version__} "
-                f"({type(exc).__name__}: {str(exc)[:120]}); use triton >= 3.7 or numpy < 2.4")
+        return (
+            f"triton {_triton().__version__} interpreter fails with numpy {numpy.__version__} "
+            f"({type(exc).__name__}: {str(exc)[:120]}); use triton >= 3.7 or numpy < 2.4"
+        )
     return None
 
 
@@ -95,9 +97,9 @@ def job_alignment(table: KVCacheTable, host: torch.Tensor, host_offsets: np.ndar
 
 @dataclass(frozen=True)
 class _DeviceTables:
-    anchor: torch.Tensor     # tensor whose data_ptr is the cache anchor
-    views: torch.Tensor      # int64 [V, 4] (delta, stride, page, record_offset) in units
-    groups: torch.Tensor     # int64 [G, 2] (first, count)
+    anchor: torch.Tensor  # tensor whose data_ptr is the cache anchor
+    views: torch.Tensor  # int64 [V, 4] (delta, stride, page, record_offset) in units
+    groups: torch.Tensor  # int64 [G, 2] (first, count)
     max_page_bytes: int
 
 
@@ -142,10 +144,14 @@ class TritonBackend(KernelBackend):
 
     name = "triton"
 
-    def __init__(self, num_programs: int | None = None, block_bytes: int | None = None,
-                 num_warps: int | None = None) -> None:
-        over = {k: v for k, v in (("num_programs", num_programs), ("block_bytes", block_bytes),
-                                  ("num_warps", num_warps)) if v is not None}
+    def __init__(
+        self, num_programs: int | None = None, block_bytes: int | None = None, num_warps: int | None = None
+    ) -> None:
+        over = {
+            k: v
+            for k, v in (("num_programs", num_programs), ("block_bytes", block_bytes), ("num_warps", num_warps))
+            if v is not None
+        }
         if over:
             LaunchConfig().merged(over, "TritonBackend")  # validates types and ranges now
         self._overrides = over
@@ -196,12 +202,33 @@ class TritonBackend(KernelBackend):
         if dev.type == "cuda":
             with torch.cuda.device(dev):
                 job_t = torch.from_numpy(arr).pin_memory().to(dev, non_blocking=True)
-                compiled[grid](cache_arg, host_arg, tables.views, tables.groups, job_t, n, table.max_views,
-                               TO_HOST=to_host, VEC=vec, BLOCK=block, num_warps=cfg.num_warps)
+                compiled[grid](
+                    cache_arg,
+                    host_arg,
+                    tables.views,
+                    tables.groups,
+                    job_t,
+                    n,
+                    table.max_views,
+                    TO_HOST=to_host,
+                    VEC=vec,
+                    BLOCK=block,
+                    num_warps=cfg.num_warps,
+                )
         elif dev.type == "cpu":
             job_t = torch.from_numpy(arr)
             with _interp_lock:
-                interpreted[grid](cache_arg, host_arg, tables.views, tables.groups, job_t, n, table.max_views,
-                                  TO_HOST=to_host, VEC=vec, BLOCK=block)
+                interpreted[grid](
+                    cache_arg,
+                    host_arg,
+                    tables.views,
+                    tables.groups,
+                    job_t,
+                    n,
+                    table.max_views,
+                    TO_HOST=to_host,
+                    VEC=vec,
+                    BLOCK=block,
+                )
         else:  # pragma: no cover - is_available rejects other devices first
             raise InvalidArgumentError(f"triton backend cannot run on {dev}")

@@ -55,7 +55,6 @@ LOOKUP_HIT = 1
 LOOKUP_PENDING = 2
 
 
-
 def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
     """Pack a block hash and a KV-cache group index into an :data:`OffloadKey`.
 
@@ -335,4 +334,3 @@ class OffloadingManager(ABC):
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the default does nothing."""
-

@@ -54,7 +54,6 @@ def _warn_pageable_once(reason: str) -> None:
     logger.warning("kvoffload host pool: %s; using pageable host memory (transfers will be slower)", reason)
 
 
-
 def _chunk_ranges(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
     """Split ``[base, base + nbytes)`` into ranges of at most ~``chunk`` bytes whose inner
     boundaries are OS-page aligned (so two registrations never cover the same page)."""

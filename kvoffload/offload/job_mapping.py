@@ -103,9 +103,7 @@ def map_job(gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, geom: GroupG
     sizes = np.asarray(gpu_spec.group_sizes, dtype=np.int64)
     indices = np.asarray(gpu_spec.block_indices, dtype=np.int64)
     if sizes.size != G:
-        raise InvalidArgumentError(
-            f"GPU spec: group_sizes has {sizes.size} entries, the KV cache has {G} groups"
-        )
+        raise InvalidArgumentError(f"GPU spec: group_sizes has {sizes.size} entries, the KV cache has {G} groups")
     gpu_ids = np.asarray(gpu_spec.block_ids, dtype=np.int64)
     cpu_ids = np.asarray(cpu_spec.block_ids, dtype=np.int64)
     f = geom.factors

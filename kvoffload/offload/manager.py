@@ -326,9 +326,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._policy.insert(new_slots, to_store)
         self._n_stores_started += n_new
         self._n_stores_skipped += n_present
-        return PrepareStoreOutput(
-            keys_to_store=list(to_store), store_spec=cpu_spec(new_slots), evicted_keys=evicted
-        )
+        return PrepareStoreOutput(keys_to_store=list(to_store), store_spec=cpu_spec(new_slots), evicted_keys=evicted)
 
     def _evict(self, need: int, protected: np.ndarray) -> list[bytes] | None:
         """Evict ``need`` ready, unpinned blocks not in ``protected`` (slots); return their keys.

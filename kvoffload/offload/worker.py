@@ -88,7 +88,6 @@ class _InFlight:
     arrays: JobArrays
 
 
-
 class TransferWorker:
     """Moves jobs between the KV cache described by ``table`` and a pinned host pool.
 
@@ -170,8 +169,12 @@ class TransferWorker:
         self._closed = False
         logger.info(
             "transfer worker: %d slots x %d bytes (%s), backend %s, factors %s, device %s",
-            num_slots, slot_bytes, "pinned" if self.host_pool.pinned else "pageable",
-            type(self.backend).__name__, factors, self.device,
+            num_slots,
+            slot_bytes,
+            "pinned" if self.host_pool.pinned else "pageable",
+            type(self.backend).__name__,
+            factors,
+            self.device,
         )
 
     @staticmethod

@@ -60,7 +60,7 @@ def build_store_job(
     keys: list[OffloadKey] = []
     for gs, n in zip(st.groups, full, strict=False):
         if n > gs.next_store_block:
-            keys.extend(gs.keys[gs.next_store_block:n])
+            keys.extend(gs.keys[gs.next_store_block : n])
     if not keys:
         st.advance_store_progress(full)
         return None
@@ -98,7 +98,7 @@ def build_store_job(
         table = gs.block_ids
         n0 = len(gpu_ids)
         if isinstance(blocks, range) and f == 1:
-            gpu_ids.extend(table[blocks.start:blocks.stop])
+            gpu_ids.extend(table[blocks.start : blocks.stop])
             offs = np.arange(blocks.start, blocks.stop, dtype=np.int64)
         else:
             idx = [i * f + j for i in blocks for j in range(f)]
@@ -107,8 +107,9 @@ def build_store_job(
         sizes.append(len(gpu_ids) - n0)
         first_idx.append(int(offs[0]) if offs.size else 0)
         offsets.append(offs)
-    gpu_spec = trusted_gpu_spec(np.array(gpu_ids, dtype=np.int64), np.array(sizes, dtype=np.int64),
-                                np.array(first_idx, dtype=np.int64))
+    gpu_spec = trusted_gpu_spec(
+        np.array(gpu_ids, dtype=np.int64), np.array(sizes, dtype=np.int64), np.array(first_idx, dtype=np.int64)
+    )
     return TransferJob(job_id, st.req_id, True, (gpu_spec, out.store_spec), to_store, tuple(offsets))
 
 
@@ -132,7 +133,7 @@ def build_load_job(
     for gcfg, gs, (first, last), t in zip(config.groups, st.groups, offer.gpu_ranges, tables, strict=False):
         f = gcfg.block_size_factor
         if last > first:
-            keys.extend(gs.keys[first // f: -(-last // f)])
+            keys.extend(gs.keys[first // f : -(-last // f)])
         gpu_ids.extend(t[first:last])
         sizes.append(last - first)
     cpu_spec = manager.prepare_load(keys, st.req_context)

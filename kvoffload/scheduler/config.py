@@ -23,7 +23,6 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
 __all__ = ["GroupOffloadConfig", "OffloadingSchedulerConfig"]
 
 
-
 @dataclass(frozen=True)
 class GroupOffloadConfig:
     """Offload geometry of one KV-cache group.
@@ -49,9 +48,7 @@ class GroupOffloadConfig:
         bs = check_int(self.gpu_block_size, "gpu_block_size", 1)
         obs = check_int(self.offloaded_block_size, "offloaded_block_size", 1)
         if obs % bs:
-            raise InvalidArgumentError(
-                f"offloaded_block_size ({obs}) must be a multiple of gpu_block_size ({bs})"
-            )
+            raise InvalidArgumentError(f"offloaded_block_size ({obs}) must be a multiple of gpu_block_size ({bs})")
         if self.sliding_window_size_in_blocks is not None:
             check_int(self.sliding_window_size_in_blocks, "sliding_window_size_in_blocks", 1)
 
@@ -135,8 +132,8 @@ class OffloadingSchedulerConfig:
         ``sliding_windows[g]`` is group g's window in offloaded blocks (None: full attention).
         """
         n = len(gpu_block_sizes)
-        factors = [block_size_factor] * n if isinstance(block_size_factor, (int, np.integer)) else list(
-            block_size_factor
+        factors = (
+            [block_size_factor] * n if isinstance(block_size_factor, (int, np.integer)) else list(block_size_factor)
         )
         windows = [None] * n if sliding_windows is None else list(sliding_windows)
         if len(factors) != n or len(windows) != n:

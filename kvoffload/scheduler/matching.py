@@ -87,8 +87,9 @@ def find_loadable_tokens(
                 keys = group_keys[gcfg.group_idx]
                 # full attention: blocks below start_block are never looked up (the prefix scan
                 # starts there); sliding window: they are on the GPU, i.e. hits
-                lc = LookupCodes(keys, fetch, known_hits=start_block, first_chunk=32 if batched else 1,
-                                 growth=4 if batched else 1)
+                lc = LookupCodes(
+                    keys, fetch, known_hits=start_block, first_chunk=32 if batched else 1, growth=4 if batched else 1
+                )
                 codes[gcfg.group_idx] = lc
             if gcfg.sliding_window_size_in_blocks is None:
                 if end_block <= start_block:
@@ -133,6 +134,6 @@ def touch_request(config: OffloadingSchedulerConfig, st: RequestOffloadState, en
         hit_blocks = end_tokens // gcfg.offloaded_block_size
         gs.num_hit_blocks = hit_blocks
         w = gcfg.sliding_window_size_in_blocks
-        keys = gs.keys if w is None else gs.keys[max(0, hit_blocks - w):]
+        keys = gs.keys if w is None else gs.keys[max(0, hit_blocks - w) :]
         if keys:
             manager.touch(keys, st.req_context)

@@ -148,8 +148,7 @@ class OffloadingScheduler:
             return None, False  # its own load is still in flight
         st.offer = None
         hbs = self.config.effective_hash_block_size
-        max_end = min(num_tokens - 1 if self.config.has_sliding_window else num_tokens,
-                      len(request.block_hashes) * hbs)
+        max_end = min(num_tokens - 1 if self.config.has_sliding_window else num_tokens, len(request.block_hashes) * hbs)
         st.update_keys(num_tokens)
         end = n_comp
         if max_end - n_comp >= self._min_load_tokens:
@@ -163,7 +162,7 @@ class OffloadingScheduler:
         if end > n_comp and self._loading_keys:
             for (first, last), gcfg, gs in zip(ranges, self._groups, st.groups, strict=False):
                 f = gcfg.block_size_factor
-                for key in gs.keys[first // f: last // f]:
+                for key in gs.keys[first // f : last // f]:
                     if key in self._loading_keys:
                         return None, False
         touch_request(self.config, st, end, self.manager)
@@ -251,7 +250,7 @@ class OffloadingScheduler:
             st.reset_store_progress(sr.num_computed_tokens)
             if written is not None:
                 for g, t in enumerate(blocks):
-                    written[g].update(t[sr.num_computed_tokens // self._groups[g].gpu_block_size:])
+                    written[g].update(t[sr.num_computed_tokens // self._groups[g].gpu_block_size :])
         for _, st, _, blocks in run_checked:
             if blocks is not None:
                 st.extend_block_ids(blocks)

@@ -31,7 +31,8 @@ def parse_max_offload_tokens(kv_transfer_params: Mapping[str, Any] | None, req_i
     if not isinstance(kv_transfer_params, Mapping):
         logger.warning(
             "request %s: kv_transfer_params must be a mapping, got %s; ignoring it",
-            req_id, type(kv_transfer_params).__name__,
+            req_id,
+            type(kv_transfer_params).__name__,
         )
         return None
     raw = kv_transfer_params.get("max_offload_tokens")
@@ -41,7 +42,9 @@ def parse_max_offload_tokens(kv_transfer_params: Mapping[str, Any] | None, req_i
         return raw
     logger.warning(
         "request %s: max_offload_tokens must be a non-negative int, got %r (%s); offloading without a cap",
-        req_id, raw, type(raw).__name__,
+        req_id,
+        raw,
+        type(raw).__name__,
     )
     return None
 
@@ -95,8 +98,19 @@ class RequestOffloadState:
     """
 
     __slots__ = (
-        "req_id", "request", "req_context", "max_offload_tokens", "groups", "in_flight",
-        "load_job_id", "offer", "next_store_tokens", "capacity_tokens", "_config", "_suffixes", "_block_sizes",
+        "req_id",
+        "request",
+        "req_context",
+        "max_offload_tokens",
+        "groups",
+        "in_flight",
+        "load_job_id",
+        "offer",
+        "next_store_tokens",
+        "capacity_tokens",
+        "_config",
+        "_suffixes",
+        "_block_sizes",
     )
 
     def __init__(self, request: Any, config: OffloadingSchedulerConfig, suffixes: tuple[bytes, ...]) -> None:
@@ -130,8 +144,9 @@ class RequestOffloadState:
         self._update_capacity()
 
     def _update_capacity(self) -> None:
-        self.capacity_tokens = min(len(gs.block_ids) * bs for gs, bs in
-            zip(self.groups, self._block_sizes, strict=True))
+        self.capacity_tokens = min(
+            len(gs.block_ids) * bs for gs, bs in zip(self.groups, self._block_sizes, strict=True)
+        )
 
     def update_keys(self, num_tokens: int) -> None:
         """Extend each group's key list to the full offloaded blocks within ``num_tokens`` tokens
@@ -144,9 +159,7 @@ class RequestOffloadState:
             have = len(gs.keys)
             if n > have:
                 step = gcfg.offloaded_block_size // hbs
-                gs.keys.extend(
-                    OffloadKey(hashes[j] + suffix) for j in range((have + 1) * step - 1, n * step, step)
-                )
+                gs.keys.extend(OffloadKey(hashes[j] + suffix) for j in range((have + 1) * step - 1, n * step, step))
 
     def reset_store_progress(self, num_computed_tokens: int) -> None:
         """Start storing at the first offloaded block not fully computed before this point."""

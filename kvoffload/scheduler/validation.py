@@ -107,8 +107,13 @@ def check_scheduled(
         if bl and any(bl):
             blocks = check_block_table(bl, num_groups, f"running_requests[{i}].block_ids")
             for g, gcfg in enumerate(groups):
-                _check_cover(len(st.groups[g].block_ids) + len(blocks[g]), gcfg.gpu_block_size, tokens,
-                             f"running_requests[{i}]", g)
+                _check_cover(
+                    len(st.groups[g].block_ids) + len(blocks[g]),
+                    gcfg.gpu_block_size,
+                    tokens,
+                    f"running_requests[{i}]",
+                    g,
+                )
         elif tokens > st.capacity_tokens:
             for g, gcfg in enumerate(groups):
                 _check_cover(len(st.groups[g].block_ids), gcfg.gpu_block_size, tokens, f"running_requests[{i}]", g)

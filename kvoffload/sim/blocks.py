@@ -164,8 +164,9 @@ class GPUBlockCache:
             ok = True
             for g, gc in enumerate(self.groups):
                 w = self._windows[g]
-                if w is not None and not self._cached_range(req, g, max(0, hit - w) // gc.gpu_block_size,
-                                                           hit // gc.gpu_block_size):
+                if w is not None and not self._cached_range(
+                    req, g, max(0, hit - w) // gc.gpu_block_size, hit // gc.gpu_block_size
+                ):
                     ok = False
                     break
             if ok:

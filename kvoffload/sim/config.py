@@ -12,7 +12,6 @@ from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerCo
 __all__ = ["GroupConfig", "EngineConfig"]
 
 
-
 @dataclass(frozen=True)
 class GroupConfig:
     """One KV-cache group of the reference engine.

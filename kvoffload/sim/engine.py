@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Engine"]
 
+
 class Engine(TransferHandling):
     """A paged-KV engine with a CPU offloading tier (see the module docstring).
 
@@ -71,16 +72,20 @@ class Engine(TransferHandling):
         if not isinstance(cfg, EngineConfig):
             raise InvalidTypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
         self.config = cfg
-        self.device = torch.device(cfg.device) if cfg.device else torch.device(
-            "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = (
+            torch.device(cfg.device) if cfg.device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
         )
         self.sched_config = cfg.scheduler_config()
         self.hash_block_size = self.sched_config.effective_hash_block_size
         self.groups = cfg.groups
         self.kv = SimKVCache(
-            [GroupKVSpec(cfg.num_gpu_blocks, g.gpu_block_size, g.num_layers, cfg.num_heads, cfg.head_dim, g.layout)
-             for g in cfg.groups],
-            cfg.dtype, self.device, cfg.seed,
+            [
+                GroupKVSpec(cfg.num_gpu_blocks, g.gpu_block_size, g.num_layers, cfg.num_heads, cfg.head_dim, g.layout)
+                for g in cfg.groups
+            ],
+            cfg.dtype,
+            self.device,
+            cfg.seed,
         )
         if manager is None:
             from kvoffload.offload.manager import CPUOffloadingManager
@@ -98,7 +103,9 @@ class Engine(TransferHandling):
 
             table = KVCacheTable.from_tensors(self.kv.tensors, self.kv.layouts)
             worker = TransferWorker(
-                table, cfg.num_cpu_blocks, [g.block_size_factor for g in cfg.groups],
+                table,
+                cfg.num_cpu_blocks,
+                [g.block_size_factor for g in cfg.groups],
                 backend=worker_backend or cfg.worker_backend,
             )
         self.worker = DelayedWorker(worker, cfg.transfer_latency_steps) if cfg.transfer_latency_steps else worker
@@ -231,8 +238,11 @@ class Engine(TransferHandling):
                     break
             if not ok:
                 break
-            running.append(ScheduledRequest(seq.req, seq.num_computed, n,
-                                            [t[b:] for t, b in zip(seq.tables, before, strict=False)]))
+            running.append(
+                ScheduledRequest(
+                    seq.req, seq.num_computed, n, [t[b:] for t, b in zip(seq.tables, before, strict=False)]
+                )
+            )
             budget -= n
             i += 1
         if not preempted:
@@ -309,8 +319,17 @@ class Engine(TransferHandling):
     def _compute(self, scheduled: list[ScheduledRequest]) -> None:
         """The step's "forward pass": write the KV of every scheduled token."""
         if scheduled:
-            self.kv.write_tokens([(self._seqs[sr.request.request_id].tables, sr.request.token_keys,
-                                   sr.num_computed_tokens, sr.num_scheduled_tokens) for sr in scheduled])
+            self.kv.write_tokens(
+                [
+                    (
+                        self._seqs[sr.request.request_id].tables,
+                        sr.request.token_keys,
+                        sr.num_computed_tokens,
+                        sr.num_scheduled_tokens,
+                    )
+                    for sr in scheduled
+                ]
+            )
 
     def _finish_step(self, scheduled: list[ScheduledRequest], st: StepStats) -> None:
         for sr in scheduled:

@@ -60,8 +60,14 @@ class SimKVCache:
             the path a CUDA device takes).
     """
 
-    def __init__(self, groups: Sequence[GroupKVSpec], dtype: torch.dtype, device: torch.device, seed: int = 0,
-                 cpu_numpy: bool = True) -> None:
+    def __init__(
+        self,
+        groups: Sequence[GroupKVSpec],
+        dtype: torch.dtype,
+        device: torch.device,
+        seed: int = 0,
+        cpu_numpy: bool = True,
+    ) -> None:
         if torch.empty(0, dtype=dtype).element_size() != 2:
             raise InvalidArgumentError(f"dtype must be a 16-bit dtype, got {dtype}")
         self.specs = tuple(groups)
@@ -151,10 +157,10 @@ class SimKVCache:
             for tables, token_keys, c, n in items:
                 pos = np.arange(c, c + n)
                 lo = c // bs
-                table = np.asarray(tables[g][lo:(c + n - 1) // bs + 1], dtype=np.int64)
+                table = np.asarray(tables[g][lo : (c + n - 1) // bs + 1], dtype=np.int64)
                 blocks.append(table[pos // bs - lo])
                 offs.append(pos % bs)
-                keys.append(token_keys[c:c + n])
+                keys.append(token_keys[c : c + n])
             self.write(g, np.concatenate(blocks), np.concatenate(offs), np.concatenate(keys))
 
     def check_blocks(self, group: int, block_ids: Sequence[int] | np.ndarray, token_keys: np.ndarray) -> np.ndarray:

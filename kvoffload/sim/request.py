@@ -72,7 +72,7 @@ def hash_blocks(token_ids: Sequence[int] | np.ndarray, block_size: int, parent: 
     toks = np.asarray(token_ids, dtype=np.int64)
     out: list[bytes] = []
     for i in range(len(toks) // block_size):
-        parent = hash_block(parent, toks[i * block_size:(i + 1) * block_size])
+        parent = hash_block(parent, toks[i * block_size : (i + 1) * block_size])
         out.append(parent)
     return out
 
@@ -195,7 +195,7 @@ class SimRequest:
         self._num_keys = pos + 1
         if r == hbs - 1:
             parent_hash = self.block_hashes[-1] if self.block_hashes else b""
-            self.block_hashes.append(hash_block(parent_hash, self.all_token_ids[blk * hbs:(blk + 1) * hbs]))
+            self.block_hashes.append(hash_block(parent_hash, self.all_token_ids[blk * hbs : (blk + 1) * hbs]))
             self._run = 0
         else:
             self._run = run
@@ -211,7 +211,7 @@ class SimRequest:
         toks = np.asarray(self.all_token_ids[n0:n1], dtype=np.uint64)
         parent = self.block_hashes[-1] if self.block_hashes else b""
         for b in range(len(self.block_hashes), n1 // hbs):
-            parent = hash_block(parent, np.asarray(self.all_token_ids[b * hbs:(b + 1) * hbs], dtype=np.int64))
+            parent = hash_block(parent, np.asarray(self.all_token_ids[b * hbs : (b + 1) * hbs], dtype=np.int64))
             self.block_hashes.append(parent)
         pos = np.arange(n0, n1, dtype=np.int64)
         blk = pos // hbs

@@ -115,7 +115,10 @@ class TransferRecord:
         """Record a :class:`~kvoffload.scheduler.jobs.TransferJob` submitted at ``step``."""
         gspec = job.gpu_spec
         return cls(
-            step, job.job_id, job.req_id, "store" if job.is_store else "load",
+            step,
+            job.job_id,
+            job.req_id,
+            "store" if job.is_store else "load",
             tuple(tuple(o.tolist()) for o in job.block_offsets),
             tuple(tuple(gspec.group_block_ids(g).tolist()) for g in range(len(gspec.group_sizes))),
             tuple(job.keys),

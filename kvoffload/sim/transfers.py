@@ -108,7 +108,7 @@ class TransferHandling:
     def _verify(self, seq: Seq, g: int, lo: int, hi: int, gpu_hit: bool = False) -> None:
         """Check GPU blocks ``[lo, hi)`` of ``seq`` (group g) hold exactly the KV computed for them."""
         bs = self.groups[g].gpu_block_size
-        ok = self.kv.check_blocks(g, seq.tables[g][lo:hi], seq.req.token_keys[lo * bs:hi * bs])
+        ok = self.kv.check_blocks(g, seq.tables[g][lo:hi], seq.req.token_keys[lo * bs : hi * bs])
         if gpu_hit:
             self.stats.verified_gpu_hit_blocks += int(ok.size)
         else:
@@ -116,5 +116,11 @@ class TransferHandling:
         bad = int(ok.size - ok.sum())
         if bad:
             self.stats.verification_failures += bad
-            logger.error("request %s group %d: %d of %d %s blocks differ from the computed KV", seq.req.request_id,
-                         g, bad, ok.size, "GPU prefix-cache" if gpu_hit else "loaded")
+            logger.error(
+                "request %s group %d: %d of %d %s blocks differ from the computed KV",
+                seq.req.request_id,
+                g,
+                bad,
+                ok.size,
+                "GPU prefix-cache" if gpu_hit else "loaded",
+            )

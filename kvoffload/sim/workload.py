@@ -191,5 +191,9 @@ def write_trace(path: str | Path, turns: list[ChatTurn]) -> None:
     """Write chat turns as a JSONL trace with ``token_ids`` (readable by :func:`read_trace`)."""
     with Path(path).open("w") as f:
         for t in turns:
-            f.write(json.dumps({"request_id": t.request_id, "token_ids": list(t.prompt_token_ids),
-                                "max_tokens": t.max_tokens}) + "\n")
+            f.write(
+                json.dumps(
+                    {"request_id": t.request_id, "token_ids": list(t.prompt_token_ids), "max_tokens": t.max_tokens}
+                )
+                + "\n"
+            )

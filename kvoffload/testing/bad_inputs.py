@@ -28,7 +28,7 @@ Args = dict[str, Any]
 @dataclass(frozen=True)
 class BadInput:
     name: str
-    mutate: Callable[[Args, KVCacheTable], Args]   # valid args -> bad args
+    mutate: Callable[[Args, KVCacheTable], Args]  # valid args -> bad args
     error: type[Exception]
     directions: tuple[str, ...] = ("pack", "unpack")
     cuda_only: bool = False
@@ -40,6 +40,7 @@ def _set(**kw: Any) -> Callable[[Args, KVCacheTable], Args]:
         for k, v in kw.items():
             out[k] = v(args, table) if callable(v) else v
         return out
+
     return f
 
 
@@ -108,26 +109,36 @@ def bad_input_cases() -> list[BadInput]:
     return [
         BadInput("block_id_out_of_range", _block_out_of_range, InvalidArgumentError),
         BadInput("negative_block_id", _negative_block, InvalidArgumentError),
-        BadInput("group_id_out_of_range", _set(group_ids=lambda a, t: np.full_like(a["group_ids"], t.num_groups)),
-                 InvalidArgumentError),
+        BadInput(
+            "group_id_out_of_range",
+            _set(group_ids=lambda a, t: np.full_like(a["group_ids"], t.num_groups)),
+            InvalidArgumentError,
+        ),
         BadInput("lengths_disagree", _set(block_ids=lambda a, t: a["block_ids"][:-1]), InvalidArgumentError),
-        BadInput("offsets_length_disagree", _set(host_offsets=lambda a, t: a["host_offsets"][1:]),
-                 InvalidArgumentError),
+        BadInput(
+            "offsets_length_disagree", _set(host_offsets=lambda a, t: a["host_offsets"][1:]), InvalidArgumentError
+        ),
         BadInput("record_past_end_of_host", _record_past_end, InvalidArgumentError),
         BadInput("host_too_small", _host_too_small, InvalidArgumentError),
-        BadInput("negative_host_offset",
-                 _set(host_offsets=lambda a, t: a["host_offsets"] - int(a["host_offsets"].max()) - 1),
-                 InvalidArgumentError),
+        BadInput(
+            "negative_host_offset",
+            _set(host_offsets=lambda a, t: a["host_offsets"] - int(a["host_offsets"].max()) - 1),
+            InvalidArgumentError,
+        ),
         BadInput("host_dtype_not_uint8", _set(host=lambda a, t: a["host"].view(torch.int8)), InvalidTypeError),
-        BadInput("host_not_1d", _set(host=lambda a, t: a["host"][: a["host"].numel() // 2 * 2].view(2, -1)),
-                 InvalidArgumentError),
+        BadInput(
+            "host_not_1d",
+            _set(host=lambda a, t: a["host"][: a["host"].numel() // 2 * 2].view(2, -1)),
+            InvalidArgumentError,
+        ),
         BadInput("host_not_contiguous", _set(host=lambda a, t: a["host"][::2]), InvalidArgumentError),
         BadInput("host_not_a_tensor", _set(host=lambda a, t: a["host"].numpy()), InvalidTypeError),
-        BadInput("host_on_wrong_device", _set(host=lambda a, t: torch.empty(a["host"].numel(), dtype=torch.uint8,
-                                                                            device="meta")),
-                 InvalidArgumentError),
-        BadInput("host_on_cuda", _set(host=lambda a, t: a["host"].to(t.device)), InvalidArgumentError,
-                 cuda_only=True),
+        BadInput(
+            "host_on_wrong_device",
+            _set(host=lambda a, t: torch.empty(a["host"].numel(), dtype=torch.uint8, device="meta")),
+            InvalidArgumentError,
+        ),
+        BadInput("host_on_cuda", _set(host=lambda a, t: a["host"].to(t.device)), InvalidArgumentError, cuda_only=True),
         BadInput("host_not_pinned", _set(host=lambda a, t: a["host"].clone()), InvalidArgumentError, cuda_only=True),
         BadInput("block_ids_float", _set(block_ids=lambda a, t: a["block_ids"].astype(np.float64)), InvalidTypeError),
         BadInput("block_ids_bool", _set(block_ids=lambda a, t: a["block_ids"] > 0), InvalidTypeError),
@@ -142,8 +153,13 @@ def check_bad_input(backend: KernelBackend, case: Case, job: Job, bad: BadInput,
     """Run one bad call; assert ``bad.error`` is raised and no host or cache byte changed."""
     table = case.table()
     host = make_host(job.host_bytes, table.device, seed=7)
-    args: Args = {"table": table, "host": host, "block_ids": job.block_ids.copy(),
-                  "group_ids": job.group_ids.copy(), "host_offsets": job.host_offsets.copy()}
+    args: Args = {
+        "table": table,
+        "host": host,
+        "block_ids": job.block_ids.copy(),
+        "group_ids": job.group_ids.copy(),
+        "host_offsets": job.host_offsets.copy(),
+    }
     args = bad.mutate(args, table)
     host_before = host.clone()
     cache_before = snapshot(case)
@@ -153,8 +169,9 @@ def check_bad_input(backend: KernelBackend, case: Case, job: Job, bad: BadInput,
     except bad.error:
         pass
     except Exception as exc:  # noqa: BLE001 - report the wrong type precisely
-        raise AssertionError(f"{bad.name}/{direction}: expected {bad.error.__name__}, got "
-                             f"{type(exc).__name__}: {exc}") from exc
+        raise AssertionError(
+            f"{bad.name}/{direction}: expected {bad.error.__name__}, got {type(exc).__name__}: {exc}"
+        ) from exc
     else:
         raise AssertionError(f"{bad.name}/{direction}: expected {bad.error.__name__}, nothing was raised")
     if table.device.type == "cuda":

@@ -163,8 +163,7 @@ def _generic_groups(a: _Alloc, dt: torch.dtype, nb: int) -> tuple[list[list[torc
     padded0 = a.tensor((nb, 8), dt)[:, :6].unflatten(1, (2, 3))
     # block_dim 2: leading [2, 2] -> 4 canonical tensors of [nb, 4]
     lead = a.tensor((2, 2, nb + 1, 4), dt)
-    return ([[padded], [padded0], [], [lead]],
-            [GenericLayout(1), GenericLayout(0), GenericLayout(1), GenericLayout(2)])
+    return ([[padded], [padded0], [], [lead]], [GenericLayout(1), GenericLayout(0), GenericLayout(1), GenericLayout(2)])
 
 
 def _mixed_groups(a: _Alloc, dt: torch.dtype, nb: int) -> tuple[list[list[torch.Tensor]], list[LayoutSpec]]:
@@ -187,8 +186,9 @@ def case_names() -> list[str]:
     return list(CASE_BUILDERS)
 
 
-def build_case(kind: str, dtype: str | torch.dtype, device: torch.device | str = "cpu", seed: int = 0,
-               num_blocks: int = 6) -> Case:
+def build_case(
+    kind: str, dtype: str | torch.dtype, device: torch.device | str = "cpu", seed: int = 0, num_blocks: int = 6
+) -> Case:
     """A fresh :class:`Case` of ``kind`` (see :data:`CASE_BUILDERS`) filled with random bytes."""
     dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
     a = _Alloc(torch.device(device), seed)

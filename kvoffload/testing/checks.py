@@ -23,14 +23,15 @@ __all__ = ["Job", "make_job", "make_host", "check_pack", "check_unpack", "assert
 
 @dataclass
 class Job:
-    block_ids: np.ndarray      # int64
-    group_ids: np.ndarray      # int32
-    host_offsets: np.ndarray   # int64
-    host_bytes: int            # size of the host buffer the job fits in
+    block_ids: np.ndarray  # int64
+    group_ids: np.ndarray  # int32
+    host_offsets: np.ndarray  # int64
+    host_bytes: int  # size of the host buffer the job fits in
 
 
-def make_job(case: Case, table: KVCacheTable, seed: int = 0, per_group: int = 3, base: int = 16,
-             slot_pad: int = 16) -> Job:
+def make_job(
+    case: Case, table: KVCacheTable, seed: int = 0, per_group: int = 3, base: int = 16, slot_pad: int = 16
+) -> Job:
     """Random distinct blocks of every group (incl. entries of empty groups), random slots.
 
     Records sit at ``base + slot * slot_bytes`` with ``slot_bytes = max_record + slot_pad``
@@ -55,8 +56,12 @@ def make_job(case: Case, table: KVCacheTable, seed: int = 0, per_group: int = 3,
     slots = rng.permutation(n + 2)[:n]
     offsets = base + slots * slot_bytes
     host_bytes = base + (n + 2) * slot_bytes + 8
-    return Job(np.asarray(bids, dtype=np.int64)[order], np.asarray(gids, dtype=np.int32)[order],
-               offsets.astype(np.int64), host_bytes)
+    return Job(
+        np.asarray(bids, dtype=np.int64)[order],
+        np.asarray(gids, dtype=np.int32)[order],
+        offsets.astype(np.int64),
+        host_bytes,
+    )
 
 
 def make_host(nbytes: int, device: torch.device, seed: int = 1) -> torch.Tensor:
@@ -86,8 +91,9 @@ def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) 
     diff = torch.nonzero(a != e)
     if diff.numel():
         i = int(diff[0, 0])
-        raise AssertionError(f"{what}: {diff.shape[0]} bytes differ, first at byte {i}: "
-                             f"got {int(a[i])}, expected {int(e[i])}")
+        raise AssertionError(
+            f"{what}: {diff.shape[0]} bytes differ, first at byte {i}: got {int(a[i])}, expected {int(e[i])}"
+        )
 
 
 def check_pack(backend: KernelBackend, case: Case, job: Job, seed: int = 1) -> None:
@@ -97,7 +103,7 @@ def check_pack(backend: KernelBackend, case: Case, job: Job, seed: int = 1) -> N
     expected = host.clone()
     for b, g, o in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True):
         rec = expected_record(case, g, b)
-        expected[o:o + rec.numel()] = rec
+        expected[o : o + rec.numel()] = rec
     before = snapshot(case)
     backend.pack(table, host, job.block_ids, job.group_ids, job.host_offsets)
     _sync(table.device)
@@ -115,7 +121,7 @@ def check_unpack(backend: KernelBackend, case: Case, job: Job, seed: int = 2) ->
     for b, g, o in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True):
         pos = o
         for bi, start, nbytes in page_locations(case, g, b):
-            expected[bi][start:start + nbytes] = host[pos:pos + nbytes]
+            expected[bi][start : start + nbytes] = host[pos : pos + nbytes]
             pos += nbytes
     backend.unpack(table, host, job.block_ids, job.group_ids, job.host_offsets)
     _sync(table.device)
@@ -134,7 +140,7 @@ def check_roundtrip(backend: KernelBackend, src: Case, dst: Case, job: Job) -> N
         rec = expected_record(src, g, b)
         pos = 0
         for bi, start, nbytes in page_locations(dst, g, b):
-            expected[bi][start:start + nbytes] = rec[pos:pos + nbytes]
+            expected[bi][start : start + nbytes] = rec[pos : pos + nbytes]
             pos += nbytes
     backend.unpack(t_dst, host, job.block_ids, job.group_ids, job.host_offsets)
     _sync(t_dst.device)

@@ -17,7 +17,17 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvoffload", "kvoffload backend conformance suite")
-    group.addoption("--kvoffload-backend", action="append", default=None, metavar="NAME",
-                    help="kernel backend to test: registered name or 'module:Class' (repeatable)")
-    group.addoption("--kvoffload-device", action="append", default=None, metavar="DEVICE",
-                    help="device of the KV cache (repeatable; default: cpu and cuda)")
+    group.addoption(
+        "--kvoffload-backend",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="kernel backend to test: registered name or 'module:Class' (repeatable)",
+    )
+    group.addoption(
+        "--kvoffload-device",
+        action="append",
+        default=None,
+        metavar="DEVICE",
+        help="device of the KV cache (repeatable; default: cpu and cuda)",
+    )

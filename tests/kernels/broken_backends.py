@@ -16,8 +16,9 @@ class ShiftedRecords(TorchBackend):
     name = "broken-shifted"
 
     def _copy(self, job: TransferJob, to_host: bool) -> None:
-        shifted = TransferJob(job.table, job.host, job.block_ids, job.group_ids, job.host_offsets + 1,
-                              job.record_bytes, job.total_bytes)
+        shifted = TransferJob(
+            job.table, job.host, job.block_ids, job.group_ids, job.host_offsets + 1, job.record_bytes, job.total_bytes
+        )
         super()._copy(shifted, to_host)
 
 
@@ -29,7 +30,7 @@ class SkipsLastView(TorchBackend):
     def _copy(self, job: TransferJob, to_host: bool) -> None:
         for b, g, off in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True):
             for v in job.table.groups[g].views[:-1]:
-                dst = job.host[off + v.record_offset:off + v.record_offset + v.page_bytes]
+                dst = job.host[off + v.record_offset : off + v.record_offset + v.page_bytes]
                 if to_host:
                     dst.copy_(v.pages[b])
                 else:

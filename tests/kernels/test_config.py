@@ -38,18 +38,22 @@ def test_lookup_order_device_name_then_capability_then_default() -> None:
 
 def test_files_merge_in_name_order(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text(json.dumps({"default": {"num_programs": 4, "block_bytes": 1024}}))
-    (tmp_path / "b.json").write_text(json.dumps({"note": "x", "default": {"num_programs": 6},
-                                                 "device_name": {"G": {"num_warps": 2}}}))
+    (tmp_path / "b.json").write_text(
+        json.dumps({"note": "x", "default": {"num_programs": 6}, "device_name": {"G": {"num_warps": 2}}})
+    )
     tables = load_tables(str(tmp_path))
     assert resolve_config(tables, "G", (9, 0)) == LaunchConfig(6, 1024, 2)
 
 
-@pytest.mark.parametrize("content", [
-    "{not json",
-    json.dumps([1, 2]),
-    json.dumps({"defaults": {}}),
-    json.dumps({"compute_capability": {"9": 3}}),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        json.dumps([1, 2]),
+        json.dumps({"defaults": {}}),
+        json.dumps({"compute_capability": {"9": 3}}),
+    ],
+)
 def test_bad_files_rejected(tmp_path: Path, content: str) -> None:
     (tmp_path / "bad.json").write_text(content)
     with pytest.raises(InvalidArgumentError):

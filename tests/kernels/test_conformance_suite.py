@@ -35,9 +35,11 @@ def test_documented_command_passes_torch_backend() -> None:
 
 @pytest.mark.slow
 def test_env_var_form_and_module_class_spec() -> None:
-    rc, out = _run_suite("-k", "test_pack_byte_exact and mla",
-                         env={"KVOFFLOAD_BACKEND": "kvoffload.kernels.torch_ref:TorchBackend",
-                              "KVOFFLOAD_TEST_DEVICE": "cpu"})
+    rc, out = _run_suite(
+        "-k",
+        "test_pack_byte_exact and mla",
+        env={"KVOFFLOAD_BACKEND": "kvoffload.kernels.torch_ref:TorchBackend", "KVOFFLOAD_TEST_DEVICE": "cpu"},
+    )
     assert rc == 0, out[-3000:]
     assert _count(out, "passed") == 4
 

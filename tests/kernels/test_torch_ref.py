@@ -48,7 +48,7 @@ def test_dense_records_at_slot_boundaries() -> None:
     be.pack(table, host, ids, job_g, offs)
     for b, o in zip(ids.tolist(), offs.tolist(), strict=True):
         exp = torch.cat([t[b].contiguous().view(torch.uint8).reshape(-1) for t in case.groups[1]])
-        assert torch.equal(host[o:o + rb], exp)
+        assert torch.equal(host[o : o + rb], exp)
 
 
 def test_empty_job_is_a_no_op() -> None:

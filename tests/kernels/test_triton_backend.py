@@ -71,14 +71,17 @@ def test_interpreted_matches_torch_reference(kind: str) -> None:
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize(("kind", "dtype", "base", "pad", "expected"), [
-    ("flashinfer", "fp32", 0, 16, 16),
-    ("flashinfer", "fp32", 8, 8, 8),
-    ("flashinfer", "fp16", 4, 4, 4),
-    ("mla", "fp16", 16, 16, 2),
-    ("mla", "fp8", 16, 16, 1),
-    ("flashinfer", "fp32", 3, 16, 1),
-])
+@pytest.mark.parametrize(
+    ("kind", "dtype", "base", "pad", "expected"),
+    [
+        ("flashinfer", "fp32", 0, 16, 16),
+        ("flashinfer", "fp32", 8, 8, 8),
+        ("flashinfer", "fp16", 4, 4, 4),
+        ("mla", "fp16", 16, 16, 2),
+        ("mla", "fp8", 16, 16, 1),
+        ("flashinfer", "fp32", 3, 16, 1),
+    ],
+)
 def test_word_width_follows_alignment(kind: str, dtype: str, base: int, pad: int, expected: int) -> None:
     case = build_case(kind, dtype, seed=33)
     table = case.table()
@@ -200,13 +203,13 @@ def test_cuda_large_offsets_are_64_bit() -> None:
     gids = np.array([1], dtype=np.int32)
     offs = np.array([off], dtype=np.int64)
     host[:8192].fill_(7)
-    host[off - 64:off + rb + 64].fill_(7)
+    host[off - 64 : off + rb + 64].fill_(7)
     TritonBackend().pack(table, host, bids, gids, offs)
     torch.cuda.synchronize()
     exp = torch.cat([t[2].contiguous().view(torch.uint8).reshape(-1).cpu() for t in case.groups[1]])
-    assert torch.equal(host[off:off + rb], exp)
-    assert bool((host[:8192] == 7).all()) and bool((host[off - 64:off] == 7).all())
-    assert bool((host[off + rb:off + rb + 64] == 7).all())
+    assert torch.equal(host[off : off + rb], exp)
+    assert bool((host[:8192] == 7).all()) and bool((host[off - 64 : off] == 7).all())
+    assert bool((host[off + rb : off + rb + 64] == 7).all())
 
 
 @pytest.mark.interpreter
@@ -219,8 +222,8 @@ def test_single_block_single_view_job() -> None:
     before = host.clone()
     TritonBackend().pack(table, host, np.array([4]), np.array([0], dtype=np.int32), np.array([32]))
     exp = t[4].contiguous().view(torch.uint8).reshape(-1)
-    assert torch.equal(host[32:32 + exp.numel()], exp)
-    assert torch.equal(host[:32], before[:32]) and torch.equal(host[32 + exp.numel():], before[32 + exp.numel():])
+    assert torch.equal(host[32 : 32 + exp.numel()], exp)
+    assert torch.equal(host[:32], before[:32]) and torch.equal(host[32 + exp.numel() :], before[32 + exp.numel() :])
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -234,13 +237,27 @@ def test_kernel_compiles_for_gpus_with_wide_accesses() -> None:
 
     from kvoffload.kernels.triton_kernels import copy_records_kernel
 
-    sig = {"cache_ptr": "*i64", "host_ptr": "*i64", "views_ptr": "*i64", "groups_ptr": "*i64", "job_ptr": "*i64",
-           "n_job": "i32", "max_views": "i32", "TO_HOST": "constexpr", "VEC": "constexpr", "BLOCK": "constexpr"}
+    sig = {
+        "cache_ptr": "*i64",
+        "host_ptr": "*i64",
+        "views_ptr": "*i64",
+        "groups_ptr": "*i64",
+        "job_ptr": "*i64",
+        "n_job": "i32",
+        "max_views": "i32",
+        "TO_HOST": "constexpr",
+        "VEC": "constexpr",
+        "BLOCK": "constexpr",
+    }
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
     for to_host in (True, False):
         try:
-            src = ASTSource(fn=copy_records_kernel, signature=sig,
-                            constexprs={"TO_HOST": to_host, "VEC": 2, "BLOCK": 2048}, attrs=attrs)
+            src = ASTSource(
+                fn=copy_records_kernel,
+                signature=sig,
+                constexprs={"TO_HOST": to_host, "VEC": 2, "BLOCK": 2048},
+                attrs=attrs,
+            )
         except TypeError as exc:  # a Triton whose ASTSource takes other arguments
             pytest.skip(f"ASTSource API differs in triton {triton.__version__}: {exc}")
         ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]

@@ -99,8 +99,13 @@ def test_spec_copies_its_input() -> None:
 
 @pytest.mark.parametrize(
     ("ids", "err"),
-    [([-1], InvalidArgumentError), ([True], InvalidTypeError), ([1.5], InvalidTypeError),
-     (np.array([1.0]), InvalidTypeError), (np.zeros((2, 2), dtype=np.int64), InvalidArgumentError)],
+    [
+        ([-1], InvalidArgumentError),
+        ([True], InvalidTypeError),
+        ([1.5], InvalidTypeError),
+        (np.array([1.0]), InvalidTypeError),
+        (np.zeros((2, 2), dtype=np.int64), InvalidArgumentError),
+    ],
 )
 def test_spec_rejects_bad_ids(ids: object, err: type[Exception]) -> None:
     with pytest.raises(err, match="block_ids"):

@@ -137,8 +137,13 @@ def test_repeated_key_in_complete_load_unpins_per_occurrence() -> None:
 
 @pytest.mark.parametrize(
     "n,exc",
-    [(-1, InvalidArgumentError), (True, InvalidTypeError), (4.0, InvalidTypeError), ("4", InvalidTypeError),
-     (None, InvalidTypeError)],
+    [
+        (-1, InvalidArgumentError),
+        (True, InvalidTypeError),
+        (4.0, InvalidTypeError),
+        ("4", InvalidTypeError),
+        (None, InvalidTypeError),
+    ],
 )
 def test_bad_num_blocks(n: object, exc: type) -> None:
     with pytest.raises(exc, match="num_blocks"):

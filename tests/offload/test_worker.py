@@ -53,11 +53,17 @@ def _fp8() -> torch.dtype:
 def groups_three(nb: tuple[int, int, int], third: str) -> list[GroupSpec]:
     """g0 flash-attn fp16 (two tensors, one aliased layer), g1 MLA bf16 with padded block stride
     plus an fp8 MLA layer, g2 either empty (no tensors) or flashinfer fp32."""
-    g0 = GroupSpec("flash_attn", (_contig(torch.float16, (2, nb[0], 2, 2, 4)),
-                                  _contig(torch.float16, (2, nb[0], 2, 2, 4), offset=8)), (0, 1, 0))
+    g0 = GroupSpec(
+        "flash_attn",
+        (_contig(torch.float16, (2, nb[0], 2, 2, 4)), _contig(torch.float16, (2, nb[0], 2, 2, 4), offset=8)),
+        (0, 1, 0),
+    )
     pad = 3 * 8 + 5  # 5 elements of padding after every block
-    g1 = GroupSpec("mla", (TensorSpec(torch.bfloat16, (nb[1], 3, 8), (pad, 8, 1), 4),
-                           _contig(_fp8(), (nb[1], 3, 8), offset=16)), (0, 1))
+    g1 = GroupSpec(
+        "mla",
+        (TensorSpec(torch.bfloat16, (nb[1], 3, 8), (pad, 8, 1), 4), _contig(_fp8(), (nb[1], 3, 8), offset=16)),
+        (0, 1),
+    )
     if third == "empty":
         g2 = GroupSpec("mla", (), ())
     else:
@@ -77,10 +83,11 @@ class Cache:
     def __init__(self, specs: list[GroupSpec], seed: int, device: str = "cpu") -> None:
         self.specs = specs
         gen = torch.Generator().manual_seed(seed)
-        self.bases = [[torch.randint(0, 256, (_nbytes(ts),), dtype=torch.uint8, generator=gen).to(device)
-                       for ts in g.tensors] for g in specs]
-        self.tensors = [[self.view(g, t, self.bases[g][t]) for t in range(len(s.tensors))]
-                        for g, s in enumerate(specs)]
+        self.bases = [
+            [torch.randint(0, 256, (_nbytes(ts),), dtype=torch.uint8, generator=gen).to(device) for ts in g.tensors]
+            for g in specs
+        ]
+        self.tensors = [[self.view(g, t, self.bases[g][t]) for t in range(len(s.tensors))] for g, s in enumerate(specs)]
 
     def view(self, g: int, t: int, base: torch.Tensor) -> torch.Tensor:
         ts = self.specs[g].tensors[t]
@@ -121,12 +128,16 @@ def as_bytes(x: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- job builder
 
 
-def make_job(rng: np.random.Generator, cache: Cache, sizes: list[int], indices: list[int], factors: list[int],
-             num_slots: int) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec, list[list[int]]]:
+def make_job(
+    rng: np.random.Generator, cache: Cache, sizes: list[int], indices: list[int], factors: list[int], num_slots: int
+) -> tuple[GPULoadStoreSpec, CPULoadStoreSpec, list[list[int]]]:
     ids, per_group = [], []
     for g, n in enumerate(sizes):
-        nblocks = cache.specs[g].tensors[0].shape[1 if cache.specs[g].layout == "flash_attn" else 0] \
-            if cache.specs[g].tensors else 50
+        nblocks = (
+            cache.specs[g].tensors[0].shape[1 if cache.specs[g].layout == "flash_attn" else 0]
+            if cache.specs[g].tensors
+            else 50
+        )
         chosen = rng.permutation(nblocks)[:n].tolist()
         per_group.append(chosen)
         ids += chosen
@@ -135,8 +146,14 @@ def make_job(rng: np.random.Generator, cache: Cache, sizes: list[int], indices: 
     return GPULoadStoreSpec(ids, sizes, indices), CPULoadStoreSpec(slots), per_group
 
 
-def reference_offsets(per_group: list[list[int]], indices: list[int], factors: list[int], slots: list[int],
-                      slot_bytes: int, record_bytes: list[int]) -> list[tuple[int, int, int]]:
+def reference_offsets(
+    per_group: list[list[int]],
+    indices: list[int],
+    factors: list[int],
+    slots: list[int],
+    slot_bytes: int,
+    record_bytes: list[int],
+) -> list[tuple[int, int, int]]:
     """(group, block, host offset) of every mapped block, from the documented formula (blocks of
     groups without pages move nothing and are left out)."""
     out, c = [], 0
@@ -162,8 +179,16 @@ def _backend_or_skip(name: str, device: str) -> str:
     return name
 
 
-def run_round_trip(backend: str, factors: list[int], third: str, sizes: list[int], indices: list[int],
-                   seed: int, device: str = "cpu", num_slots: int = 12) -> None:
+def run_round_trip(
+    backend: str,
+    factors: list[int],
+    third: str,
+    sizes: list[int],
+    indices: list[int],
+    seed: int,
+    device: str = "cpu",
+    num_slots: int = 12,
+) -> None:
     rng = np.random.default_rng(seed)
     nb = (9, 7, 5)
     src = Cache(groups_three(nb, third), seed, device)
@@ -194,7 +219,7 @@ def run_round_trip(backend: str, factors: list[int], third: str, sizes: list[int
     expected_pool = pool_before.clone()
     for g, b, off in mapped:
         rec = torch.cat([as_bytes(p) for p in src.pages(g, b)])
-        expected_pool[off:off + rb[g]] = rec
+        expected_pool[off : off + rb[g]] = rec
     assert torch.equal(pool, expected_pool)
     for g in range(3):
         for t, base in enumerate(src.bases[g]):
@@ -205,7 +230,7 @@ def run_round_trip(backend: str, factors: list[int], third: str, sizes: list[int
     dst_ids, dst_per_group = [], []
     for g, blocks in enumerate(per_group):
         nblocks = nb[g] if dst.specs[g].tensors else 50
-        chosen = rng.permutation(nblocks)[:len(blocks)].tolist()
+        chosen = rng.permutation(nblocks)[: len(blocks)].tolist()
         dst_per_group.append(chosen)
         dst_ids += chosen
     load_gpu = GPULoadStoreSpec(dst_ids, sizes, indices)
@@ -258,8 +283,9 @@ def test_round_trip_random_torch() -> None:
 # ----------------------------------------------------------------------------- reporting
 
 
-def _worker(backend: str | KernelBackend = "torch", factors: list[int] | int = 1, num_slots: int = 6,
-            third: str = "flashinfer") -> tuple[TransferWorker, Cache]:
+def _worker(
+    backend: str | KernelBackend = "torch", factors: list[int] | int = 1, num_slots: int = 6, third: str = "flashinfer"
+) -> tuple[TransferWorker, Cache]:
     cache = Cache(groups_three((9, 7, 5), third), 3)
     return TransferWorker(cache.table(), num_slots, factors, backend=backend), cache
 
@@ -330,7 +356,9 @@ def test_backend_exception_is_reported_as_failure() -> None:
     assert w.transfer_async(4, (cpu, gpu)) is True
     res = w.get_finished()
     assert [(r.job_id, r.success, r.transfer_size, r.transfer_time, r.transfer_type) for r in res] == [
-        (3, False, 0, 0.0, STORE), (4, False, 0, 0.0, LOAD)]
+        (3, False, 0, 0.0, STORE),
+        (4, False, 0, 0.0, LOAD),
+    ]
     assert w.get_finished() == []
 
 

@@ -23,33 +23,78 @@ def _snapshot(w: TransferWorker, cache: Cache) -> tuple[torch.Tensor, list[list[
 def _unchanged(w: TransferWorker, cache: Cache, snap: tuple[torch.Tensor, list[list[torch.Tensor]]]) -> bool:
     pool, bases = snap
     return torch.equal(w.host_pool.buffer, pool) and all(
-        torch.equal(a, b) for a, b in zip(sum(cache.bases, []), sum(bases, []), strict=True))
+        torch.equal(a, b) for a, b in zip(sum(cache.bases, []), sum(bases, []), strict=True)
+    )
 
 
 BAD_SPECS: list[tuple[str, Callable[[], object], type[Exception], str]] = [
-    ("slot out of range", lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1, 6])),
-     InvalidArgumentError, "slot id 6"),
-    ("load slot out of range", lambda: (CPULoadStoreSpec([0, 9, 1]), GPULoadStoreSpec([3, 1, 4], [1, 1, 1])),
-     InvalidArgumentError, "slot id 9"),
-    ("too many slots", lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1, 2, 3])),
-     InvalidArgumentError, "slot ids"),
-    ("too few slots", lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1])),
-     InvalidArgumentError, "slot ids"),
-    ("group count", lambda: (GPULoadStoreSpec([3, 1], [1, 1]), CPULoadStoreSpec([0, 1])),
-     InvalidArgumentError, "groups"),
-    ("gpu block out of range", lambda: (GPULoadStoreSpec([3, 7, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1, 2])),
-     InvalidArgumentError, "block id 7 of group 1"),
-    ("store same slot twice", lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1, 1])),
-     InvalidArgumentError, "same slot"),
-    ("load same block twice", lambda: (CPULoadStoreSpec([0, 1, 2, 3]), GPULoadStoreSpec([3, 3, 1, 4], [2, 1, 1])),
-     InvalidArgumentError, "same GPU block"),
-    ("gpu gpu", lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), GPULoadStoreSpec([3, 1, 4], [1, 1, 1])),
-     InvalidTypeError, "GPULoadStoreSpec"),
-    ("cpu cpu", lambda: (CPULoadStoreSpec([0, 1, 2]), CPULoadStoreSpec([0, 1, 2])),
-     InvalidTypeError, "CPULoadStoreSpec"),
+    (
+        "slot out of range",
+        lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1, 6])),
+        InvalidArgumentError,
+        "slot id 6",
+    ),
+    (
+        "load slot out of range",
+        lambda: (CPULoadStoreSpec([0, 9, 1]), GPULoadStoreSpec([3, 1, 4], [1, 1, 1])),
+        InvalidArgumentError,
+        "slot id 9",
+    ),
+    (
+        "too many slots",
+        lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1, 2, 3])),
+        InvalidArgumentError,
+        "slot ids",
+    ),
+    (
+        "too few slots",
+        lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1])),
+        InvalidArgumentError,
+        "slot ids",
+    ),
+    (
+        "group count",
+        lambda: (GPULoadStoreSpec([3, 1], [1, 1]), CPULoadStoreSpec([0, 1])),
+        InvalidArgumentError,
+        "groups",
+    ),
+    (
+        "gpu block out of range",
+        lambda: (GPULoadStoreSpec([3, 7, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1, 2])),
+        InvalidArgumentError,
+        "block id 7 of group 1",
+    ),
+    (
+        "store same slot twice",
+        lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), CPULoadStoreSpec([0, 1, 1])),
+        InvalidArgumentError,
+        "same slot",
+    ),
+    (
+        "load same block twice",
+        lambda: (CPULoadStoreSpec([0, 1, 2, 3]), GPULoadStoreSpec([3, 3, 1, 4], [2, 1, 1])),
+        InvalidArgumentError,
+        "same GPU block",
+    ),
+    (
+        "gpu gpu",
+        lambda: (GPULoadStoreSpec([3, 1, 4], [1, 1, 1]), GPULoadStoreSpec([3, 1, 4], [1, 1, 1])),
+        InvalidTypeError,
+        "GPULoadStoreSpec",
+    ),
+    (
+        "cpu cpu",
+        lambda: (CPULoadStoreSpec([0, 1, 2]), CPULoadStoreSpec([0, 1, 2])),
+        InvalidTypeError,
+        "CPULoadStoreSpec",
+    ),
     ("not a pair", lambda: (CPULoadStoreSpec([0, 1, 2]),), InvalidTypeError, "pair"),
-    ("three specs", lambda: (CPULoadStoreSpec([0]), CPULoadStoreSpec([0]), CPULoadStoreSpec([0])),
-     InvalidTypeError, "pair"),
+    (
+        "three specs",
+        lambda: (CPULoadStoreSpec([0]), CPULoadStoreSpec([0]), CPULoadStoreSpec([0])),
+        InvalidTypeError,
+        "pair",
+    ),
     ("not specs", lambda: ([0, 1, 2], [3, 1, 4]), InvalidTypeError, "LoadStoreSpec"),
     ("dict", lambda: {"src": 1}, InvalidTypeError, "pair"),
 ]

@@ -34,8 +34,9 @@ def test_random_round_trips_cuda_triton() -> None:
     for seed in range(8):
         factors = rng.integers(1, 4, 3).tolist()
         sizes = [int(rng.integers(0, 6)) for _ in range(2)] + [int(rng.integers(0, 5))]
-        run_round_trip("triton", factors, "flashinfer", sizes, rng.integers(0, 9, 3).tolist(), seed,
-                       device="cuda", num_slots=20)
+        run_round_trip(
+            "triton", factors, "flashinfer", sizes, rng.integers(0, 9, 3).tolist(), seed, device="cuda", num_slots=20
+        )
 
 
 def _store_spec() -> tuple[GPULoadStoreSpec, CPULoadStoreSpec]:

@@ -53,7 +53,13 @@ def test_worked_example() -> None:
     assert arr.block_ids.tolist() == [7, 2, 9, 11, 3, 5, 6]
     assert arr.group_ids.tolist() == [0, 0, 0, 0, 0, 1, 1]
     assert arr.host_offsets.tolist() == [
-        10 * S + 100, 10 * S + 200, 4 * S, 4 * S + 100, 4 * S + 200, 8 * S, 9 * S,
+        10 * S + 100,
+        10 * S + 200,
+        4 * S,
+        4 * S + 100,
+        4 * S + 200,
+        8 * S,
+        9 * S,
     ]
     assert arr.block_ids.dtype == np.int64 and arr.group_ids.dtype == np.int32
     assert arr.host_offsets.dtype == np.int64
@@ -75,9 +81,7 @@ def test_random_against_reference() -> None:
         need = int(slots_per_group(np.array(sizes), np.array(indices), factors).sum())
         cpu_ids = rng.permutation(200)[:need]
         store = bool(rng.integers(0, 2))
-        arr = map_job(
-            GPULoadStoreSpec(gpu_ids, sizes, indices), CPULoadStoreSpec(cpu_ids), geom, store=store
-        )
+        arr = map_job(GPULoadStoreSpec(gpu_ids, sizes, indices), CPULoadStoreSpec(cpu_ids), geom, store=store)
         ref = _reference(gpu_ids.tolist(), sizes, indices, cpu_ids.tolist(), geom)
         got = list(zip(arr.block_ids.tolist(), arr.group_ids.tolist(), arr.host_offsets.tolist(), strict=True))
         assert got == ref
@@ -86,7 +90,10 @@ def test_random_against_reference() -> None:
 
 def test_slots_per_group_zero_sized_group_uses_no_slot() -> None:
     assert slots_per_group(np.array([0, 1, 3, 4]), np.array([5, 5, 2, 0]), np.array([3, 3, 3, 3])).tolist() == [
-        0, 1, 2, 2,
+        0,
+        1,
+        2,
+        2,
     ]
 
 

@@ -100,4 +100,3 @@ class RecordingManager:
 @pytest.fixture
 def manager() -> RecordingManager:
     return RecordingManager(CPUOffloadingManager(256, enable_events=True))
-

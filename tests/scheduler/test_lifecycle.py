@@ -84,11 +84,16 @@ def test_store_when_blocks_fill_chunked(manager: RecordingManager) -> None:
     o1 = sched.build_step([new(r, 0, 16, [1, 2, 3, 4])])
     o2 = sched.build_step([], [run_(r, 16, 16, [5, 6, 7, 8])])
     o3 = sched.build_step([], [run_(r, 32, 4, [9])])
-    got = [(j.gpu_spec.block_ids.tolist(), j.gpu_spec.block_indices.tolist(), j.keys) for o in (o1, o2, o3)
-           for j in o.store_jobs]
-    assert got == [([1, 2, 3], [0], [key(r.block_hashes[2])]),
-                   ([4, 5, 6], [3], [key(r.block_hashes[5])]),
-                   ([7, 8, 9], [6], [key(r.block_hashes[8])])]
+    got = [
+        (j.gpu_spec.block_ids.tolist(), j.gpu_spec.block_indices.tolist(), j.keys)
+        for o in (o1, o2, o3)
+        for j in o.store_jobs
+    ]
+    assert got == [
+        ([1, 2, 3], [0], [key(r.block_hashes[2])]),
+        ([4, 5, 6], [3], [key(r.block_hashes[5])]),
+        ([7, 8, 9], [6], [key(r.block_hashes[8])]),
+    ]
     for o in (o1, o2, o3):
         (j,) = o.store_jobs
         assert j.cpu_spec.block_ids.size == 1
@@ -141,12 +146,22 @@ def test_empty_keys_to_store_advances() -> None:
     assert manager.keys_of("prepare_store") == [[key(r.block_hashes[0])], [key(r.block_hashes[1])]]
 
 
-@pytest.mark.parametrize(("params", "cap"), [
-    (None, None), ({}, None), ({"max_offload_tokens": None}, None), ({"max_offload_tokens": 0}, 0),
-    ({"max_offload_tokens": 24}, 24), ({"max_offload_tokens": "24"}, None), ({"max_offload_tokens": 24.5}, None),
-    ({"max_offload_tokens": -1}, None), ({"max_offload_tokens": True}, None), ({"max_offload_tokens": False}, None),
-    (["max_offload_tokens"], None),
-])
+@pytest.mark.parametrize(
+    ("params", "cap"),
+    [
+        (None, None),
+        ({}, None),
+        ({"max_offload_tokens": None}, None),
+        ({"max_offload_tokens": 0}, 0),
+        ({"max_offload_tokens": 24}, 24),
+        ({"max_offload_tokens": "24"}, None),
+        ({"max_offload_tokens": 24.5}, None),
+        ({"max_offload_tokens": -1}, None),
+        ({"max_offload_tokens": True}, None),
+        ({"max_offload_tokens": False}, None),
+        (["max_offload_tokens"], None),
+    ],
+)
 def test_parse_max_offload_tokens(params, cap, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="kvoffload.scheduler.state"):
         assert parse_max_offload_tokens(params, "r") == cap

@@ -25,8 +25,11 @@ def cases(draw):
     lcm_bs = int(np.lcm.reduce([g.gpu_block_size for g in groups]))
     n_comp = draw(st.integers(0, max_end // lcm_bs)) * lcm_bs
     present = [
-        draw(st.lists(st.booleans(), min_size=max_end // g.offloaded_block_size,
-                      max_size=max_end // g.offloaded_block_size))
+        draw(
+            st.lists(
+                st.booleans(), min_size=max_end // g.offloaded_block_size, max_size=max_end // g.offloaded_block_size
+            )
+        )
         for g in groups
     ]
     return cfg, max_end, n_comp, present
@@ -46,7 +49,7 @@ def brute_force(cfg, max_end, n_comp, present) -> int:
             if w is None:
                 ok = all(present[g][i] for i in range(start, n))
             else:
-                ok = all(hit[max(0, n - w):n])
+                ok = all(hit[max(0, n - w) : n])
             if not ok:
                 break
         if ok:

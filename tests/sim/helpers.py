@@ -22,8 +22,14 @@ def tokens(n: int, seed: int = 0) -> list[int]:
 
 def make_engine(groups: Sequence[GroupConfig] = (GroupConfig(4, 3),), **kw: Any) -> Engine:
     defaults: dict[str, Any] = dict(
-        num_gpu_blocks=128, num_cpu_blocks=128, max_num_batched_tokens=16, record_transfers=True,
-        device="cpu", num_heads=2, head_dim=8, worker_backend="torch",
+        num_gpu_blocks=128,
+        num_cpu_blocks=128,
+        max_num_batched_tokens=16,
+        record_transfers=True,
+        device="cpu",
+        num_heads=2,
+        head_dim=8,
+        worker_backend="torch",
     )
     defaults.update(kw)
     manager = defaults.pop("manager", None)
@@ -32,8 +38,9 @@ def make_engine(groups: Sequence[GroupConfig] = (GroupConfig(4, 3),), **kw: Any)
 
 
 def records(engine: Engine, req_id: str | None = None, kind: str | None = None) -> list[TransferRecord]:
-    return [r for r in engine.transfer_log
-            if (req_id is None or r.req_id == req_id) and (kind is None or r.kind == kind)]
+    return [
+        r for r in engine.transfer_log if (req_id is None or r.req_id == req_id) and (kind is None or r.kind == kind)
+    ]
 
 
 def offsets(engine: Engine, req_id: str, kind: str) -> list[tuple[tuple[int, ...], ...]]:

@@ -19,8 +19,10 @@ def drive_chat(eng, wl: ChatWorkload, max_waiting: int = 6) -> None:
     done: set[str] = set()
     steps = 0
     while pending or eng.has_unfinished_requests():
-        while pending and len(eng.waiting) < max_waiting and (
-            pending[0].turn == 0 or f"c{pending[0].conversation}-t{pending[0].turn - 1}" in done
+        while (
+            pending
+            and len(eng.waiting) < max_waiting
+            and (pending[0].turn == 0 or f"c{pending[0].conversation}-t{pending[0].turn - 1}" in done)
         ):
             eng.add_request(pending.pop(0))
         done.update(eng.step().finished)
@@ -29,18 +31,34 @@ def drive_chat(eng, wl: ChatWorkload, max_waiting: int = 6) -> None:
     eng.run_until_done()
 
 
-@pytest.mark.parametrize(("groups", "latency", "cpu_blocks", "policy"), [
-    ((GroupConfig(8, 2),), 0, 40, "lru"),
-    ((GroupConfig(8, 2),), 2, 40, "arc"),
-    ((GroupConfig(8, 2),), 1, 40, "s3fifo"),
-    ((GroupConfig(4, 2, layout="flashinfer"), GroupConfig(4, 2, sliding_window_blocks=2, layout="mla")), 1, 48,
-     "lru"),
-])
+@pytest.mark.parametrize(
+    ("groups", "latency", "cpu_blocks", "policy"),
+    [
+        ((GroupConfig(8, 2),), 0, 40, "lru"),
+        ((GroupConfig(8, 2),), 2, 40, "arc"),
+        ((GroupConfig(8, 2),), 1, 40, "s3fifo"),
+        (
+            (GroupConfig(4, 2, layout="flashinfer"), GroupConfig(4, 2, sliding_window_blocks=2, layout="mla")),
+            1,
+            48,
+            "lru",
+        ),
+    ],
+)
 def test_chat_workload_every_loaded_block_is_right(groups, latency, cpu_blocks, policy) -> None:
-    wl = ChatWorkload(conversations=8, turns=3, system_prompts=2, system_tokens=64, user_tokens=(8, 24),
-                      reply_tokens=(4, 12), seed=3)
-    eng = make_engine(groups, num_gpu_blocks=48, num_cpu_blocks=cpu_blocks, max_num_batched_tokens=64,
-                      max_num_seqs=4, transfer_latency_steps=latency, cache_policy=policy, verify_gpu_hits=True)
+    wl = ChatWorkload(
+        conversations=8, turns=3, system_prompts=2, system_tokens=64, user_tokens=(8, 24), reply_tokens=(4, 12), seed=3
+    )
+    eng = make_engine(
+        groups,
+        num_gpu_blocks=48,
+        num_cpu_blocks=cpu_blocks,
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        transfer_latency_steps=latency,
+        cache_policy=policy,
+        verify_gpu_hits=True,
+    )
     drive_chat(eng, wl)
     s = eng.stats
     assert s.requests_finished == len(wl)
@@ -55,10 +73,17 @@ def test_chat_workload_every_loaded_block_is_right(groups, latency, cpu_blocks, 
 
 
 def test_preemptions_under_gpu_pressure_stay_correct() -> None:
-    wl = ChatWorkload(conversations=6, turns=2, system_prompts=1, system_tokens=48, user_tokens=(8, 16),
-                      reply_tokens=(16, 24), seed=1)
-    eng = make_engine([GroupConfig(4, 2)], num_gpu_blocks=40, num_cpu_blocks=200, max_num_batched_tokens=48,
-                      max_num_seqs=6, transfer_latency_steps=2)
+    wl = ChatWorkload(
+        conversations=6, turns=2, system_prompts=1, system_tokens=48, user_tokens=(8, 16), reply_tokens=(16, 24), seed=1
+    )
+    eng = make_engine(
+        [GroupConfig(4, 2)],
+        num_gpu_blocks=40,
+        num_cpu_blocks=200,
+        max_num_batched_tokens=48,
+        max_num_seqs=6,
+        transfer_latency_steps=2,
+    )
     drive_chat(eng, wl)
     s = eng.stats
     assert s.preemptions > 0 and s.flushed_jobs > 0
@@ -89,7 +114,8 @@ def test_trace_style_requests_with_block_hashes() -> None:
     assert eng.stats.verified_blocks == 8 and eng.stats.verification_failures == 0
     with pytest.raises(InvalidArgumentError, match="prompt block hashes"):
         make_engine([GroupConfig(4, 2)]).add_request(
-            SimRequest("c", None, 0, prompt_block_hashes=hashes, num_prompt_tokens=20))
+            SimRequest("c", None, 0, prompt_block_hashes=hashes, num_prompt_tokens=20)
+        )
 
 
 def test_request_keys_commit_to_the_prefix() -> None:

@@ -122,8 +122,13 @@ def _preemption_engine(flush: bool, monkeypatch: pytest.MonkeyPatch):
     if not flush:
         monkeypatch.setattr(FlushTracker, "collect", lambda self, group, blocks, out: None)
     # 10 usable GPU blocks of 4 tokens; stores run 3 steps after submission
-    eng = make_engine([GroupConfig(4, 1)], num_gpu_blocks=11, max_num_batched_tokens=64,
-                      transfer_latency_steps=3, enable_gpu_prefix_cache=False)
+    eng = make_engine(
+        [GroupConfig(4, 1)],
+        num_gpu_blocks=11,
+        max_num_batched_tokens=64,
+        transfer_latency_steps=3,
+        enable_gpu_prefix_cache=False,
+    )
     b = SimRequest("b", tokens(8, seed=1), max_tokens=6)
     a = SimRequest("a", tokens(32, seed=2), max_tokens=2)
     run(eng, b, a)
@@ -171,8 +176,9 @@ def test_full_attention_plus_sliding_window_loads_only_the_window() -> None:
 
 
 def test_sliding_window_group_finds_the_last_window() -> None:
-    eng = make_engine([GroupConfig(4, 1, sliding_window_blocks=2)], enable_gpu_prefix_cache=False,
-                      max_num_batched_tokens=64)
+    eng = make_engine(
+        [GroupConfig(4, 1, sliding_window_blocks=2)], enable_gpu_prefix_cache=False, max_num_batched_tokens=64
+    )
     p = tokens(40)
     a = SimRequest("a", p, max_tokens=0)
     run(eng, a)
@@ -216,9 +222,16 @@ def test_max_offload_tokens_invalid_means_no_cap(value: object, caplog) -> None:
     assert ("max_offload_tokens" in caplog.text) == (value is not None)
 
 
-@pytest.mark.parametrize(("cap", "stored"), [(0, []), (24, [tuple(range(6))]), (25, [tuple(range(6))]),
-                                              (36, [tuple(range(9))]),
-                                              (1000, [tuple(range(9)), (9, 10, 11)])])
+@pytest.mark.parametrize(
+    ("cap", "stored"),
+    [
+        (0, []),
+        (24, [tuple(range(6))]),
+        (25, [tuple(range(6))]),
+        (36, [tuple(range(9))]),
+        (1000, [tuple(range(9)), (9, 10, 11)]),
+    ],
+)
 def test_max_offload_tokens_caps_stores(cap: int, stored: list) -> None:
     eng = make_engine([GroupConfig(4, 3)], max_num_batched_tokens=64)
     run(eng, SimRequest("a", tokens(36), max_tokens=20, kv_transfer_params={"max_offload_tokens": cap}))
@@ -228,8 +241,7 @@ def test_max_offload_tokens_caps_stores(cap: int, stored: list) -> None:
 # ---------------------------------------------------------------- failed store
 def test_failed_store_leaves_nothing_loadable_and_leaks_nothing() -> None:
     # 3 CPU slots: exactly one 36-token prompt
-    eng = make_engine([GroupConfig(4, 3)], enable_gpu_prefix_cache=False, max_num_batched_tokens=64,
-                      num_cpu_blocks=3)
+    eng = make_engine([GroupConfig(4, 3)], enable_gpu_prefix_cache=False, max_num_batched_tokens=64, num_cpu_blocks=3)
     eng.worker = FailingWorker(eng.worker, lambda jid, spec: jid == 0)
     p = tokens(36)
     a = SimRequest("a", p, max_tokens=0)

@@ -30,8 +30,9 @@ def test_chat_workload_is_deterministic_and_shares_prefixes() -> None:
     assert w1.prompt_tokens == sum(len(t.prompt_token_ids) for t in w1)
 
 
-@pytest.mark.parametrize("kwargs", [{"conversations": 0}, {"turns": -1}, {"user_tokens": (5, 2)},
-                                    {"system_tokens": True}])
+@pytest.mark.parametrize(
+    "kwargs", [{"conversations": 0}, {"turns": -1}, {"user_tokens": (5, 2)}, {"system_tokens": True}]
+)
 def test_chat_workload_rejects_bad_sizes(kwargs: dict) -> None:
     with pytest.raises(InvalidArgumentError):
         ChatWorkload(**kwargs)
@@ -56,10 +57,16 @@ def test_trace_with_block_hashes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "match"),
-    [("{not json\n", "not valid JSON"), ("[1,2]\n", "JSON object"), ('{"foo": 1}\n', "token_ids"),
-     ('{"token_ids": [1, "a"]}\n', "token_ids"), ('{"block_hashes": ["zz"], "num_tokens": 3}\n', "hex"),
-     ('{"block_hashes": ["00"]}\n', "num_tokens"), ('{"token_ids": [1], "max_tokens": -2}\n', "max_tokens"),
-     ("\n", "no request")],
+    [
+        ("{not json\n", "not valid JSON"),
+        ("[1,2]\n", "JSON object"),
+        ('{"foo": 1}\n', "token_ids"),
+        ('{"token_ids": [1, "a"]}\n', "token_ids"),
+        ('{"block_hashes": ["zz"], "num_tokens": 3}\n', "hex"),
+        ('{"block_hashes": ["00"]}\n', "num_tokens"),
+        ('{"token_ids": [1], "max_tokens": -2}\n', "max_tokens"),
+        ("\n", "no request"),
+    ],
 )
 def test_trace_rejects_bad_lines(tmp_path: Path, content: str, match: str) -> None:
     path = tmp_path / "t.jsonl"

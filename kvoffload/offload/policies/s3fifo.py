@@ -205,6 +205,4 @@ class S3FIFOPolicy(CachePolicy):
         return self.small.ordered(), self.main.ordered()
 
     def metadata_nbytes(self) -> int:
-        return (
-            self.member.nbytes + self.pos.nbytes + self.freq.nbytes + self.small.buf.nbytes + self.main.buf.nbytes
-        )
+        return self.member.nbytes + self.pos.nbytes + self.freq.nbytes + self.small.buf.nbytes + self.main.buf.nbytes
