@@ -94,6 +94,44 @@ class ARCPolicy(CachePolicy):
                     self.target_t1_size = max(self.target_t1_size - delta, 0.0)
                     b2.move_to_end(key)
 
+    def on_store_miss(self, keys: Sequence[bytes]) -> None:
+        """Ghost hits among keys offered for storing adapt the target (last key first), as in touch."""
+        b1, b2 = self.b1, self.b2
+        if not (b1 or b2):
+            return
+        for key in reversed(keys):
+            if key in b1:
+                self.target_t1_size = min(self.target_t1_size + max(1.0, len(b2) / len(b1)), float(self.capacity))
+                b1.move_to_end(key)
+            elif key in b2:
+                self.target_t1_size = max(self.target_t1_size - max(1.0, len(b1) / len(b2)), 0.0)
+                b2.move_to_end(key)
+
+    def on_request_finished(
+        self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
+    ) -> None:
+        """vLLM's request-scoped ARC: a block the request only stored is refreshed in its own list
+        (a store is not a second access, so T1 stays T1); a ready block it reused moves from T1
+        to T2 or is refreshed in T2; other keys are left alone. Ghost lists are not consulted
+        here (that happens at store time, :meth:`on_store_miss`)."""
+        present = slots >= 0
+        if not present.any():
+            return
+        idx = present.nonzero()[0]
+        sl = slots[idx]
+        if len(np.unique(sl)) != len(sl):  # keep each slot's first occurrence
+            _, first = np.unique(sl, return_index=True)
+            idx = idx[np.sort(first)]
+        idx = idx[::-1]
+        rp = slots[idx]
+        ins, reu = inserted_only[idx], reused[idx] & ~inserted_only[idx]
+        in_t1 = self.member[rp] == _T1
+        promote = in_t1 & reu
+        if promote.any():
+            self.t1.discard(rp[promote])
+        self.t1.push_back(rp[in_t1 & ins], members=True)
+        self.t2.push_back(rp[promote | (~in_t1 & (ins | reu))])
+
     def on_evictable(self, slots: np.ndarray) -> None:
         self.t1.on_evictable(slots)
         self.t2.on_evictable(slots)

@@ -1,0 +1,69 @@
+"""Request-scoped hooks of :class:`~kvoffload.offload.manager.CPUOffloadingManager`.
+
+vLLM's scheduler never calls ``touch``: a request's accesses are recorded while it runs and
+applied to the cache policy once, when it finishes (see
+:class:`~kvoffload.offload.request_hooks.RequestHooksManager`, which does the recording). These
+methods are what that recorder calls on the manager; they leave the seed API (``lookup``,
+``touch``, ``prepare_store`` ...) unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import numpy as np
+
+from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadKey, ReqContext
+from kvoffload.offload.manager_state import ManagerState
+
+__all__ = ["RequestAccessMixin"]
+
+#: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready)
+_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
+
+
+class RequestAccessMixin(ManagerState):
+    """``peek``, ``on_store_miss`` and ``apply_request_access`` over a manager's slot table."""
+
+    def peek(self, keys: Sequence[OffloadKey]) -> np.ndarray:
+        """Like ``lookup_batch`` (``np.int8`` ``LOOKUP_*`` codes, duplicates allowed) but counts
+        nothing in the statistics and remembers nothing: a read-only probe."""
+        r = self._resolve(keys, allow_duplicates=True)
+        if not r.keys:
+            return np.zeros(0, dtype=np.int8)
+        slots = r.slots
+        st = self._table.ref[np.maximum(slots, 0)] if self.num_blocks else np.zeros(len(slots), dtype=np.int32)
+        st = np.minimum(st, 0) + 3
+        st[slots < 0] = 0
+        return _CODES[st]
+
+    def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        """``keys`` are about to be offered to ``prepare_store``; the absent ones are passed to the
+        policy's ``on_store_miss`` (ARC adapts its target on ghost hits there, as vLLM does)."""
+        r = self._resolve(keys, allow_duplicates=True)
+        if r.keys:
+            absent = (r.slots < 0).nonzero()[0].tolist()
+            if absent:
+                self._policy.on_store_miss([r.keys[i] for i in absent])
+
+    def apply_request_access(
+        self,
+        keys: Sequence[OffloadKey],
+        req_context: ReqContext,
+        inserted_only: Collection[OffloadKey] = (),
+        reused: Collection[OffloadKey] = (),
+    ) -> None:
+        """Apply one finished request's accesses to the policy, at once.
+
+        Args:
+            keys: every key the request stored or loaded, head of the prompt first (the first
+                key ends up most recent, as with ``touch``). Absent keys are ignored.
+            inserted_only: keys this request stored and did not read back.
+            reused: ready keys this request loaded (or found already stored).
+        """
+        r = self._resolve(keys, allow_duplicates=True)
+        if not r.keys:
+            return
+        ins = np.fromiter((k in inserted_only for k in r.keys), dtype=bool, count=len(r.keys))
+        reu = np.fromiter((k in reused for k in r.keys), dtype=bool, count=len(r.keys))
+        self._policy.on_request_finished(r.keys, r.slots, ins, reu)
