@@ -1,0 +1,192 @@
+"""End to end: vLLM's real Scheduler and OffloadingConnector (both roles) with kvoffload behind them.
+
+Every engine step checks every computed position of every running request against the value the
+fake model wrote for that (token, position) (see ``vllm_harness``).
+"""
+
+from __future__ import annotations
+
+from tests.integrations.vllm_env import require_vllm
+
+require_vllm()
+
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.integrations.vllm_harness import BLOCK_SIZE, Engine, KVMismatch  # noqa: E402
+
+PAGE = 256  # bytes per GPU block in the harness
+
+
+def extra(chunks: int = 64, factor: int = 1, **kw: Any) -> dict[str, Any]:
+    cfg = {
+        "spec_name": "KVOffloadSpec",
+        "spec_module_path": "kvoffload.integrations.vllm",
+        "cpu_bytes_to_use": chunks * PAGE * factor,
+        "kernel_backend": "torch",
+    }
+    if factor != 1:
+        cfg["block_size"] = BLOCK_SIZE * factor
+    cfg.update(kw)
+    return cfg
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 131 + i * 17) % 997 + 1 for i in range(n)]
+
+
+class _Backend:
+    """Wraps the worker's kernel backend: ``fail`` makes the next pack/unpack raise, ``noop_unpack``
+    makes loads move nothing."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.fail_pack = 0
+        self.fail_unpack = 0
+        self.noop_unpack = False
+
+    def pack(self, *args: Any) -> None:
+        if self.fail_pack:
+            self.fail_pack -= 1
+            raise RuntimeError("injected store failure")
+        self.inner.pack(*args)
+
+    def unpack(self, *args: Any) -> None:
+        if self.fail_unpack:
+            self.fail_unpack -= 1
+            raise RuntimeError("injected load failure")
+        if not self.noop_unpack:
+            self.inner.unpack(*args)
+
+
+def wrap_backend(e: Engine) -> _Backend:
+    tw = e.worker.transfer_worker
+    tw.backend = _Backend(tw.backend)
+    return tw.backend
+
+
+def run_twice(e: Engine, prompts: dict[str, list[int]], max_tokens: int = 3) -> dict[str, list[int]]:
+    """Run ``prompts``, wipe the GPU tier, run them again (as ``<id>-again``); return first outputs."""
+    for rid, p in prompts.items():
+        e.add(rid, p, max_tokens)
+    e.run()
+    first = {rid: e.outputs[rid] for rid in prompts}
+    e.reset_gpu()
+    for rid, p in prompts.items():
+        e.add(rid + "-again", p, max_tokens)
+    e.run()
+    for rid in prompts:
+        assert e.outputs[rid + "-again"] == first[rid]
+    return first
+
+
+@pytest.mark.parametrize("factor", [1, 2])
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "kvoffload.offload.policies.lru:LRUPolicy"])
+def test_offload_then_reload(policy: str, factor: int) -> None:
+    e = Engine(extra(factor=factor, eviction_policy=policy))
+    run_twice(e, {"a": prompt(1, 29)})
+    full_chunks = 29 // (BLOCK_SIZE * factor)
+    assert e.worker.counts["stores"] >= 1
+    assert e.worker.counts["loads"] == 1  # the whole hit prefix in one job
+    assert e.worker.counts["failed_stores"] == e.worker.counts["failed_loads"] == 0
+    assert len(e.manager.core) == full_chunks
+    assert e.manager.hooks.num_tracked_requests == 0
+
+
+def test_plain_offloading_connector() -> None:
+    """Only spec_name / spec_module_path changed in vLLM's own OffloadingConnector config."""
+    e = Engine(extra(), connector="OffloadingConnector")
+    run_twice(e, {"a": prompt(2, 21)})
+    assert e.worker.counts["loads"] == 1
+
+
+def test_eviction_pressure_many_prompts() -> None:
+    e = Engine(extra(chunks=12, eviction_policy="arc"))
+    prompts = {f"p{i}": prompt(10 + i, 17 + i % 5) for i in range(10)}
+    for rid, p in prompts.items():
+        e.add(rid, p, 2)
+    e.run()
+    st = e.manager.core.get_stats()
+    assert len(e.manager.core) <= 12
+    e.reset_gpu()
+    for rid, p in prompts.items():
+        e.add(rid + "-again", p, 2)
+    e.run()
+    for rid in prompts:
+        assert e.outputs[rid + "-again"] == e.outputs[rid]
+    assert st.num_pending == 0 and e.manager.core.table.num_pending == 0
+    assert e.worker.counts["loads"] >= 1
+
+
+def test_shared_prefix() -> None:
+    e = Engine(extra())
+    shared = prompt(3, 16)
+    prompts = {f"s{i}": shared + prompt(30 + i, 6 + i) for i in range(4)}
+    run_twice(e, prompts)
+    # the shared prefix is stored once: 4 chunks + each request's own full chunks
+    own = sum((16 + 6 + i) // BLOCK_SIZE - 4 for i in range(4))
+    assert len(e.manager.core) == 4 + own
+
+
+def test_preemption() -> None:
+    e = Engine(extra(), num_gpu_blocks=14)
+    prompts = {f"r{i}": prompt(50 + i, 14) for i in range(4)}
+    preempted = 0
+    for rid, p in prompts.items():
+        e.add(rid, p, 12)
+    for _ in range(300):
+        if not e.scheduler.has_unfinished_requests():
+            break
+        out = e.step()
+        preempted += len(getattr(out, "preempted_req_ids", None) or ())
+    e.drain()
+    assert preempted > 0
+    for rid in prompts:
+        assert len(e.outputs[rid]) == 12
+
+
+def test_failed_store_then_reload_recomputes() -> None:
+    e = Engine(extra())
+    be = wrap_backend(e)
+    be.fail_pack = 100  # every store of the first run fails
+    e.add("a", prompt(4, 25), 3)
+    e.run()
+    assert e.worker.counts["failed_stores"] >= 1 and e.worker.counts["stores"] == 0
+    assert not e.worker.valid.any()
+    be.fail_pack = 0
+    e.reset_gpu()
+    e.add("b", prompt(4, 25), 3)
+    e.run()
+    assert e.outputs["b"] == e.outputs["a"]
+    # the failed stores were dropped by the manager: nothing was loadable, nothing was loaded
+    assert e.worker.counts["loads"] == e.worker.counts["failed_loads"] == 0 and not e.invalid_reported
+    assert e.manager.core.table.num_pending == 0
+    # b stored its chunks afresh (no slot leaked: the pool holds exactly b's 6 chunks)
+    assert len(e.manager.core) == 25 // BLOCK_SIZE and e.worker.valid.sum() == 25 // BLOCK_SIZE
+
+
+def test_failed_load_recomputes() -> None:
+    e = Engine(extra())
+    be = wrap_backend(e)
+    e.add("a", prompt(5, 25), 3)
+    e.run()
+    e.reset_gpu()
+    be.fail_unpack = 1
+    e.add("b", prompt(5, 25), 3)
+    e.run()
+    assert e.outputs["b"] == e.outputs["a"]
+    assert e.worker.counts["failed_loads"] == 1 and e.invalid_reported
+    assert e.manager.core.table.num_pinned == 0
+
+
+def test_negative_control_load_that_moves_nothing_is_caught() -> None:
+    e = Engine(extra())
+    be = wrap_backend(e)
+    e.add("a", prompt(6, 25), 3)
+    e.run()
+    e.reset_gpu()
+    be.noop_unpack = True
+    e.add("b", prompt(6, 25), 3)
+    with pytest.raises(KVMismatch):
+        e.run()
