@@ -81,16 +81,18 @@ def plot_transfer(results: dict[str, Any], path: Path) -> Path:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmarks named by ``args.only`` (default all); print where results went."""
-    selected = BENCHES if not args.only else tuple(s.strip() for s in args.only.split(",") if s.strip())
-    unknown = [s for s in selected if s not in BENCHES]
+    known = BENCHES + (("vllm",) if importlib.util.find_spec("vllm") else ())  # bench_vllm needs vLLM
+    selected = known if not args.only else tuple(s.strip() for s in args.only.split(",") if s.strip())
+    unknown = [s for s in selected if s not in known]
     if unknown:
-        raise InvalidArgumentError(f"--only takes {','.join(BENCHES)}; unknown: {','.join(unknown)}")
+        raise InvalidArgumentError(f"--only takes {','.join(known)}; unknown: {','.join(unknown)}")
     common = _load("common")
     out = Path(args.out) if args.out else common.results_path()
     for name in selected:
         print(f"== bench_{name} ({'quick' if args.quick else 'full'})", flush=True)
         result = _load(f"bench_{name}").run(quick=args.quick)
-        path = common.write_section(name, result, out)
+        dest = out.with_name(out.stem + "-vllm.json") if name == "vllm" else out  # its own file
+        path = common.write_section(name, result, dest)
         if name == "transfer":
             png = plot_transfer(result, path.with_suffix(".png"))
             print(f"plot: {png}")

@@ -14,10 +14,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-from tests.integrations.vllm_harness import BLOCK_SIZE, Engine, KVMismatch  # noqa: E402
-
-PAGE = 256  # bytes per GPU block in the harness
-
+from kvoffload.integrations.vllm.harness import BLOCK_SIZE, PAGE, Engine, KVMismatch  # noqa: E402
 
 def extra(chunks: int = 64, factor: int = 1, **kw: Any) -> dict[str, Any]:
     cfg = {

@@ -1,8 +1,10 @@
-"""A tiny engine around vLLM's real Scheduler and OffloadingConnector (both roles), on CPU tensors.
+"""A model-free engine loop around vLLM's real Scheduler and OffloadingConnector (both roles), on CPU.
 
-The "model" writes, for every scheduled token, a known value per (token id, position, channel)
-into the KV tensor; :meth:`Engine.check` verifies every computed position of every running
-request against it. Imports vLLM: use only after ``require_vllm()``.
+Used by the integration tests and ``bench/bench_vllm.py``, and handy to try a configuration
+without a GPU: the "model" writes, for every scheduled token, a known value per (token id,
+position, channel) into a CPU KV tensor; :meth:`Engine.check` (run after every step) verifies
+every computed position of every running request against it. The model config is written to a
+temporary folder (OPT-shaped, tiny) and ``HF_HUB_OFFLINE=1`` is set: nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheTensor,
 )
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 BLOCK_SIZE = 4  # tokens per GPU block
@@ -250,4 +252,4 @@ class Engine:
         return req_id not in self.scheduler.requests and len(self.outputs[req_id]) > 0
 
 
-__all__ = ["Engine", "KVMismatch", "RequestStatus", "kv_value", "BLOCK_SIZE", "make_config"]
+__all__ = ["Engine", "KVMismatch", "kv_value", "BLOCK_SIZE", "PAGE", "make_config"]
