@@ -107,7 +107,7 @@ def test_eviction_pressure_many_prompts() -> None:
     st = e.manager.core.get_stats()
     assert len(e.manager.core) <= 12
     e.reset_gpu()
-    for rid, p in prompts.items():
+    for rid, p in reversed(prompts.items()):  # most recently stored first: those must still be there
         e.add(rid + "-again", p, 2)
     e.run()
     for rid in prompts:
