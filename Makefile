@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo simulate test test-interpret test-gpu test-vllm bench lint clean
+.PHONY: install demo simulate test test-interpret test-gpu test-vllm test-vllm-033 bench lint clean
 
 install: $(STAMP)
 
@@ -52,6 +52,20 @@ $(VSTAMP): pyproject.toml
 
 test-vllm: $(VSTAMP)
 	HF_HUB_OFFLINE=1 KVOFFLOAD_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/integrations $(PYTEST_ARGS)
+
+# The same tests against vLLM 0.33's Python code (its CUDA wheel, unpacked without its dependencies
+# over .venv-vllm's 0.32 ones; VLLM_TARGET_DEVICE=cpu). Not in CI: a ~340 MB download.
+VLLM_NEXT ?= 0.33.0
+VNEXT := $(VLLM_VENV)/vllm-$(VLLM_NEXT)
+
+$(VNEXT)/.unpacked: $(VSTAMP)
+	$(VPY) -m pip download -q --no-deps "vllm==$(VLLM_NEXT)" -d $(VNEXT)/wheel
+	$(VPY) -m zipfile -e $(VNEXT)/wheel/vllm-$(VLLM_NEXT)-*.whl $(VNEXT)
+	touch $@
+
+test-vllm-033: $(VNEXT)/.unpacked
+	PYTHONPATH=$(VNEXT) VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVOFFLOAD_REQUIRE_VLLM=1 \
+		$(VPY) -m pytest -q tests/integrations $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m kvoffload bench $(ARGS)

@@ -34,8 +34,8 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING
-from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
 from kvoffload.offload.manager_hooks import RequestAccessMixin
+from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
 from kvoffload.offload.manager_stats import ClosedIndex, OffloadingStats, check_bool
 
 logger = logging.getLogger(__name__)

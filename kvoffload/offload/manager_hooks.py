@@ -14,7 +14,9 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadKey, ReqContext
+from kvoffload.offload.manager_small import SMALL_BATCH
 from kvoffload.offload.manager_state import ManagerState
+from kvoffload.offload.policies.base import CachePolicy
 
 __all__ = ["RequestAccessMixin"]
 
@@ -28,6 +30,11 @@ class RequestAccessMixin(ManagerState):
     def peek(self, keys: Sequence[OffloadKey]) -> np.ndarray:
         """Like ``lookup_batch`` (``np.int8`` ``LOOKUP_*`` codes, duplicates allowed) but counts
         nothing in the statistics and remembers nothing: a read-only probe."""
+        small = self._small_slots(keys)
+        if small is not None:
+            ref = self._ref_buf
+            codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
+            return np.array(codes, dtype=np.int8)
         r = self._resolve(keys, allow_duplicates=True)
         if not r.keys:
             return np.zeros(0, dtype=np.int8)
@@ -37,9 +44,24 @@ class RequestAccessMixin(ManagerState):
         st[slots < 0] = 0
         return _CODES[st]
 
+    def _small_slots(self, keys: Sequence[OffloadKey]) -> list[int] | None:
+        """Slot (-1 = absent) per key for a short list of exact ``bytes``; None otherwise."""
+        if keys.__class__ is not list or len(keys) > SMALL_BATCH or self._closed:
+            return None
+        get = self._index.get
+        out = []
+        for k in keys:
+            if k.__class__ is not bytes:
+                return None
+            s = get(k)
+            out.append(-1 if s is None else s)
+        return out
+
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """``keys`` are about to be offered to ``prepare_store``; the absent ones are passed to the
         policy's ``on_store_miss`` (ARC adapts its target on ghost hits there, as vLLM does)."""
+        if type(self._policy).on_store_miss is CachePolicy.on_store_miss:
+            return  # the policy keeps no history of absent keys
         r = self._resolve(keys, allow_duplicates=True)
         if r.keys:
             absent = (r.slots < 0).nonzero()[0].tolist()
@@ -61,6 +83,15 @@ class RequestAccessMixin(ManagerState):
             inserted_only: keys this request stored and did not read back.
             reused: ready keys this request loaded (or found already stored).
         """
+        if type(self._policy).on_request_finished is CachePolicy.on_request_finished:
+            self.touch(keys if keys.__class__ is list else list(keys), req_context)  # type: ignore[attr-defined]
+            return
+        small = self._small_slots(keys)
+        if small is not None:
+            self._policy.on_request_finished_list(
+                keys, small, [k in inserted_only for k in keys], [k in reused for k in keys]
+            )
+            return
         r = self._resolve(keys, allow_duplicates=True)
         if not r.keys:
             return

@@ -146,14 +146,14 @@ class RequestHooksManager(OffloadingManager):
             return self._backing.prepare_store(keys, req_context)
         keys = list(keys)
         codes = self._core.peek(keys)
-        misses = [k for k, c in zip(keys, codes.tolist()) if c == LOOKUP_MISS and k not in st.store_misses]
+        misses = [k for k, c in zip(keys, codes.tolist(), strict=True) if c == LOOKUP_MISS and k not in st.store_misses]
         if misses:
             self._core.on_store_miss(misses, req_context)
         out = self._backing.prepare_store(keys, req_context)
         if misses:
             st.store_misses.update(misses)
         inserted = set(out.keys_to_store) if out is not None else set()
-        ready = {k for k, c in zip(keys, codes.tolist()) if c == LOOKUP_HIT}
+        ready = {k for k, c in zip(keys, codes.tolist(), strict=True) if c == LOOKUP_HIT}
         if inserted or ready:
             st.keys.update(dict.fromkeys(k for k in keys if k in inserted or k in ready))
             st.inserted |= inserted

@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 
 from kvoffload.integrations.vllm.harness import BLOCK_SIZE, PAGE, Engine, KVMismatch  # noqa: E402
 
+
 def extra(chunks: int = 64, factor: int = 1, **kw: Any) -> dict[str, Any]:
     cfg = {
         "spec_name": "KVOffloadSpec",

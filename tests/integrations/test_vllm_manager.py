@@ -64,7 +64,9 @@ def test_stats_in_vllms_shape() -> None:
     assert data[CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC][()] == 0.5
     assert data[CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC][()] == 0.0
     assert data[CPUOffloadingMetrics.STORES_SKIPPED][()] == 2
-    assert data[CPUOffloadingMetrics.CPU_ALLOCATION_SIZE][()] == [2]  # the stored call (the filtered one allocated nothing)
+    assert data[CPUOffloadingMetrics.CPU_ALLOCATION_SIZE][()] == [
+        2
+    ]  # the stored call (the filtered one allocated nothing)
 
 
 def test_events_and_failed_store() -> None:
@@ -124,7 +126,7 @@ def test_same_decisions_as_vllms_manager(policy: str, threshold: int) -> None:
     for step in range(150):
         keys = list(rng.choice(prompts))
         cs = [ReqContext(req_id=f"r{step}") for _ in range(2)]
-        for m, c in zip((ours, theirs), cs):
+        for m, c in zip((ours, theirs), cs, strict=True):
             m.on_new_request(c)
         hits = []
         for key in keys:

@@ -183,3 +183,28 @@ def test_import_kvoffload_never_imports_vllm() -> None:
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
             assert not any(n == "vllm" or n.startswith("vllm.") for n in names), f
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+def test_apply_request_access_small_and_array_paths_agree(policy: str) -> None:
+    import random
+
+    rng = random.Random(3)
+    cores = [CPUOffloadingManager(16, cache_policy=policy) for _ in range(2)]
+    for step in range(60):
+        keys = [k(rng.randrange(40)) for _ in range(rng.randint(1, 8))]
+        uniq = list(dict.fromkeys(keys))
+        inserted = {x for x in uniq if rng.random() < 0.4}
+        reused = {x for x in uniq if rng.random() < 0.4}
+        for i, core in enumerate(cores):
+            out = core.prepare_store(uniq, ctx(f"s{step}"))
+            if out is not None:
+                core.complete_store(out.keys_to_store, ctx(f"s{step}"))
+            # list: scalar path; tuple: array path
+            batch = list(keys) if i == 0 else tuple(keys)
+            core.apply_request_access(batch, ctx(f"s{step}"), inserted - reused, reused)  # type: ignore[arg-type]
+        a, b = cores
+        assert a.peek(list(a.table.index)).tolist() == b.peek(list(a.table.index)).tolist()
+        assert sorted(a.table.index) == sorted(b.table.index)
+    if policy == "arc":
+        assert cores[0].policy.ordered_slots() == cores[1].policy.ordered_slots()

@@ -82,9 +82,7 @@ class KVOffloadManager(OffloadingManager):
         self.store_threshold = store_threshold
         self._filter: FilteredReuseManager | None = None
         if store_threshold >= 2:
-            stack = self._filter = FilteredReuseManager(
-                self.core, store_threshold, max_tracker_size, count_on="offer"
-            )
+            stack = self._filter = FilteredReuseManager(self.core, store_threshold, max_tracker_size, count_on="offer")
         self.hooks = RequestHooksManager(stack, core=self.core)
         self._core_lookup = self.core.lookup
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
@@ -157,7 +155,7 @@ class KVOffloadManager(OffloadingManager):
             self.hooks.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
         codes = self.core.peek(keys)
-        removed = list(dict.fromkeys(k for k, c in zip(keys, codes.tolist()) if c == LOOKUP_PENDING))
+        removed = list(dict.fromkeys(k for k, c in zip(keys, codes.tolist(), strict=True) if c == LOOKUP_PENDING))
         self.hooks.complete_store(keys, req_context, False)  # type: ignore[arg-type]
         if removed:
             self._drain_core_events()
@@ -179,7 +177,7 @@ class KVOffloadManager(OffloadingManager):
         for ev in events:
             if getattr(ev, "metadata_only", False):
                 # a key stored again since its failed store is not announced as removed
-                keys = [k for k, c in zip(ev.keys, self.core.peek(ev.keys).tolist()) if c == LOOKUP_MISS]
+                keys = [k for k, c in zip(ev.keys, self.core.peek(ev.keys).tolist(), strict=True) if c == LOOKUP_MISS]
                 if not keys:
                     continue
                 ev = dataclasses.replace(ev, keys=keys)
@@ -193,11 +191,11 @@ class KVOffloadManager(OffloadingManager):
         skipped = 0
         if self._filter is not None:  # keys the filter dropped (not those already stored)
             skipped, self._filter._skipped = self._filter._skipped, 0
-        st = self.core.get_stats()
+        t = self.core.table
         stats = OffloadingConnectorStats()
-        n = st.num_blocks
-        usage = (st.num_pending + st.num_pinned) / n if n else 0.0
-        write = st.num_pending / n if n else 0.0
+        n = self.core.num_blocks
+        usage = (t.num_pending + t.num_pinned) / n if n else 0.0
+        write = t.num_pending / n if n else 0.0
         stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
         stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write)
         stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write, 0.0))

@@ -132,6 +132,34 @@ class ARCPolicy(CachePolicy):
         self.t1.push_back(rp[in_t1 & ins], members=True)
         self.t2.push_back(rp[promote | (~in_t1 & (ins | reu))])
 
+    def on_request_finished_list(
+        self, keys: Sequence[bytes], slots: list[int], inserted_only: list[bool], reused: list[bool]
+    ) -> None:
+        """:meth:`on_request_finished` for a few keys, without numpy."""
+        seen: set[int] = set()
+        order = []
+        for i, s in enumerate(slots):
+            if s >= 0 and s not in seen:
+                seen.add(s)
+                order.append(i)
+        member = self.member
+        stay, promote, to_t2 = [], [], []
+        for i in reversed(order):
+            s = slots[i]
+            ins, reu = inserted_only[i], reused[i] and not inserted_only[i]
+            if member[s] == _T1:
+                if ins:
+                    stay.append(s)
+                elif reu:
+                    promote.append(s)
+                    to_t2.append(s)
+            elif ins or reu:
+                to_t2.append(s)
+        if promote:
+            self.t1.discard_list(promote)
+        self.t1.push_back_list(stay, members=True)
+        self.t2.push_back_list(to_t2)
+
     def on_evictable(self, slots: np.ndarray) -> None:
         self.t1.on_evictable(slots)
         self.t2.on_evictable(slots)

@@ -118,6 +118,14 @@ class CachePolicy(ABC):
         """:meth:`touch` with ``slots`` as a list (``-1`` = absent; keys may repeat)."""
         self.touch(keys, np.array(slots, dtype=np.int64), unique=False)
 
+    def on_request_finished_list(
+        self, keys: Sequence[bytes], slots: list[int], inserted_only: list[bool], reused: list[bool]
+    ) -> None:
+        """:meth:`on_request_finished` with lists."""
+        self.on_request_finished(
+            keys, np.array(slots, dtype=np.int64), np.array(inserted_only, dtype=bool), np.array(reused, dtype=bool)
+        )
+
     def on_evictable_list(self, slots: list[int]) -> None:
         """:meth:`on_evictable` with ``slots`` as a list."""
         self.on_evictable(np.array(slots, dtype=np.int64))
