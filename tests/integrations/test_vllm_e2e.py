@@ -188,3 +188,44 @@ def test_negative_control_load_that_moves_nothing_is_caught() -> None:
     e.add("b", prompt(6, 25), 3)
     with pytest.raises(KVMismatch):
         e.run()
+
+
+@pytest.mark.parametrize("factor", [1, 2])
+def test_hybrid_model_with_sliding_window_group(factor: int) -> None:
+    """Two KV-cache groups sharing the block pool: full attention + an 8-token sliding window."""
+    e = Engine(extra(chunks=128, factor=factor), sliding_window=8)
+    run_twice(e, {"a": prompt(7, 37), "b": prompt(7, 21) + prompt(8, 10)})
+    assert e.worker.counts["loads"] >= 1 and e.worker.counts["failed_loads"] == 0
+    groups = {bytes(key[-4:]) for key in e.manager.core.table.index}
+    assert groups == {b"\0\0\0\0", b"\0\0\0\1"}  # both groups were offloaded
+
+
+def test_connector_reset_empties_the_cpu_tier() -> None:
+    e = Engine(extra())
+    e.add("a", prompt(9, 25), 3)
+    e.run()
+    assert len(e.manager.core) > 0
+    assert e.scheduler.reset_prefix_cache(reset_connector=True)
+    e.drain()
+    assert len(e.manager.core) == 0
+    e.kv.zero_()
+    e.add("b", prompt(9, 25), 3)
+    e.run()
+    assert e.outputs["b"] == e.outputs["a"] and e.worker.counts["loads"] == 0
+
+
+def test_plain_connector_stops_rather_than_load_a_failed_store() -> None:
+    """Without KVOffloadConnector nobody collects failed transfers: a load from chunks whose store
+    failed is refused and reported as failed, and vLLM stops instead of running on wrong KV."""
+    e = Engine(extra(), connector="OffloadingConnector")
+    be = wrap_backend(e)
+    be.fail_pack = 100
+    e.add("a", prompt(11, 25), 3)
+    e.run()
+    be.fail_pack = 0
+    e.reset_gpu()
+    e.add("b", prompt(11, 25), 3)
+    with pytest.raises(AssertionError) as info:
+        e.run()
+    assert not isinstance(info.value, KVMismatch)
+    assert e.worker.counts["failed_loads"] == 1

@@ -37,6 +37,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
+    SlidingWindowSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
@@ -48,10 +49,12 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 BLOCK_SIZE = 4  # tokens per GPU block
 HEADS, HEAD_DIM = 2, 4  # page = 2 (K, V) * 4 tokens * 2 heads * 4 dims * 4 bytes = 256 bytes
 LAYER = "model.layers.0.self_attn.attn"
+SW_LAYER = "model.layers.1.self_attn.attn"
 PAGE = 2 * BLOCK_SIZE * HEADS * HEAD_DIM * 4  # bytes of one GPU block
 MAX_LEN = 256
 
 SPEC_MODULE = "kvoffload.integrations.vllm"
+NULL_BLOCK = 0  # vLLM's block pool hands block 0 out as the placeholder of freed window blocks
 
 
 class KVMismatch(AssertionError):
@@ -106,22 +109,41 @@ def make_config(extra: dict[str, Any], connector: str = "KVOffloadConnector", **
 
 
 class Engine:
-    """vLLM's Scheduler + the connector in both roles + a KV-writing fake model."""
+    """vLLM's Scheduler + the connector in both roles + a KV-writing fake model.
 
-    def __init__(self, extra: dict[str, Any], num_gpu_blocks: int = 64, connector: str = "KVOffloadConnector") -> None:
+    Args:
+        extra: ``kv_connector_extra_config``.
+        num_gpu_blocks: GPU blocks in the shared pool.
+        connector: ``"KVOffloadConnector"`` or vLLM's ``"OffloadingConnector"``.
+        sliding_window: if set, a second KV-cache group (one sliding-window layer of this many
+            tokens) beside the full-attention one, sharing the block pool (a hybrid model).
+    """
+
+    def __init__(
+        self,
+        extra: dict[str, Any],
+        num_gpu_blocks: int = 64,
+        connector: str = "KVOffloadConnector",
+        sliding_window: int | None = None,
+    ) -> None:
         self.vllm_config = make_config(extra, connector)
         self.vllm_config.cache_config = copy.copy(self.vllm_config.cache_config)
         self.vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
-        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.float32)
-        self.kv = torch.zeros(num_gpu_blocks, 2, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.float32)
+        shape = dict(block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.float32)
+        specs: list[tuple[str, Any]] = [(LAYER, FullAttentionSpec(**shape))]  # type: ignore[arg-type]
+        if sliding_window is not None:
+            specs.append((SW_LAYER, SlidingWindowSpec(**shape, sliding_window=sliding_window)))  # type: ignore[arg-type]
+        self.windows = [None, sliding_window]
+        #: one KV tensor per group (its single layer)
+        self.kvs = [torch.zeros(num_gpu_blocks, 2, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.float32) for _ in specs]
+        self.kv = self.kvs[0]
+        size = self.kv.numel() * 4
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_gpu_blocks,
             kv_cache_tensors=[
-                KVCacheTensor(
-                    size=self.kv.numel() * 4, layers=[LAYER], layer_stride=self.kv.numel() * 4, block_stride=PAGE
-                )
+                KVCacheTensor(size=size, layers=[name], layer_stride=size, block_stride=PAGE) for name, _ in specs
             ],
-            kv_cache_groups=[KVCacheGroupSpec([LAYER], spec)],
+            kv_cache_groups=[KVCacheGroupSpec([name], spec) for name, spec in specs],
         )
         self.scheduler = Scheduler(
             vllm_config=self.vllm_config,
@@ -133,7 +155,7 @@ class Engine:
         self.worker_connector = KVConnectorFactory.create_connector(
             self.vllm_config, KVConnectorRole.WORKER, self.kv_cache_config
         )
-        self.worker_connector.register_kv_caches({LAYER: self.kv})
+        self.worker_connector.register_kv_caches({name: kv for (name, _), kv in zip(specs, self.kvs, strict=True)})
         self.hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
         self.outputs: dict[str, list[int]] = {}
         self.invalid_reported: set[int] = set()
@@ -167,8 +189,8 @@ class Engine:
         self.outputs[req_id] = []
         return req
 
-    def _block_ids(self, req_id: str) -> list[int]:
-        return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
+    def _block_ids(self, req_id: str) -> list[list[int]]:
+        return [list(g) for g in self.scheduler.kv_cache_manager.get_block_ids(req_id)]
 
     def step(self) -> Any:
         sched_out = self.scheduler.schedule()
@@ -185,10 +207,12 @@ class Engine:
             req = self.scheduler.requests[rid]
             n = sched_out.num_scheduled_tokens[rid]
             end = req.num_computed_tokens  # already advanced by schedule()
-            blocks = self._block_ids(rid)
             toks = req.all_token_ids
-            for pos in range(end - n, end):
-                self.kv[blocks[pos // BLOCK_SIZE], :, pos % BLOCK_SIZE] = kv_value(toks[pos], pos)
+            for kv, blocks in zip(self.kvs, self._block_ids(rid), strict=True):
+                for pos in range(end - n, end):
+                    b = blocks[pos // BLOCK_SIZE]
+                    if b != NULL_BLOCK:  # a sliding-window block already out of the window
+                        kv[b, :, pos % BLOCK_SIZE] = kv_value(toks[pos], pos)
             sampled.append([(len(toks) * 7 + sum(toks[-3:])) % 1000] if end >= req.num_tokens else [])
         wc.wait_for_save()
         sending, recving = wc.get_finished(sched_out.finished_req_ids)
@@ -216,16 +240,24 @@ class Engine:
         return sched_out
 
     def check(self) -> int:
-        """Verify every computed position of every running request; returns positions checked."""
+        """Verify every computed position of every running request; returns positions checked.
+
+        In a sliding-window group only the positions inside the window of the next token are
+        checked (older blocks may already be freed)."""
         n = 0
         for req in self.scheduler.running:
-            blocks = self._block_ids(req.request_id)
             toks = req.all_token_ids
-            for pos in range(req.num_computed_tokens):
-                got = self.kv[blocks[pos // BLOCK_SIZE], :, pos % BLOCK_SIZE]
-                if not torch.equal(got, kv_value(toks[pos], pos)):
-                    raise KVMismatch(f"step {self.steps}: request {req.request_id} position {pos} holds wrong KV")
-                n += 1
+            done = req.num_computed_tokens
+            for g, (kv, blocks) in enumerate(zip(self.kvs, self._block_ids(req.request_id), strict=True)):
+                window = self.windows[g]
+                first = 0 if window is None else max(0, done - window + 1)
+                for pos in range(first, done):
+                    b = blocks[pos // BLOCK_SIZE]
+                    if b == NULL_BLOCK or not torch.equal(kv[b, :, pos % BLOCK_SIZE], kv_value(toks[pos], pos)):
+                        raise KVMismatch(
+                            f"step {self.steps}: request {req.request_id} group {g} position {pos} holds wrong KV"
+                        )
+                    n += 1
         return n
 
     def run(self, max_steps: int = 500) -> None:
@@ -246,7 +278,8 @@ class Engine:
         """Forget the GPU prefix cache and zero the KV tensor (only the CPU tier remains)."""
         assert not self.scheduler.has_unfinished_requests()
         assert self.scheduler.kv_cache_manager.reset_prefix_cache()
-        self.kv.zero_()
+        for kv in self.kvs:
+            kv.zero_()
 
     def finished_ok(self, req_id: str) -> bool:
         return req_id not in self.scheduler.requests and len(self.outputs[req_id]) > 0
