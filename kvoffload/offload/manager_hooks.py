@@ -35,6 +35,22 @@ class RequestAccessMixin(ManagerState):
             ref = self._ref_buf
             codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
             return np.array(codes, dtype=np.int8)
+        return self._peek_array(keys)
+
+    def peek_list(self, keys: Sequence[OffloadKey]) -> list[int]:
+        """:meth:`peek` as a list of ints (cheaper for a few keys)."""
+        small = self._small_slots(keys)
+        if small is None:
+            return self._peek_array(keys).tolist()
+        ref = self._ref_buf
+        return [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
+
+    @property
+    def tracks_store_misses(self) -> bool:
+        """Whether the policy learns from :meth:`on_store_miss` (ARC); if not, it is a no-op."""
+        return type(self._policy).on_store_miss is not CachePolicy.on_store_miss
+
+    def _peek_array(self, keys: Sequence[OffloadKey]) -> np.ndarray:
         r = self._resolve(keys, allow_duplicates=True)
         if not r.keys:
             return np.zeros(0, dtype=np.int8)
@@ -60,7 +76,7 @@ class RequestAccessMixin(ManagerState):
     def on_store_miss(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """``keys`` are about to be offered to ``prepare_store``; the absent ones are passed to the
         policy's ``on_store_miss`` (ARC adapts its target on ghost hits there, as vLLM does)."""
-        if type(self._policy).on_store_miss is CachePolicy.on_store_miss:
+        if not self.tracks_store_misses:
             return  # the policy keeps no history of absent keys
         r = self._resolve(keys, allow_duplicates=True)
         if r.keys:

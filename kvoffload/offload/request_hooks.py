@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["RequestHooksManager"]
 
-_CORE_METHODS = ("peek", "on_store_miss", "apply_request_access")
+_CORE_METHODS = ("peek_list", "on_store_miss", "apply_request_access")
 
 
 @dataclass
@@ -70,8 +70,9 @@ class RequestHooksManager(OffloadingManager):
 
     Args:
         backing: the manager stack to delegate to (e.g. a ``FilteredReuseManager``).
-        core: the manager that owns the cache policy (has ``peek``, ``on_store_miss`` and
-            ``apply_request_access``); defaults to ``backing``.
+        core: the manager that owns the cache policy (has ``peek_list``, ``on_store_miss`` and
+            ``apply_request_access``, like :class:`~kvoffload.offload.manager.CPUOffloadingManager`);
+            defaults to ``backing``.
     """
 
     def __init__(self, backing: OffloadingManager, core: Any = None) -> None:
@@ -145,15 +146,19 @@ class RequestHooksManager(OffloadingManager):
         if st is None:
             return self._backing.prepare_store(keys, req_context)
         keys = list(keys)
-        codes = self._core.peek(keys)
-        misses = [k for k, c in zip(keys, codes.tolist(), strict=True) if c == LOOKUP_MISS and k not in st.store_misses]
-        if misses:
-            self._core.on_store_miss(misses, req_context)
+        core = self._core
+        codes = core.peek_list(keys)
+        ready = {k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_HIT}
+        misses = None
+        if getattr(core, "tracks_store_misses", True):
+            seen = st.store_misses
+            misses = [k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_MISS and k not in seen]
+            if misses:
+                core.on_store_miss(misses, req_context)
         out = self._backing.prepare_store(keys, req_context)
         if misses:
             st.store_misses.update(misses)
         inserted = set(out.keys_to_store) if out is not None else set()
-        ready = {k for k, c in zip(keys, codes.tolist(), strict=True) if c == LOOKUP_HIT}
         if inserted or ready:
             st.keys.update(dict.fromkeys(k for k in keys if k in inserted or k in ready))
             st.inserted |= inserted
