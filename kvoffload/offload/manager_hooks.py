@@ -20,6 +20,8 @@ from kvoffload.offload.policies.base import CachePolicy
 
 __all__ = ["RequestAccessMixin"]
 
+#: request-level calls on at most this many keys (a whole prompt) run scalar code; beyond, numpy
+_SCALAR_LIMIT = 256
 #: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready)
 _CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 
@@ -60,9 +62,9 @@ class RequestAccessMixin(ManagerState):
         st[slots < 0] = 0
         return _CODES[st]
 
-    def _small_slots(self, keys: Sequence[OffloadKey]) -> list[int] | None:
-        """Slot (-1 = absent) per key for a short list of exact ``bytes``; None otherwise."""
-        if keys.__class__ is not list or len(keys) > SMALL_BATCH or self._closed:
+    def _small_slots(self, keys: Sequence[OffloadKey], limit: int = SMALL_BATCH) -> list[int] | None:
+        """Slot (-1 = absent) per key for a list of at most ``limit`` exact ``bytes``; None otherwise."""
+        if keys.__class__ is not list or len(keys) > limit or self._closed:
             return None
         get = self._index.get
         out = []
@@ -78,6 +80,12 @@ class RequestAccessMixin(ManagerState):
         policy's ``on_store_miss`` (ARC adapts its target on ghost hits there, as vLLM does)."""
         if not self.tracks_store_misses:
             return  # the policy keeps no history of absent keys
+        small = self._small_slots(keys, _SCALAR_LIMIT)
+        if small is not None:
+            absent_keys = [k for k, s in zip(keys, small, strict=True) if s < 0]
+            if absent_keys:
+                self._policy.on_store_miss(absent_keys)
+            return
         r = self._resolve(keys, allow_duplicates=True)
         if r.keys:
             absent = (r.slots < 0).nonzero()[0].tolist()
@@ -102,7 +110,7 @@ class RequestAccessMixin(ManagerState):
         if type(self._policy).on_request_finished is CachePolicy.on_request_finished:
             self.touch(keys if keys.__class__ is list else list(keys), req_context)  # type: ignore[attr-defined]
             return
-        small = self._small_slots(keys)
+        small = self._small_slots(keys, _SCALAR_LIMIT)
         if small is not None:
             self._policy.on_request_finished_list(
                 keys, small, [k in inserted_only for k in keys], [k in reused for k in keys]
