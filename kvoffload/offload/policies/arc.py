@@ -82,30 +82,25 @@ class ARCPolicy(CachePolicy):
             self.t1.push_back(rp[in_t1 & ~ready], members=True)
             self.t2.push_back(rp[~in_t1 | ready])
         if (self.b1 or self.b2) and len(present) < len(keys):
-            b1, b2 = self.b1, self.b2
-            for i in (~present_mask).nonzero()[0][::-1].tolist():
-                key = keys[i]
-                if key in b1:
-                    delta = max(1.0, len(b2) / len(b1))
-                    self.target_t1_size = min(self.target_t1_size + delta, float(self.capacity))
-                    b1.move_to_end(key)
-                elif key in b2:
-                    delta = max(1.0, len(b1) / len(b2))
-                    self.target_t1_size = max(self.target_t1_size - delta, 0.0)
-                    b2.move_to_end(key)
+            self._ghost_hits([keys[i] for i in (~present_mask).nonzero()[0][::-1].tolist()])
+
+    def _ghost_hits(self, keys: Sequence[bytes]) -> None:
+        """Adapt the target for each ghost hit among ``keys`` (absent keys), in this order."""
+        b1, b2 = self.b1, self.b2
+        for key in keys:
+            if key in b1:
+                delta = max(1.0, len(b2) / len(b1))
+                self.target_t1_size = min(self.target_t1_size + delta, float(self.capacity))
+                b1.move_to_end(key)
+            elif key in b2:
+                delta = max(1.0, len(b1) / len(b2))
+                self.target_t1_size = max(self.target_t1_size - delta, 0.0)
+                b2.move_to_end(key)
 
     def on_store_miss(self, keys: Sequence[bytes]) -> None:
         """Ghost hits among keys offered for storing adapt the target (last key first), as in touch."""
-        b1, b2 = self.b1, self.b2
-        if not (b1 or b2):
-            return
-        for key in reversed(keys):
-            if key in b1:
-                self.target_t1_size = min(self.target_t1_size + max(1.0, len(b2) / len(b1)), float(self.capacity))
-                b1.move_to_end(key)
-            elif key in b2:
-                self.target_t1_size = max(self.target_t1_size - max(1.0, len(b1) / len(b2)), 0.0)
-                b2.move_to_end(key)
+        if self.b1 or self.b2:
+            self._ghost_hits(list(reversed(keys)))
 
     def on_request_finished(
         self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
