@@ -14,6 +14,7 @@ subclass changes two things, both through vLLM's own channels, and nothing else:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,10 +82,11 @@ class KVOffloadConnector(OffloadingConnector):
         sched = getattr(self, "connector_scheduler", None)
         if failed and sched is not None:
             jobs, reqs = getattr(sched, "_jobs", {}), getattr(sched, "_req_status", {})
-            for job_id in sorted(failed):
-                job = jobs.get(job_id)
-                if job is None or not job.is_store or job.req_id not in reqs:
-                    continue
-                logger.warning("offloading store job %d failed: its %d chunk(s) are dropped", job_id, len(job.keys))
-                sched.manager.complete_store(list(job.keys), reqs[job.req_id].req_context, success=False)
+            with getattr(sched.manager, "lock", contextlib.nullcontext()):  # vLLM 0.33: callers hold it
+                for job_id in sorted(failed):
+                    job = jobs.get(job_id)
+                    if job is None or not job.is_store or job.req_id not in reqs:
+                        continue
+                    logger.warning("offloading store job %d failed: its %d chunk(s) are dropped", job_id, len(job.keys))
+                    sched.manager.complete_store(list(job.keys), reqs[job.req_id].req_context, success=False)
         super().update_connector_output(connector_output)
