@@ -229,3 +229,30 @@ def test_plain_connector_stops_rather_than_load_a_failed_store() -> None:
         e.run()
     assert not isinstance(info.value, KVMismatch)
     assert e.worker.counts["failed_loads"] == 1
+
+
+def test_decode_blocks_offloaded_when_not_prompt_only() -> None:
+    e = Engine(extra(offload_prompt_only=False))
+    p = prompt(12, 25)
+    e.add("a", p, 12)
+    e.run()
+    assert len(e.manager.core) == (25 + 12 - 1) // BLOCK_SIZE  # KV exists for all but the last token
+    e.reset_gpu()
+    e.add("turn2", p + e.outputs["a"] + prompt(13, 5), 3)  # the next turn extends the conversation
+    e.run()
+    assert e.worker.counts["loads"] == 1
+
+
+def test_store_threshold_stores_on_the_second_offer() -> None:
+    e = Engine(extra(store_threshold=2))
+    e.add("a", prompt(14, 25), 2)
+    e.run()
+    assert len(e.manager.core) == 0  # first offer: counted, not stored
+    e.reset_gpu()
+    e.add("b", prompt(14, 25), 2)
+    e.run()
+    assert len(e.manager.core) == 25 // BLOCK_SIZE and e.worker.counts["loads"] == 0
+    e.reset_gpu()
+    e.add("c", prompt(14, 25), 2)
+    e.run()
+    assert e.worker.counts["loads"] == 1 and e.outputs["c"] == e.outputs["a"]
