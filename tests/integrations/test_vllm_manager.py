@@ -69,6 +69,27 @@ def test_stats_in_vllms_shape() -> None:
     ]  # the stored call (the filtered one allocated nothing)
 
 
+@pytest.mark.parametrize("threshold", [0, 2])
+def test_every_stat_has_a_metric_definition(threshold: int) -> None:
+    """vLLM's Prometheus exporter looks each stat up in the spec's metric definitions."""
+    from vllm.v1.kv_offload.base import (
+        OffloadingCounterMetadata,
+        OffloadingGaugeMetadata,
+        OffloadingHistogramMetadata,
+    )
+
+    defs = KVOffloadSpec.build_metric_definitions({"store_threshold": threshold})
+    m = KVOffloadManager(4, store_threshold=threshold)
+    m.prepare_store([k(1)], ReqContext(req_id="a"))
+    m.prepare_store([k(1)], ReqContext(req_id="a"))
+    data = m.get_stats().data
+    kinds = {"gauge": OffloadingGaugeMetadata, "counter": OffloadingCounterMetadata}
+    kinds["histogram"] = OffloadingHistogramMetadata
+    assert data["data"]
+    for name in data["data"]:
+        assert isinstance(defs[name], kinds[data["types"][name]]), name
+
+
 def test_events_and_failed_store() -> None:
     m = KVOffloadManager(2, enable_events=True)
     c = ReqContext(req_id="a")

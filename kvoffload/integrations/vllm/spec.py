@@ -47,6 +47,14 @@ class KVOffloadSpec(OffloadingSpec):
     """vLLM offloading spec backed by kvoffload (see the module docstring for its keys)."""
 
     @classmethod
+    def build_metric_definitions(cls, extra_config: Any) -> dict[str, Any]:
+        """The Prometheus metrics the manager's stats carry: the same names and meanings as vLLM's
+        own CPU spec (vLLM's exporter drops nothing it was not told about in advance)."""
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+        return dict(CPUOffloadingSpec.build_metric_definitions(extra_config))
+
+    @classmethod
     def config_info_keys(cls, extra_config: Any = None) -> tuple[str, ...]:
         """Labels of vLLM 0.33's ``kv_offload_config_info`` metric that the manager fills."""
         return _INFO_KEYS
