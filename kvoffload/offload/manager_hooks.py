@@ -1,4 +1,4 @@
-"""Request-scoped hooks of :class:`~kvoffload.offload.manager.CPUOffloadingManager`.
+"""Request-scoped hooks (and ``discard``) of :class:`~kvoffload.offload.manager.CPUOffloadingManager`.
 
 vLLM's scheduler never calls ``touch``: a request's accesses are recorded while it runs and
 applied to the cache policy once, when it finishes (see
@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadKey, ReqContext
+from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadingEvent, OffloadKey, ReqContext
 from kvoffload.offload.manager_small import SMALL_BATCH
 from kvoffload.offload.manager_state import ManagerState
 from kvoffload.offload.policies.base import CachePolicy
@@ -91,6 +91,29 @@ class RequestAccessMixin(ManagerState):
             absent = (r.slots < 0).nonzero()[0].tolist()
             if absent:
                 self._policy.on_store_miss([r.keys[i] for i in absent])
+
+    def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
+        """Remove the ready, unpinned ``keys`` (e.g. blocks whose bytes could not be read back).
+
+        Pinned and pending keys and absent keys are left alone. The slots are freed like evicted
+        ones; with events enabled one ``removed=True`` event lists the removed keys.
+
+        Returns:
+            The keys removed, in first-occurrence order.
+        """
+        r = self._resolve(keys, allow_duplicates=True)
+        slots = [s for s in dict.fromkeys(r.slots.tolist()) if s >= 0]
+        if not slots:
+            return []
+        arr = np.array(slots, dtype=np.int64)
+        arr = arr[self._table.ref[arr] == 0]
+        if not len(arr):
+            return []
+        self._policy.remove(arr)
+        removed = self._table.release(arr, ready=True)
+        if self._events is not None:
+            self._events.append(OffloadingEvent(keys=list(removed), medium="CPU", removed=True))
+        return removed
 
     def apply_request_access(
         self,

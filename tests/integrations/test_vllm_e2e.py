@@ -176,6 +176,29 @@ def test_failed_load_recomputes() -> None:
     assert e.outputs["b"] == e.outputs["a"]
     assert e.worker.counts["failed_loads"] == 1 and e.invalid_reported
     assert e.manager.core.table.num_pinned == 0
+    # the chunks that failed to load were dropped (vLLM does not store a prefix it loaded) ...
+    assert len(e.manager.core) == 0
+    for rid in ("c", "d"):  # ... so c recomputes and stores them, and d loads them
+        e.reset_gpu()
+        e.add(rid, prompt(5, 25), 3)
+        e.run()
+        assert e.outputs[rid] == e.outputs["a"]
+    assert len(e.manager.core) == 25 // BLOCK_SIZE and e.worker.counts["loads"] == 1
+
+
+def test_persistent_load_failures_do_not_livelock() -> None:
+    e = Engine(extra())
+    be = wrap_backend(e)
+    e.add("a", prompt(15, 25), 3)
+    e.run()
+    be.fail_unpack = 1000  # every load fails from now on
+    for i in range(3):
+        e.reset_gpu()
+        e.add(f"r{i}", prompt(15, 25), 3)
+        e.run(max_steps=50)
+        assert e.outputs[f"r{i}"] == e.outputs["a"]
+    # r0's load fails (chunks dropped), r1 recomputes and stores them, r2's load fails again
+    assert e.worker.counts["failed_loads"] == 2 and e.worker.counts["loads"] == 0
 
 
 def test_negative_control_load_that_moves_nothing_is_caught() -> None:

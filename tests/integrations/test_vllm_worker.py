@@ -82,6 +82,7 @@ def test_failed_store_makes_its_chunks_unloadable_and_is_reported() -> None:
     w.submit_load(2, CPULoadStoreSpec([0, 1]), GPULoadStoreSpec([5, 6], group_sizes=[1, 1], block_indices=[0, 0]))
     (r,) = w.get_finished()
     assert r.success and w.take_load_errors() == {5, 6} and w.counts["failed_loads"] == 1
+    assert w.take_failed_loads() == {2} and w.take_failed_loads() == set()
     # without a collector (plain OffloadingConnector) the failed load is reported as failed
     w.report_load_errors = False
     w.submit_load(3, CPULoadStoreSpec([0, 1]), GPULoadStoreSpec([5, 6], group_sizes=[1, 1], block_indices=[0, 0]))
@@ -91,7 +92,8 @@ def test_failed_store_makes_its_chunks_unloadable_and_is_reported() -> None:
 
 def test_worker_metadata_aggregates_failed_stores() -> None:
     m1 = KVOffloadWorkerMetadata(completed_jobs={1: 1, 2: 1}, failed_store_jobs={2})
-    m2 = KVOffloadWorkerMetadata(completed_jobs={1: 1, 3: 1}, failed_store_jobs={3})
+    m2 = KVOffloadWorkerMetadata(completed_jobs={1: 1, 3: 1}, failed_store_jobs={3}, failed_load_jobs={1})
     agg = m1.aggregate(m2)
     assert isinstance(agg, KVOffloadWorkerMetadata)
     assert agg.completed_jobs == {1: 2, 2: 1, 3: 1} and agg.failed_store_jobs == {2, 3}
+    assert agg.failed_load_jobs == {1}

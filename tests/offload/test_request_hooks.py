@@ -208,3 +208,25 @@ def test_apply_request_access_small_and_array_paths_agree(policy: str) -> None:
         assert sorted(a.table.index) == sorted(b.table.index)
     if policy == "arc":
         assert cores[0].policy.ordered_slots() == cores[1].policy.ordered_slots()
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+def test_discard_removes_only_ready_unpinned_keys(policy: str) -> None:
+    core = CPUOffloadingManager(4, cache_policy=policy, enable_events=True)
+    c = ctx("a")
+    out = core.prepare_store([k(1), k(2), k(3), k(4)], c)
+    assert out is not None
+    core.complete_store([k(1), k(2), k(3)], c)  # k(4) stays pending
+    core.prepare_load([k(2)], c)  # k(2) pinned
+    core.take_events()
+    assert core.discard([k(1), k(2), k(4), k(9), k(1)], c) == [k(1)]
+    assert [(e.keys, e.removed) for e in core.take_events()] == [([k(1)], True)]
+    assert k(1) not in core and len(core) == 3
+    # the freed slot is reused, and the pool still evicts consistently
+    core.complete_load([k(2)], c)
+    core.complete_store([k(4)], c)
+    out = core.prepare_store([k(5), k(6)], c)
+    assert out is not None and sorted(out.store_spec.block_ids.tolist())[0] == 0 and len(out.evicted_keys) == 1
+    core.complete_store([k(5), k(6)], c)
+    out = core.prepare_store([k(7), k(8), k(10), k(11)], c)
+    assert out is not None and len(out.evicted_keys) == 4 and len(core) == 4

@@ -13,7 +13,9 @@ Failures never reach vLLM as ``success=False`` (vLLM asserts on it):
   manager drops the chunks. Whatever the connector, this worker also remembers the chunks as *not
   valid* until a later store into them succeeds: a load that reads one of them is not run and
   counts as a failed load;
-* a failed load is reported as finished and its GPU block ids are kept for
+* a failed load is reported as finished, its job id is kept for :meth:`take_failed_loads` (the
+  connector has the scheduler drop its chunks, so vLLM does not try them again and again) and
+  its GPU block ids for
   :meth:`take_load_errors`, which :class:`~kvoffload.integrations.vllm.KVOffloadConnector`
   returns from ``get_block_ids_with_load_errors`` so that vLLM (``kv_load_failure_policy=
   "recompute"``) recomputes those blocks. Without that connector nobody collects them, and the
@@ -75,6 +77,7 @@ class KVOffloadWorker(OffloadingWorker):
         self._failed_now: list[TransferResult] = []
         self._load_errors: set[int] = set()
         self._failed_stores: set[int] = set()
+        self._failed_loads: set[int] = set()
         #: jobs reported so far, by outcome: "stores", "loads", "failed_stores", "failed_loads"
         self.counts = dict.fromkeys(("stores", "loads", "failed_stores", "failed_loads"), 0)
 
@@ -116,6 +119,7 @@ class KVOffloadWorker(OffloadingWorker):
         if store:
             self._failed_stores.add(job_id)
         else:
+            self._failed_loads.add(job_id)
             self._load_errors.update(int(b) for b in np.asarray(gpu.block_ids).tolist())
         self._failed_now.append(TransferResult(job_id=job_id, success=store or self.report_load_errors))
 
@@ -135,6 +139,8 @@ class KVOffloadWorker(OffloadingWorker):
             if store:
                 self._failed_stores.add(r.job_id)
             else:
+                self.valid[cpu_ids] = False  # not read back once: do not trust it again
+                self._failed_loads.add(r.job_id)
                 self._load_errors.update(gpu_ids.tolist())
             out.append(TransferResult(job_id=r.job_id, success=store or self.report_load_errors))
         return out
@@ -147,6 +153,11 @@ class KVOffloadWorker(OffloadingWorker):
     def take_failed_stores(self) -> set[int]:
         """Ids of the store jobs that failed since the last call (reported to vLLM as finished)."""
         out, self._failed_stores = self._failed_stores, set()
+        return out
+
+    def take_failed_loads(self) -> set[int]:
+        """Ids of the load jobs that failed since the last call (their chunks should be dropped)."""
+        out, self._failed_loads = self._failed_loads, set()
         return out
 
     def wait(self, job_ids: set[int]) -> None:
