@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_bench = sub.add_parser("bench", help="transfer, manager and scheduler benchmarks")
     p_bench.add_argument("--quick", action="store_true", help="small sizes (a minute or so)")
-    p_bench.add_argument("--only", default=None, help="subset of transfer,manager,scheduler(,vllm with vLLM)")
+    p_bench.add_argument("--only", default=None, help="comma-separated subset of transfer,manager,scheduler")
     p_bench.add_argument("--out", default=None, help="results JSON path (default bench/results/<slug>.json)")
     p_bench.set_defaults(func=_cmd_bench)
     return parser
