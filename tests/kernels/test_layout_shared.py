@@ -20,9 +20,10 @@ def test_tensor_shared_by_two_groups_needs_to_be_declared() -> None:
 
 def test_declared_sharing_reports_the_pools() -> None:
     shared = torch.zeros(2, 4, 2, 1, 4)
-    other = torch.zeros(4, 3)
-    table = KVCacheTable.from_tensors([[shared], [other], [shared[:, 1:3]], []], ["flash_attn", "mla"] * 2,
-                                      shared_tensors=True)
+    other = torch.zeros(4, 3, 2)
+    table = KVCacheTable.from_tensors(
+        [[shared], [other], [shared[:, 1:3]], []], ["flash_attn", "mla"] * 2, shared_tensors=True
+    )
     assert table.block_pools == (0, 1, 0, 3)
     # without sharing every group is its own pool
     assert KVCacheTable.from_tensors([[shared], [other]], ["flash_attn", "mla"]).block_pools == (0, 1)
