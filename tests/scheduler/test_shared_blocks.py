@@ -121,9 +121,7 @@ def test_in_flight_store_of_a_freed_block_is_flushed() -> None:
     sched.free_blocks(r, [[], [1, 2]])
     b = make_req("B", 4, 4, tag="b")
     admit(sched, b, [[41], [2]])
-    out = sched.build_step(
-        [ScheduledRequest(b, 0, 4, [[41], [2]])], [ScheduledRequest(r, 16, 4, [[25], [5]])]
-    )
+    out = sched.build_step([ScheduledRequest(b, 0, 4, [[41], [2]])], [ScheduledRequest(r, 16, 4, [[25], [5]])])
     assert out.flush_job_ids == [store.job_id]
 
 
