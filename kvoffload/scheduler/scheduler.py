@@ -345,8 +345,8 @@ class OffloadingScheduler:
         time (a ``prepare_store`` that returned None is retried without them) are simply not
         offloaded. The configured ``null_block_id`` in a block table means the same (no block
         there); a load skips the leading null blocks of a sliding-window group's range (the
-        engine keeps fewer blocks than the loaded window covers). In-flight jobs of the request that use them are flushed before another
-        request writes them. Raises :class:`~kvoffload.errors.InvalidArgumentError` (nothing
+        engine keeps fewer blocks than the loaded window covers). In-flight jobs of the request
+        that use the freed blocks are flushed before another request writes them. Raises :class:`~kvoffload.errors.InvalidArgumentError` (nothing
         changed) for an unknown request or a block the request does not hold.
         """
         rid = request if isinstance(request, str) else request.request_id
