@@ -346,8 +346,9 @@ class OffloadingScheduler:
         offloaded. The configured ``null_block_id`` in a block table means the same (no block
         there); a load skips the leading null blocks of a sliding-window group's range (the
         engine keeps fewer blocks than the loaded window covers). In-flight jobs of the request
-        that use the freed blocks are flushed before another request writes them. Raises :class:`~kvoffload.errors.InvalidArgumentError` (nothing
-        changed) for an unknown request or a block the request does not hold.
+        that use the freed blocks are flushed before another request writes them. Raises
+        :class:`~kvoffload.errors.InvalidArgumentError` (nothing changed) for an unknown request
+        or a block the request does not hold.
         """
         rid = request if isinstance(request, str) else request.request_id
         st = self._states.get(rid)
