@@ -9,6 +9,7 @@ engine, or its null block) are never read nor written.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,7 @@ def build_store_job(
             f"manager.prepare_store returned {len(out.store_spec.block_ids)} slots for {len(to_store)} keys"
         )
     # offloaded block indices selected per group
+    selected: Sequence[range | list[int]]
     if len(to_store) == len(keys):
         selected = candidates
     else:
