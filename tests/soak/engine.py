@@ -92,6 +92,7 @@ class SoakConfig:
     p_abort: float = 0.03
     p_preempt: float = 0.04
     p_reset: float = 0.01
+    p_change: float = 0.03
     quiesce_every: int = 250
     rates: FaultRates = field(default_factory=FaultRates)
 
@@ -207,6 +208,17 @@ class SoakEngine:
         self._count(f"{why}_{seq.status}")
         seq.status = "done"
 
+    def _change_prompt(self, seq: Seq) -> None:
+        """The engine re-submits a waiting request (known to the scheduler) with another prompt."""
+        req = seq.req
+        keep = self.rng.randint(0, len(req.tokens))
+        req.tokens[keep:] = [self.rng.randrange(50) for _ in range(self.rng.randint(0 if keep else 1, 24))]
+        req.num_prompt_tokens = len(req.tokens)
+        del req.block_hashes[keep // BLOCK :]
+        self._extend_hashes(req)
+        seq.generated = 0
+        self._count("prompt_changed")
+
     def _preempt(self, seq: Seq, preempted: list[str]) -> None:
         if seq in self.running:
             self.running.remove(seq)
@@ -278,6 +290,9 @@ class SoakEngine:
         if live and rng.random() < cfg.p_abort:
             loading = [s for s in live if s.status == "loading"]
             self._end(rng.choice(loading if loading and rng.random() < 0.5 else live), "abort")
+        known = [s for s in self.waiting if self.sched.get_request_state(s.req.request_id) is not None]
+        if known and rng.random() < cfg.p_change:
+            self._change_prompt(rng.choice(known))
         if rng.random() < cfg.p_reset:
             busy = self.sched.num_in_flight_jobs > 0
             ok = self.sched.reset_cache()

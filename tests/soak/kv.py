@@ -43,10 +43,9 @@ def token_bases(parent: bytes, tokens: tuple[int, ...], group: int) -> tuple[int
     return tuple(out)
 
 
-_OFFSETS = (
-    torch.arange(NUM_TENSORS * 2, dtype=torch.int64).view(NUM_TENSORS, 2, 1, 1, 1) * 65537
-    + torch.arange(HEADS * HEAD_DIM, dtype=torch.int64).view(1, 1, 1, HEADS, HEAD_DIM)
-)
+_OFFSETS = torch.arange(NUM_TENSORS * 2, dtype=torch.int64).view(NUM_TENSORS, 2, 1, 1, 1) * 65537 + torch.arange(
+    HEADS * HEAD_DIM, dtype=torch.int64
+).view(1, 1, 1, HEADS, HEAD_DIM)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -63,8 +62,7 @@ class GPUCaches:
     def __init__(self, num_blocks: int, num_ranks: int) -> None:
         self.num_blocks = num_blocks
         self.caches = [
-            torch.zeros(NUM_TENSORS, 2, num_blocks, BLOCK, HEADS, HEAD_DIM, dtype=torch.int32)
-            for _ in range(num_ranks)
+            torch.zeros(NUM_TENSORS, 2, num_blocks, BLOCK, HEADS, HEAD_DIM, dtype=torch.int32) for _ in range(num_ranks)
         ]
 
     def layer_tensors(self, rank: int) -> list[torch.Tensor]:

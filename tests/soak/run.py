@@ -26,7 +26,5 @@ def format_counts(counts: dict[str, int]) -> str:
     faults = {k: v for k, v in counts.items() if k.startswith(("fault_", "abort_", "preempt_", "reset_"))}
     checks = {k: v for k, v in counts.items() if k.endswith(("checked", "_checks"))}
     rest = {k: v for k, v in counts.items() if k not in faults and k not in checks}
-    part = [
-        " ".join(f"{k}={v}" for k, v in sorted(d.items())) for d in (rest, faults, checks)
-    ]
+    part = [" ".join(f"{k}={v}" for k, v in sorted(d.items())) for d in (rest, faults, checks)]
     return f"{part[0]} | faults: {part[1]} | checks: {part[2]}"
