@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.offload.base import ReqContext
+from kvoffload.offload.base import OffloadKey, ReqContext
 from kvoffload.offload.manager import CPUOffloadingManager
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import ScheduledRequest
@@ -90,7 +90,7 @@ def test_null_padded_table_stores_no_null_block() -> None:
 def test_store_retry_skips_blocks_freed_meanwhile() -> None:
     mgr = CPUOffloadingManager(6)
     other = make_req("pin", 24, 4, tag="p")
-    pinned = [key(h) for h in other.block_hashes]
+    pinned = [OffloadKey(key(h)) for h in other.block_hashes]
     put(mgr, pinned)
     mgr.prepare_load(pinned, ReqContext("pin"))  # the tier is full of pinned blocks
     sched = OffloadingScheduler(sw_config(), mgr)
@@ -170,13 +170,16 @@ def test_second_lookup_follows_the_current_hashes() -> None:
     assert job.keys == [key(second.block_hashes[j]) for j in (3, 7, 11, 15)]
 
 
-def test_new_request_stores_under_its_current_hashes() -> None:
+def test_preempted_request_resubmitted_with_other_hashes() -> None:
     mgr = CPUOffloadingManager(64)
     sched = OffloadingScheduler(OffloadingSchedulerConfig((GroupOffloadConfig(0, 4, 4),)), mgr)
     r = make_req("r", 8, 4, tag="x")
     admit(sched, r, [[1, 2]])
-    sched.build_step(preempted_req_ids=[])
-    r2 = make_req("r", 8, 4, tag="y")
-    admit(sched, r2, [[1, 2]])
-    (job,) = sched.build_step([ScheduledRequest(r2, 0, 8, [[1, 2]])]).store_jobs
+    (job,) = sched.build_step([ScheduledRequest(r, 0, 8, [[1, 2]])]).store_jobs
+    sched.complete_jobs([(job.job_id, True)])
+    sched.build_step(preempted_req_ids=["r"])
+    r2 = make_req("r", 12, 4, tag="y")  # the engine re-submits the id with another prompt
+    admit(sched, r2, [[3, 4, 5]])
+    (job,) = sched.build_step([ScheduledRequest(r2, 0, 12, [[3, 4, 5]])]).store_jobs
     assert job.keys == [key(h) for h in r2.block_hashes]
+    assert job.gpu_spec.block_ids.tolist() == [3, 4, 5]

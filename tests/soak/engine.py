@@ -104,8 +104,8 @@ class SoakEngine:
         self.rng = random.Random(seed)
         self.counts: dict[str, int] = {}
         groups = []
-        for g, (f, w) in enumerate(GROUPS):
-            wb = None if w is None else math.ceil((w - 1) / (BLOCK * f)) + 1
+        for g, (f, window) in enumerate(GROUPS):
+            wb = None if window is None else math.ceil((window - 1) / (BLOCK * f)) + 1
             groups.append(GroupOffloadConfig(g, BLOCK, BLOCK * f, wb))
         self.sched_cfg = OffloadingSchedulerConfig(tuple(groups), num_workers=cfg.num_ranks, null_block_id=NULL)
         self.gpu = GPUCaches(cfg.num_gpu_blocks, cfg.num_ranks)
@@ -444,7 +444,9 @@ class SoakEngine:
                 if seq.generated >= req.max_tokens:
                     self._end(seq, "finish")
                     continue
-                req.tokens.append(int.from_bytes(chain_hash(req.request_id.encode(), (len(req.tokens),))[:2]) % 50)
+                req.tokens.append(
+                    int.from_bytes(chain_hash(req.request_id.encode(), (len(req.tokens),))[:2], "big") % 50
+                )
                 seq.generated += 1
                 self._extend_hashes(req)
             freed: list[list[int]] = []
