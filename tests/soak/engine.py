@@ -224,7 +224,8 @@ class SoakEngine:
             self.running.remove(seq)
         if seq in self.ready:
             self.ready.remove(seq)
-        self._count(f"preempt_{seq.status}")
+        if seq.status != "failed_load":
+            self._count(f"preempt_{seq.status}")
         self._release(seq)
         seq.status, seq.num_computed, seq.load_job = "waiting", 0, None
         self.waiting.appendleft(seq)
@@ -310,7 +311,8 @@ class SoakEngine:
         scheduled: list[tuple[Seq, int]] = []
         budget = cfg.token_budget
         for seq in [s for s in self.seqs.values() if s.status == "failed_load"]:
-            self._preempt(seq, preempted)
+            self._count("recompute_after_failed_load")
+            self._preempt(seq, preempted)  # gives its blocks back, to be admitted (and recomputed) again
         if self.running and rng.random() < cfg.p_preempt:
             self._preempt(rng.choice(self.running), preempted)
         for seq in list(self.running):

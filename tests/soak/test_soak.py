@@ -1,6 +1,6 @@
 """The soak tier: seeded engine-level runs with fault injection (see :mod:`tests.soak.engine`).
 
-* ``test_soak_short``: a few seeds, a few hundred steps each (~20-40 s on 2 CPU cores), in every
+* ``test_soak_short``: 3 seeds x 200 steps (~10 s of CPU on this 2-core machine), in every
   ``make test``. Run with ``-s`` to see the counts (steps, faults by kind, checks made).
 * ``test_soak_long``: with ``KVOFFLOAD_SLOW_TESTS=1``, new seeds of 1000 steps for
   ``KVOFFLOAD_SOAK_MINUTES`` minutes (default 5).
