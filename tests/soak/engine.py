@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvoffload.kernels.layout import KVCacheTable
@@ -41,63 +40,15 @@ from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerCo
 from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from tests.soak.checked_manager import CheckedManager
-from tests.soak.faulty import FaultRates, FaultyWorker
-from tests.soak.kv import BLOCK, ROOT, GPUCaches, block_values, chain_hash, slot_records
-
-NULL = 0
-#: (block size factor, sliding window in tokens or None) per group
-GROUPS: tuple[tuple[int, int | None], ...] = ((2, None), (1, 10), (2, 13))
+from tests.soak.checks import EngineChecks
+from tests.soak.faulty import FaultyWorker
+from tests.soak.kv import BLOCK, ROOT, GPUCaches, chain_hash
+from tests.soak.model import GROUPS, NULL, Seq, SoakConfig, SoakRequest
 
 
-class SoakFailure(AssertionError):
-    """An invariant of the soak broke."""
+class SoakEngine(EngineChecks):
+    """One seeded soak run (see the module docstring); :meth:`run` returns the counts."""
 
-
-@dataclass
-class SoakRequest:
-    """The duck-typed request the scheduler sees."""
-
-    request_id: str
-    tokens: list[int]
-    num_prompt_tokens: int
-    max_tokens: int
-    kv_transfer_params: dict[str, Any] | None
-    block_hashes: list[bytes] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass
-class Seq:
-    req: SoakRequest
-    status: str = "waiting"  # waiting | loading | ready | running | failed_load | done
-    num_computed: int = 0
-    tables: list[list[int]] = field(default_factory=list)
-    load_job: int | None = None
-    load_end: int = 0
-    generated: int = 0
-
-
-@dataclass
-class SoakConfig:
-    num_gpu_blocks: int = 160
-    num_cpu_blocks: int | None = None  # None: one of 20, 32, 48 per seed
-    num_ranks: int = 2
-    max_live: int = 12
-    max_running: int = 8
-    token_budget: int = 64
-    p_arrive: float = 0.5
-    p_abort: float = 0.03
-    p_preempt: float = 0.04
-    p_reset: float = 0.01
-    p_change: float = 0.03
-    quiesce_every: int = 250
-    rates: FaultRates = field(default_factory=FaultRates)
-
-
-class SoakEngine:
     def __init__(self, seed: int, cfg: SoakConfig | None = None) -> None:
         self.seed = seed
         self.cfg = cfg = cfg or SoakConfig()
@@ -135,12 +86,6 @@ class SoakEngine:
         self.arrivals = True
 
     # ------------------------------------------------------------------ helpers
-    def _count(self, name: str, n: int = 1) -> None:
-        self.counts[name] = self.counts.get(name, 0) + n
-
-    def _fail(self, msg: str) -> None:
-        raise SoakFailure(f"step {self.step_no}: {msg}")
-
     def _extend_hashes(self, req: SoakRequest) -> None:
         while (len(req.block_hashes) + 1) * BLOCK <= len(req.tokens):
             j = len(req.block_hashes)
@@ -149,10 +94,6 @@ class SoakEngine:
             h = chain_hash(prev, toks)
             self.parent[h] = (prev, toks)
             req.block_hashes.append(h)
-
-    def _block_tokens(self, req: SoakRequest, idx: int, upto: int) -> tuple[bytes, tuple[int, ...]]:
-        parent = ROOT if idx == 0 else req.block_hashes[idx - 1]
-        return parent, tuple(req.tokens[idx * BLOCK : min((idx + 1) * BLOCK, upto)])
 
     def _alloc(self, n: int) -> list[int]:
         out = [self.free.pop() for _ in range(n)]
@@ -274,15 +215,6 @@ class SoakEngine:
             seq.status = "ready"
             self.ready.append(seq)
 
-    def _verify_load(self, seq: Seq, job: TransferJob) -> None:
-        spec = job.gpu_spec
-        for g in range(len(GROUPS)):
-            for b, idx in zip(spec.group_block_ids(g).tolist(), job.block_offsets[g].tolist(), strict=True):
-                parent, toks = self._block_tokens(seq.req, idx, seq.load_end)
-                if not self.gpu.matches(b, parent, toks, g):
-                    self._fail(f"load job {job.job_id} of {seq.req.request_id}: block {b} (group {g}, #{idx}) is wrong")
-                self._count("loaded_blocks_checked")
-
     def _random_events(self) -> None:
         rng, cfg = self.rng, self.cfg
         while self.arrivals and len(self._live()) < cfg.max_live and rng.random() < cfg.p_arrive:
@@ -384,14 +316,6 @@ class SoakEngine:
         return new, running, preempted, scheduled
 
     # ------------------------------------------------------------------ transfers
-    def _queued_blocks(self, exclude: int) -> set[int]:
-        out: set[int] = set()
-        for w in self.workers:
-            for j in w._queue:
-                if j.job_id != exclude:
-                    out.update(self.jobs[j.job_id].gpu_spec.block_ids.tolist())
-        return out
-
     def _submit(self, job: TransferJob) -> None:
         seq = self.seqs[job.req_id]
         spec = job.gpu_spec
@@ -413,17 +337,6 @@ class SoakEngine:
             w.transfer_async(job.job_id, job.spec)
 
     # ------------------------------------------------------------------ compute
-    def _verify_running(self, scheduled: list[tuple[Seq, int]]) -> None:
-        for seq, _ in scheduled:
-            for g, t in enumerate(seq.tables):
-                for idx in range(-(-seq.num_computed // BLOCK)):
-                    if t[idx] == NULL:
-                        continue
-                    parent, toks = self._block_tokens(seq.req, idx, seq.num_computed)
-                    if not self.gpu.matches(t[idx], parent, toks, g):
-                        self._fail(f"{seq.req.request_id}: GPU block {t[idx]} (group {g}, #{idx}) lost its KV")
-                    self._count("gpu_blocks_checked")
-
     def _compute(self, scheduled: list[tuple[Seq, int]]) -> None:
         queued = self._queued_blocks(-1)
         for seq, n in scheduled:
@@ -470,25 +383,6 @@ class SoakEngine:
                     self.free.extend(out)
 
     # ------------------------------------------------------------------ checks
-    def _check_cpu_tier(self) -> None:
-        for key, (slot, ready, _pins) in self.manager.model.items():
-            if not ready:
-                continue
-            g = int.from_bytes(key[-4:], "big")
-            f = GROUPS[g][0]
-            chain = [key[:-4]]
-            for _ in range(f - 1):
-                chain.append(self.parent[chain[-1]][0])
-            chain.reverse()
-            for r, w in enumerate(self.workers):
-                pool = w.inner.host_pool
-                got = slot_records(pool.buffer, slot, pool.slot_bytes, f)
-                for j, h in enumerate(chain):
-                    parent, toks = self.parent[h]
-                    if not bool((got[j] == block_values(parent, toks, g, r)).all()):
-                        self._fail(f"CPU slot {slot} of key {key.hex()[:12]} (group {g}) holds wrong bytes on rank {r}")
-            self._count("cpu_slots_checked")
-
     def quiesce(self, max_steps: int = 2000) -> None:
         """Stop arrivals, run until every request ended, drain the workers, check the idle state."""
         self.arrivals = False
@@ -502,16 +396,7 @@ class SoakEngine:
             if self.sched.num_in_flight_jobs == 0:
                 break
             self._complete([res for w in self.workers for res in w.drain()])
-        if self.sched.num_in_flight_jobs or any(w.busy for w in self.workers):
-            self._fail(f"{self.sched.num_in_flight_jobs} jobs still in flight at quiescence")
-        self.sched.take_events()
-        self.manager.check_quiescent()
-        if any(self.sched.get_request_state(rid) is not None for rid in self.all_ids):
-            self._fail("the scheduler still holds state of ended requests")
-        if len(self.free) != self.cfg.num_gpu_blocks - 1:
-            self._fail(f"{self.cfg.num_gpu_blocks - 1 - len(self.free)} GPU blocks leaked")
-        self._check_cpu_tier()
-        self._count("quiescent_checks")
+        self._check_idle()
         if self.rng.random() < 0.3:
             if not self.sched.reset_cache() or self.manager.model:
                 self._fail("reset_cache refused or incomplete at quiescence")
