@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 
-from tests.soak.run import format_counts, run_seed
+from tests.soak.run import POOLS, format_counts, run_seed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,13 +19,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="how many consecutive seeds")
     ap.add_argument("--steps", type=int, default=600, help="engine steps per seed")
     ap.add_argument("--minutes", type=float, default=0.0, help="keep running new seeds for this long")
+    ap.add_argument(
+        "--pools", choices=list(POOLS), default="random", help="GPU block pools: shared by all groups or one per group"
+    )
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     total: dict[str, int] = {}
     seed = args.seed
     while True:
         try:
-            counts = run_seed(seed, args.steps)
+            counts = run_seed(seed, args.steps, args.pools)
         except AssertionError as exc:
             print(exc, file=sys.stderr)
             return 1

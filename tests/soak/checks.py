@@ -30,7 +30,8 @@ class EngineChecks:
     manager: CheckedManager
     workers: list[FaultyWorker]
     sched: OffloadingScheduler
-    free: list[int]
+    free: list[list[int]]
+    pool_of: tuple[int, ...]
     parent: dict[bytes, tuple[bytes, tuple[int, ...]]]
     jobs: dict[int, TransferJob]
     all_ids: list[str]
@@ -51,16 +52,21 @@ class EngineChecks:
         for g in range(len(GROUPS)):
             for b, idx in zip(spec.group_block_ids(g).tolist(), job.block_offsets[g].tolist(), strict=True):
                 parent, toks = self._block_tokens(seq.req, idx, seq.load_end)
-                if not self.gpu.matches(b, parent, toks, g):
+                if not self.gpu.matches(self.pool_of[g], b, parent, toks, g):
                     self._fail(f"load job {job.job_id} of {seq.req.request_id}: block {b} (group {g}, #{idx}) is wrong")
                 self._count("loaded_blocks_checked")
 
-    def _queued_blocks(self, exclude: int) -> set[int]:
-        out: set[int] = set()
+    def _job_blocks(self, job: TransferJob) -> set[tuple[int, int]]:
+        """The physical GPU blocks of a job: ``(pool, block id)``."""
+        spec = job.gpu_spec
+        return {(p, b) for g, p in enumerate(self.pool_of) for b in spec.group_block_ids(g).tolist()}
+
+    def _queued_blocks(self, exclude: int) -> set[tuple[int, int]]:
+        out: set[tuple[int, int]] = set()
         for w in self.workers:
             for j in w._queue:
                 if j.job_id != exclude:
-                    out.update(self.jobs[j.job_id].gpu_spec.block_ids.tolist())
+                    out |= self._job_blocks(self.jobs[j.job_id])
         return out
 
     def _verify_running(self, scheduled: list[tuple[Seq, int]]) -> None:
@@ -70,7 +76,7 @@ class EngineChecks:
                     if t[idx] == NULL:
                         continue
                     parent, toks = self._block_tokens(seq.req, idx, seq.num_computed)
-                    if not self.gpu.matches(t[idx], parent, toks, g):
+                    if not self.gpu.matches(self.pool_of[g], t[idx], parent, toks, g):
                         self._fail(f"{seq.req.request_id}: GPU block {t[idx]} (group {g}, #{idx}) lost its KV")
                     self._count("gpu_blocks_checked")
 
@@ -102,7 +108,8 @@ class EngineChecks:
         self.manager.check_quiescent()
         if any(self.sched.get_request_state(rid) is not None for rid in self.all_ids):
             self._fail("the scheduler still holds state of ended requests")
-        if len(self.free) != self.cfg.num_gpu_blocks - 1:
-            self._fail(f"{self.cfg.num_gpu_blocks - 1 - len(self.free)} GPU blocks leaked")
+        leaked = len(self.free) * (self.cfg.num_gpu_blocks - 1) - sum(map(len, self.free))
+        if leaked:
+            self._fail(f"{leaked} GPU blocks leaked")
         self._check_cpu_tier()
         self._count("quiescent_checks")

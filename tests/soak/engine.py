@@ -3,8 +3,10 @@
 Geometry (vLLM-like hybrid model): three KV-cache groups -- full attention (2 GPU blocks per
 offloaded block) and two sliding-window groups (windows of 10 and 13 tokens, factors 1 and 2) --
 sharing ONE GPU block pool (block 0 is the null block) and one set of KV tensors per rank
-(``KVCacheTable.from_tensors(..., shared_tensors=True)``), ``num_ranks`` tensor-parallel workers
-each reporting every job, and a CPU tier far smaller than the traffic.
+(``KVCacheTable.from_tensors(..., shared_tensors=True)``); or, for some seeds, one pool and one
+set of tensors per group (``GroupOffloadConfig.block_pool`` distinct: block ids collide across
+groups, memory does not). ``num_ranks`` tensor-parallel workers each report every job, and the
+CPU tier is far smaller than the traffic.
 
 Each step, as an engine does it: collect the workers' reports (``complete_jobs``; a finished load
 is byte-checked), random events (arrivals, aborts in any state, ``reset_cache``, preemptions),
@@ -54,25 +56,32 @@ class SoakEngine(EngineChecks):
         self.cfg = cfg = cfg or SoakConfig()
         self.rng = random.Random(seed)
         self.counts: dict[str, int] = {}
+        shared = cfg.shared_pool if cfg.shared_pool is not None else self.rng.random() < 0.7
+        self.pool_of = tuple(0 if shared else g for g in range(len(GROUPS)))
+        num_pools = max(self.pool_of) + 1
+        self._count("seeds_one_shared_pool" if shared else "seeds_pool_per_group")
         groups = []
         for g, (f, window) in enumerate(GROUPS):
             wb = None if window is None else math.ceil((window - 1) / (BLOCK * f)) + 1
-            groups.append(GroupOffloadConfig(g, BLOCK, BLOCK * f, wb))
+            groups.append(GroupOffloadConfig(g, BLOCK, BLOCK * f, wb, block_pool=self.pool_of[g]))
         self.sched_cfg = OffloadingSchedulerConfig(tuple(groups), num_workers=cfg.num_ranks, null_block_id=NULL)
-        self.gpu = GPUCaches(cfg.num_gpu_blocks, cfg.num_ranks)
+        self.gpu = GPUCaches(cfg.num_gpu_blocks, cfg.num_ranks, num_pools)
         policy = self.rng.choice(["lru", "arc", "s3fifo"])
         num_cpu = cfg.num_cpu_blocks or self.rng.choice([20, 32, 48])
         self.manager = CheckedManager(CPUOffloadingManager(num_cpu, policy, enable_events=True), self.counts)
         self.workers: list[FaultyWorker] = []
         for r in range(cfg.num_ranks):
-            tensors = self.gpu.layer_tensors(r)
-            table = KVCacheTable.from_tensors([tensors] * len(GROUPS), "flash_attn", shared_tensors=True)
+            tensors = [self.gpu.layer_tensors(r, p) for p in self.pool_of]
+            table = KVCacheTable.from_tensors(tensors, "flash_attn", shared_tensors=shared)
+            if table.block_pools != self.pool_of:
+                self._fail(f"KVCacheTable.block_pools {table.block_pools} != {self.pool_of}")
             inner = TransferWorker(table, num_cpu, [f for f, _ in GROUPS], backend="torch")
             w = FaultyWorker(inner, r, random.Random(seed * 1000 + r), cfg.rates, self.counts)
-            w.on_garbage_gpu = self.gpu.garbage
+            w.on_garbage_gpu = self._garbage_gpu
             self.workers.append(w)
         self.sched = OffloadingScheduler(self.sched_cfg, self.manager)
-        self.free: list[int] = list(range(cfg.num_gpu_blocks - 1, 0, -1))  # a stack: freed blocks reused first
+        # per pool, a stack: freed blocks are reused first
+        self.free: list[list[int]] = [list(range(cfg.num_gpu_blocks - 1, 0, -1)) for _ in range(num_pools)]
         self.parent: dict[bytes, tuple[bytes, tuple[int, ...]]] = {}
         self.prefixes = [[self.rng.randrange(50) for _ in range(self.rng.randint(16, 48))] for _ in range(3)]
         self.seqs: dict[str, Seq] = {}
@@ -95,13 +104,24 @@ class SoakEngine(EngineChecks):
             self.parent[h] = (prev, toks)
             req.block_hashes.append(h)
 
-    def _alloc(self, n: int) -> list[int]:
-        out = [self.free.pop() for _ in range(n)]
-        return out
+    def _garbage_gpu(self, rank: int, spec: Any) -> None:
+        for g, pool in enumerate(self.pool_of):
+            self.gpu.garbage(rank, pool, spec.group_block_ids(g).tolist())
+
+    def _alloc(self, g: int, n: int) -> list[int]:
+        free = self.free[self.pool_of[g]]
+        return [free.pop() for _ in range(n)]
+
+    def _fits(self, need: list[int]) -> bool:
+        """Whether group g can get ``need[g]`` more blocks, for every group."""
+        per_pool = [0] * len(self.free)
+        for g, n in enumerate(need):
+            per_pool[self.pool_of[g]] += n
+        return all(n <= len(f) for n, f in zip(per_pool, self.free, strict=True))
 
     def _release(self, seq: Seq) -> None:
-        for t in seq.tables:
-            self.free.extend(b for b in t if b != NULL)
+        for g, t in enumerate(seq.tables):
+            self.free[self.pool_of[g]].extend(b for b in t if b != NULL)
         seq.tables = [[] for _ in GROUPS]
 
     def _live(self) -> list[Seq]:
@@ -114,10 +134,9 @@ class SoakEngine(EngineChecks):
         nulls = []
         for _f, w in GROUPS:
             nulls.append(0 if w is None else max(0, min(nb, (computed - w + 1) // BLOCK)))
-        need = sum(nb - n for n in nulls)
-        if need > len(self.free):
+        if not self._fits([nb - n for n in nulls]):
             return None
-        return [[NULL] * n + self._alloc(nb - n) for n in nulls]
+        return [[NULL] * n + self._alloc(g, nb - n) for g, n in enumerate(nulls)]
 
     # ------------------------------------------------------------------ requests
     def _arrive(self) -> None:
@@ -253,13 +272,13 @@ class SoakEngine(EngineChecks):
             left = seq.req.num_tokens - seq.num_computed
             n = min(left, rng.randint(1, 24), budget)
             nb = -(-(seq.num_computed + n) // BLOCK)
-            need = sum(nb - len(t) for t in seq.tables)
-            while need > len(self.free) and self.running[-1] is not seq:
+            need = [nb - len(t) for t in seq.tables]
+            while not self._fits(need) and self.running[-1] is not seq:
                 self._preempt(self.running[-1], preempted)
-            if need > len(self.free):
+            if not self._fits(need):
                 self._preempt(seq, preempted)
                 continue
-            appended = [self._alloc(nb - len(t)) for t in seq.tables]
+            appended = [self._alloc(g, nb - len(t)) for g, t in enumerate(seq.tables)]
             for t, a in zip(seq.tables, appended, strict=True):
                 t.extend(a)
             running.append(ScheduledRequest(seq.req, seq.num_computed, n, appended))
@@ -270,11 +289,10 @@ class SoakEngine(EngineChecks):
                 break
             n = min(seq.req.num_tokens - seq.num_computed, rng.randint(1, 24), budget)
             nb = -(-(seq.num_computed + n) // BLOCK)
-            need = sum(nb - len(t) for t in seq.tables)
-            if need > len(self.free):
+            if not self._fits([nb - len(t) for t in seq.tables]):
                 break
-            for t in seq.tables:
-                t.extend(self._alloc(nb - len(t)))
+            for g, t in enumerate(seq.tables):
+                t.extend(self._alloc(g, nb - len(t)))
             new.append(ScheduledRequest(seq.req, seq.num_computed, n, [list(t) for t in seq.tables]))
             scheduled.append((seq, n))
             self.ready.remove(seq)
@@ -329,7 +347,7 @@ class SoakEngine(EngineChecks):
         else:
             self._count("load_jobs")
             seq.load_job = job.job_id
-            clash = self._queued_blocks(job.job_id) & set(spec.block_ids.tolist())
+            clash = self._queued_blocks(job.job_id) & self._job_blocks(job)
             if clash:
                 self._fail(f"load job {job.job_id} writes blocks {sorted(clash)} that queued jobs still use")
         self.jobs[job.job_id] = job
@@ -344,10 +362,10 @@ class SoakEngine(EngineChecks):
             for g, t in enumerate(seq.tables):
                 for idx in range(start // BLOCK, -(-end // BLOCK)):
                     b = t[idx]
-                    if b == NULL or b in queued:
+                    if b == NULL or (self.pool_of[g], b) in queued:
                         self._fail(f"{seq.req.request_id} computes into block {b} (null or used by a queued job)")
                     parent, toks = self._block_tokens(seq.req, idx, end)
-                    self.gpu.write(b, max(start - idx * BLOCK, 0), parent, toks, g)
+                    self.gpu.write(self.pool_of[g], b, max(start - idx * BLOCK, 0), parent, toks, g)
 
     def _after_compute(self, scheduled: list[tuple[Seq, int]]) -> None:
         for seq, n in scheduled:
@@ -379,8 +397,8 @@ class SoakEngine(EngineChecks):
                 if st is not None and st.in_flight:
                     self._count("window_freed_with_jobs_in_flight")
                 self.sched.free_blocks(req, freed)
-                for out in freed:
-                    self.free.extend(out)
+                for g, out in enumerate(freed):
+                    self.free[self.pool_of[g]].extend(out)
 
     # ------------------------------------------------------------------ checks
     def quiesce(self, max_steps: int = 2000) -> None:

@@ -55,7 +55,7 @@ class FaultyWorker:
         self._reports: list[tuple[int, TransferResult]] = []
         self._seq = 0
         self._last_seq = -1
-        self.on_garbage_gpu: Any = None  # callable(rank, block ids)
+        self.on_garbage_gpu: Any = None  # callable(rank, GPULoadStoreSpec)
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
@@ -100,7 +100,7 @@ class FaultyWorker:
                     pool.slot_view(s).fill_(0xEE)
             else:
                 assert isinstance(dst, GPULoadStoreSpec) and self.on_garbage_gpu is not None
-                self.on_garbage_gpu(self.rank, dst.block_ids.tolist())
+                self.on_garbage_gpu(self.rank, dst)
         ok = job.fate == "ok"
         result = TransferResult(job.job_id, ok, 0, 0.0, kind)
         late = self.rng.randint(1, self.rates.max_delay) if self.rng.random() < self.rates.late_report else 0

@@ -5,10 +5,10 @@ Token ``t`` of a request has one value per (group, rank) that depends only on th
 far), so the KV of a prefix is the same whichever request computed it -- and a block loaded from
 the CPU tier can be compared with what computing it would have written.
 
-GPU memory follows vLLM's hybrid layout: ``NUM_TENSORS`` flash-attn tensors per rank, each
-shared by one layer of every group, so block ``b`` is one physical block whichever group owns
-it. One offloaded record of a GPU block is, per tensor, its K page then its V page (the order of
-the canonical views), i.e. ``cache[:, :, b]`` flattened.
+GPU memory follows vLLM's hybrid layout: ``NUM_TENSORS`` flash-attn tensors per rank and block
+pool, each shared by one layer of every group of the pool, so block ``b`` of a pool is one
+physical block whichever group owns it. One offloaded record of a GPU block is, per tensor, its
+K page then its V page (the order of the canonical views), i.e. ``cache[pool, :, :, b]`` flattened.
 """
 
 from __future__ import annotations
@@ -57,33 +57,35 @@ def block_values(parent: bytes, tokens: tuple[int, ...], group: int, rank: int) 
 
 
 class GPUCaches:
-    """One int32 cache per rank: ``[NUM_TENSORS, 2, num_blocks, BLOCK, HEADS, HEAD_DIM]``."""
+    """One int32 cache per rank: ``[num_pools, NUM_TENSORS, 2, num_blocks, BLOCK, HEADS, HEAD_DIM]``."""
 
-    def __init__(self, num_blocks: int, num_ranks: int) -> None:
+    def __init__(self, num_blocks: int, num_ranks: int, num_pools: int) -> None:
         self.num_blocks = num_blocks
         self.caches = [
-            torch.zeros(NUM_TENSORS, 2, num_blocks, BLOCK, HEADS, HEAD_DIM, dtype=torch.int32) for _ in range(num_ranks)
+            torch.zeros(num_pools, NUM_TENSORS, 2, num_blocks, BLOCK, HEADS, HEAD_DIM, dtype=torch.int32)
+            for _ in range(num_ranks)
         ]
 
-    def layer_tensors(self, rank: int) -> list[torch.Tensor]:
-        """The per-layer flash-attn tensors ``[2, num_blocks, BLOCK, HEADS, HEAD_DIM]`` of a rank."""
-        return [self.caches[rank][k] for k in range(NUM_TENSORS)]
+    def layer_tensors(self, rank: int, pool: int) -> list[torch.Tensor]:
+        """The per-layer flash-attn tensors ``[2, num_blocks, BLOCK, HEADS, HEAD_DIM]`` of a pool of a rank."""
+        return [self.caches[rank][pool, k] for k in range(NUM_TENSORS)]
 
-    def write(self, block: int, start: int, parent: bytes, tokens: tuple[int, ...], group: int) -> None:
+    def write(self, pool: int, block: int, start: int, parent: bytes, tokens: tuple[int, ...], group: int) -> None:
         """Compute: write the KV of ``tokens[start:]`` (a hash block's tokens so far) into ``block``."""
         for r, c in enumerate(self.caches):
-            c[:, :, block, start : len(tokens)] = block_values(parent, tokens, group, r)[:, :, start:]
+            c[pool, :, :, block, start : len(tokens)] = block_values(parent, tokens, group, r)[:, :, start:]
 
-    def matches(self, block: int, parent: bytes, tokens: tuple[int, ...], group: int) -> bool:
+    def matches(self, pool: int, block: int, parent: bytes, tokens: tuple[int, ...], group: int) -> bool:
         """Whether ``block`` holds the KV of ``tokens`` (its first ``len(tokens)`` slots) on every rank."""
         n = len(tokens)
         return all(
-            torch.equal(c[:, :, block, :n], block_values(parent, tokens, group, r)) for r, c in enumerate(self.caches)
+            torch.equal(c[pool, :, :, block, :n], block_values(parent, tokens, group, r))
+            for r, c in enumerate(self.caches)
         )
 
-    def garbage(self, rank: int, blocks: list[int]) -> None:
+    def garbage(self, rank: int, pool: int, blocks: list[int]) -> None:
         if blocks:
-            self.caches[rank][:, :, blocks] = -1
+            self.caches[rank][pool, :, :, blocks] = -1
 
 
 def slot_records(buffer: torch.Tensor, slot: int, slot_bytes: int, factor: int) -> torch.Tensor:

@@ -57,4 +57,5 @@ class SoakConfig:
     p_reset: float = 0.01
     p_change: float = 0.03
     quiesce_every: int = 250
+    shared_pool: bool | None = None  # None: per seed, mostly True (one pool, shared tensors)
     rates: FaultRates = field(default_factory=FaultRates)
