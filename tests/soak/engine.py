@@ -56,6 +56,7 @@ class SoakEngine(EngineChecks):
         self.cfg = cfg = cfg or SoakConfig()
         self.rng = random.Random(seed)
         self.counts: dict[str, int] = {}
+        self.step_no = 0
         shared = cfg.shared_pool if cfg.shared_pool is not None else self.rng.random() < 0.7
         self.pool_of = tuple(0 if shared else g for g in range(len(GROUPS)))
         num_pools = max(self.pool_of) + 1
@@ -90,7 +91,6 @@ class SoakEngine(EngineChecks):
         self.ready: list[Seq] = []
         self.jobs: dict[int, TransferJob] = {}
         self.all_ids: list[str] = []
-        self.step_no = 0
         self._next_id = 0
         self.arrivals = True
 
