@@ -85,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--backend", default=None, help="kernel backend: triton, torch, dma or module:Class")
     p_demo.add_argument("--conversations", type=_positive_int, default=None, help="number of conversations")
     p_demo.add_argument("--seed", type=_non_negative_int, default=0)
-    p_demo.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON")
+    p_demo.add_argument(
+        "--threads", type=_positive_int, default=None, help="torch intra-op threads (default on CPU: 1)"
+    )
+    p_demo.add_argument(
+        "--json", metavar="PATH", default=None, help="also write the summary as JSON (its folder is created)"
+    )
     p_demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_demo.set_defaults(func=_cmd_demo)
 

@@ -293,7 +293,8 @@ class Engine(TransferHandling):
                 self.waiting.appendleft(seq)
                 break
             self.scheduler.update_state_after_alloc(req, seq.tables, ext)
-            seq.hit, seq.ext, seq.num_computed = hit, ext, hit
+            seq.admit(req.num_tokens, hit, ext)
+            seq.num_computed = hit
             self.stats.admitted_tokens += req.num_tokens
             self.stats.gpu_hit_tokens += hit
             st.admitted.append(req.request_id)
@@ -309,6 +310,7 @@ class Engine(TransferHandling):
         return budget
 
     def _preempt(self, seq: Seq) -> None:
+        self.stats.discarded_tokens += seq.prefill + seq.decode
         self.gpu.free(seq.tables)
         seq.num_computed = 0
         seq.status = WAITING
@@ -338,6 +340,9 @@ class Engine(TransferHandling):
             c0 = seq.num_computed
             seq.num_computed = c0 + sr.num_scheduled_tokens
             self.stats.computed_tokens += sr.num_scheduled_tokens
+            prefill = max(0, min(seq.num_computed, seq.admit_len) - c0)
+            seq.prefill += prefill
+            seq.decode += sr.num_scheduled_tokens - prefill
             for g, gc in enumerate(self.groups):
                 bs = gc.gpu_block_size
                 self.gpu.cache_blocks(req, seq.tables, g, c0 // bs, seq.num_computed // bs)
@@ -355,4 +360,10 @@ class Engine(TransferHandling):
         self.gpu.free(seq.tables)
         seq.status = FINISHED
         st.finished.append(seq.req.request_id)
-        self.stats.requests_finished += 1
+        s = self.stats
+        s.requests_finished += 1
+        s.prefill_gpu_hit_tokens += seq.hit
+        s.prefill_loaded_tokens += seq.loaded
+        s.prefill_computed_tokens += seq.prefill
+        s.decode_tokens += seq.decode
+        s.readmitted_output_tokens += seq.admit_len - seq.req.num_prompt_tokens
