@@ -57,6 +57,8 @@ class Engine(TransferHandling):
         stats: cumulative :class:`EngineStats`.
         transfer_log: :class:`TransferRecord` per submitted job (``record_transfers=True``).
         flush_log: ``(step, job_id)`` per flushed job (``record_transfers=True``).
+        stored_keys: every key that became ready in the CPU tier (``track_stored_keys=True``,
+            from the manager's events; else None).
         scheduler / manager / worker / kv: the parts, for inspection.
     """
 
@@ -123,6 +125,7 @@ class Engine(TransferHandling):
         self.stats = EngineStats()
         self.transfer_log: list[TransferRecord] = []
         self.flush_log: list[tuple[int, int]] = []
+        self.stored_keys: set[bytes] | None = set() if cfg.track_stored_keys else None
         self._step = 0
         self._idle_steps = 0
 
@@ -186,6 +189,9 @@ class Engine(TransferHandling):
         for ev in self.scheduler.take_events():
             if ev.removed:
                 self.stats.cpu_evictions += len(ev.keys)
+            elif self.stored_keys is not None:
+                self.stored_keys.update(ev.keys)
+                self.stats.distinct_blocks_stored = len(self.stored_keys)
         self.stats.gpu_evictions = self.gpu.num_evicted
         st.num_running, st.num_waiting, st.num_loading = len(self.running), len(self.waiting), len(self.loading)
         st.seconds = time.perf_counter() - t0

@@ -52,8 +52,10 @@ class EngineStats:
     admissions that a preemption then threw away.
 
     Transfer counters come from the workers' results: jobs, offloaded blocks, bytes and seconds
-    each way. ``verified_blocks`` counts GPU blocks checked after a load (per group block, every
-    layer), ``verified_gpu_hit_blocks`` GPU prefix-cache blocks checked at admission (with
+    each way. ``cpu_evictions`` counts offloaded blocks evicted from the CPU tier,
+    ``distinct_blocks_stored`` distinct offloaded blocks ever stored (only with
+    ``EngineConfig.track_stored_keys``). ``verified_blocks`` counts GPU blocks checked after a
+    load (per group block, every layer), ``verified_gpu_hit_blocks`` GPU prefix-cache blocks checked at admission (with
     ``verify_gpu_hits``), ``verification_failures`` the checked blocks whose bytes differed from
     the computed KV.
     """
@@ -87,6 +89,7 @@ class EngineStats:
     store_seconds: float = 0.0
     load_seconds: float = 0.0
     cpu_evictions: int = 0
+    distinct_blocks_stored: int = 0
     gpu_evictions: int = 0
     verified_blocks: int = 0
     verified_gpu_hit_blocks: int = 0

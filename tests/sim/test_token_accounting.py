@@ -10,7 +10,6 @@ from __future__ import annotations
 from kvoffload.sim.config import GroupConfig
 from kvoffload.sim.stats import EngineStats
 from kvoffload.sim.workload import ChatWorkload
-
 from tests.sim.helpers import make_engine
 from tests.sim.test_engine import drive_chat
 
@@ -31,7 +30,9 @@ def _check_sums(s: EngineStats, wl: ChatWorkload) -> None:
 
 def test_rows_add_up_without_preemption() -> None:
     wl = ChatWorkload(conversations=12, turns=3, system_prompts=2, system_tokens=40, seed=3)
-    eng = make_engine([GroupConfig(8, 2)], num_gpu_blocks=80, num_cpu_blocks=300, max_num_batched_tokens=64, max_num_seqs=2)
+    eng = make_engine(
+        [GroupConfig(8, 2)], num_gpu_blocks=80, num_cpu_blocks=300, max_num_batched_tokens=64, max_num_seqs=2
+    )
     drive_chat(eng, wl)
     s = eng.stats
     assert s.preemptions == 0 and s.readmitted_output_tokens == 0 and s.discarded_tokens == 0
