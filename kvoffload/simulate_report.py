@@ -220,7 +220,14 @@ def plot_hit_rates(points: list[SimPoint], path: Path, report: SweepReport) -> P
         )
     ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
     ax.set_ylabel("% of prompt tokens loaded from the CPU tier")
-    top = ax.secondary_xaxis("top", functions=(lambda g: g / gib_per_block, lambda b: b * gib_per_block))
+
+    def to_blocks(gib: Any) -> Any:
+        return gib / gib_per_block
+
+    def to_gib(blocks: Any) -> Any:
+        return blocks * gib_per_block
+
+    top = ax.secondary_xaxis("top", functions=(to_blocks, to_gib))
     top.set_xlabel(f"offloaded blocks of {report.block_tokens} tokens ({_size(report.block_bytes)} each)")
     fig.suptitle(f"How much host memory? {report.source}", fontsize=11)
     ax.set_xlim(left=0)

@@ -81,11 +81,10 @@ def working_set_blocks(items: list[Any], hash_block_size: int = HASH_BLOCK_TOKEN
     """
     seen: set[bytes] = set()
     for it in items:
-        if isinstance(it, TraceRequest) and it.block_hashes is not None:
-            hashes = list(it.block_hashes)
+        if isinstance(it, TraceRequest):
+            hashes = list(it.block_hashes or ()) if it.token_ids is None else hash_blocks(it.token_ids, hash_block_size)
         else:
-            tokens = it.token_ids if isinstance(it, TraceRequest) else it.prompt_token_ids
-            hashes = hash_blocks(tokens, hash_block_size)
+            hashes = hash_blocks(it.prompt_token_ids, hash_block_size)
         seen.update(hashes[block_size_factor - 1 :: block_size_factor])
     return len(seen)
 
