@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from itertools import repeat
 
 import numpy as np
@@ -58,7 +59,7 @@ class ARCPolicy(CachePolicy):
         self.b2: OrderedDict[bytes, None] = OrderedDict()
         self.target_t1_size: float = 0.0
 
-    def insert(self, slots: np.ndarray, keys: list[bytes]) -> None:
+    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
         self.t1.push_back(slots)
         for ghost in (self.b1, self.b2):
             if ghost:
@@ -68,7 +69,7 @@ class ARCPolicy(CachePolicy):
         self.t1.discard(slots)
         self.t2.discard(slots)
 
-    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
+    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
         present_mask = slots >= 0
         present = slots[present_mask]
         if len(present):
@@ -135,7 +136,7 @@ class ARCPolicy(CachePolicy):
         return picks[0][0] if len(picks) == 1 else np.concatenate([g for g, _ in picks])
 
     # scalar forms for small batches (see CachePolicy); eviction and touch use the array forms
-    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
         self.t1.push_back_list(slots)
         for ghost in (self.b1, self.b2):
             if ghost:
