@@ -1,4 +1,4 @@
-"""SPEC §1 import direction, checked on the source: kernels -> (errors only); offload -> kernels;
+"""docs/contract.md §1 import direction, checked on the source: kernels -> (errors only); offload -> kernels;
 scheduler -> offload; nothing inside the library imports sim, cli, demo, simulate or bench."""
 
 from __future__ import annotations
