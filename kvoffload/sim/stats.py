@@ -41,7 +41,7 @@ class EngineStats:
     How finished requests were served, counted over each request's last admission (the one that
     ran to completion), so that they add up::
 
-        prompt tokens + readmitted_output_tokens
+        prompt_tokens + readmitted_output_tokens
             == prefill_gpu_hit_tokens + prefill_loaded_tokens + prefill_computed_tokens
         computed_tokens == prefill_computed_tokens + decode_tokens + discarded_tokens
 
@@ -55,9 +55,9 @@ class EngineStats:
     each way. ``cpu_evictions`` counts offloaded blocks evicted from the CPU tier,
     ``distinct_blocks_stored`` distinct offloaded blocks ever stored (only with
     ``EngineConfig.track_stored_keys``). ``verified_blocks`` counts GPU blocks checked after a
-    load (per group block, every layer), ``verified_gpu_hit_blocks`` GPU prefix-cache blocks checked at admission (with
-    ``verify_gpu_hits``), ``verification_failures`` the checked blocks whose bytes differed from
-    the computed KV.
+    load (per group block, every layer), ``verified_gpu_hit_blocks`` GPU prefix-cache blocks
+    checked at admission (with ``verify_gpu_hits``), ``verification_failures`` the checked
+    blocks whose bytes differed from the computed KV.
     """
 
     steps: int = 0
