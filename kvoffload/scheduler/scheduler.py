@@ -1,4 +1,4 @@
-"""The offloading scheduler: request lifecycle, lookups, load/store jobs, completion (SPEC §6).
+"""The offloading scheduler: request lifecycle, lookups, load/store jobs, completion (docs/contract.md §6).
 
 Engine-agnostic: it sees duck-typed requests and GPU block ids, asks an
 :class:`~kvoffload.offload.base.OffloadingManager` where blocks live, and emits

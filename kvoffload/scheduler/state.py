@@ -1,6 +1,6 @@
 """Per-request offload state: keys and GPU block ids per group, store progress, the load offer.
 
-A request is duck-typed (SPEC §6): anything with ``request_id``, ``block_hashes`` (chained hash
+A request is duck-typed (docs/contract.md §6): anything with ``request_id``, ``block_hashes`` (chained hash
 per hash block, ``bytes``), ``num_tokens``, ``num_prompt_tokens`` and ``kv_transfer_params``.
 """
 
