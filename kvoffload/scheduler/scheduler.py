@@ -266,11 +266,11 @@ class OffloadingScheduler:
             if written is not None:
                 for g, t in enumerate(blocks):
                     written[g].update(t[sr.num_computed_tokens // self._groups[g].gpu_block_size :])
-        for _, st, _, blocks in run_checked:
-            if blocks is not None:
-                st.extend_block_ids(blocks)
+        for _, st, _, appended in run_checked:
+            if appended is not None:
+                st.extend_block_ids(appended)
                 if written is not None:
-                    for g, t in enumerate(blocks):
+                    for g, t in enumerate(appended):
                         written[g].update(t)
         out = SchedulerStepOutput()
         out.load_jobs, self._pending_loads = self._pending_loads, []
