@@ -44,7 +44,8 @@ def table_from_canonical(kv_caches: Any) -> KVCacheTable:
     groups = []
     for refs in kv_caches.group_data_refs:
         groups.append([kv_caches.tensors[r.tensor_idx].tensor[:, : r.page_size_bytes] for r in refs])
-    return KVCacheTable.from_tensors(groups, GenericLayout(0))
+    # vLLM's KV-cache groups allocate from one block pool: a tensor may back layers of several groups
+    return KVCacheTable.from_tensors(groups, GenericLayout(0), shared_tensors=True)
 
 
 def _gpu_spec(spec: Any) -> GPULoadStoreSpec:
