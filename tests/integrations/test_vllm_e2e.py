@@ -176,14 +176,16 @@ def test_failed_load_recomputes() -> None:
     assert e.outputs["b"] == e.outputs["a"]
     assert e.worker.counts["failed_loads"] == 1 and e.invalid_reported
     assert e.manager.core.table.num_pinned == 0
-    # the chunks that failed to load were dropped (vLLM does not store a prefix it loaded) ...
-    assert len(e.manager.core) == 0
-    for rid in ("c", "d"):  # ... so c recomputes and stores them, and d loads them
+    # the chunks that failed to load were dropped; vLLM 0.32 does not store the prefix it had
+    # planned to load (empty tier), 0.33 stores the recomputed blocks afresh (valid copies)
+    n = 25 // BLOCK_SIZE
+    assert len(e.manager.core) in (0, n) and e.worker.valid.sum() == len(e.manager.core)
+    for rid in ("c", "d"):  # c (and d) recompute-and-store or load: the data stays right
         e.reset_gpu()
         e.add(rid, prompt(5, 25), 3)
         e.run()
         assert e.outputs[rid] == e.outputs["a"]
-    assert len(e.manager.core) == 25 // BLOCK_SIZE and e.worker.counts["loads"] == 1
+    assert len(e.manager.core) == n and e.worker.counts["loads"] >= 1 and e.worker.counts["failed_loads"] == 1
 
 
 def test_persistent_load_failures_do_not_livelock() -> None:
@@ -197,8 +199,9 @@ def test_persistent_load_failures_do_not_livelock() -> None:
         e.add(f"r{i}", prompt(15, 25), 3)
         e.run(max_steps=50)
         assert e.outputs[f"r{i}"] == e.outputs["a"]
-    # r0's load fails (chunks dropped), r1 recomputes and stores them, r2's load fails again
-    assert e.worker.counts["failed_loads"] == 2 and e.worker.counts["loads"] == 0
+    # every load fails and drops its chunks; the recomputes store them again (0.33 at once, 0.32 on
+    # the next request), so 2 or 3 of the 3 rounds try a load -- none loops
+    assert e.worker.counts["failed_loads"] in (2, 3) and e.worker.counts["loads"] == 0
 
 
 def test_negative_control_load_that_moves_nothing_is_caught() -> None:
