@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kvoffload.kernels.job import TransferJob
-from kvoffload.kernels.registry import KernelBackend
+from kvoffload.kernels.backend import KernelBackend
 
 __all__ = ["DmaBackend"]
 

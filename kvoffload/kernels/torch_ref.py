@@ -23,7 +23,7 @@ import torch
 
 from kvoffload.kernels.job import TransferJob
 from kvoffload.kernels.layout import GroupTable
-from kvoffload.kernels.registry import KernelBackend
+from kvoffload.kernels.backend import KernelBackend
 
 __all__ = ["TorchBackend"]
 
