@@ -21,9 +21,9 @@ import contextlib
 import numpy as np
 import torch
 
+from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.job import TransferJob
 from kvoffload.kernels.layout import GroupTable
-from kvoffload.kernels.backend import KernelBackend
 
 __all__ = ["TorchBackend"]
 
