@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import mmap
+
 import pytest
 import torch
 
@@ -148,7 +150,8 @@ def test_register_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = HostPool(10, 5000, pin=True)
     regs = [c for c in calls if c[0] == "reg"]
     assert pool.pinned and len(regs) >= 6
-    assert sum(c[2] for c in regs) == 50000 and regs[0][1] == pool.buffer.data_ptr()
+    assert pool.buffer.data_ptr() % mmap.PAGESIZE == 0 and pool.mapped_bytes % mmap.PAGESIZE == 0
+    assert sum(c[2] for c in regs) == pool.mapped_bytes >= 50000 and regs[0][1] == pool.buffer.data_ptr()
     calls.clear()
     pool.shutdown()
     assert sorted(c[1] for c in calls if c[0] == "unreg") == sorted(r[1] for r in regs)
@@ -174,7 +177,7 @@ def test_register_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_pinned_on_cuda() -> None:
     pool = HostPool(5, 3 * 4096 + 12, device="cuda")
     assert pool.pinned and pool.buffer.is_pinned()
-    assert pool.buffer.untyped_storage().nbytes() == pool.nbytes
+    assert pool.buffer.numel() == pool.nbytes and pool.mapped_bytes == -(-pool.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
     assert pool.slot_view(4).is_pinned()
     # the GPU reaches the pool directly: a copy to and from the device round-trips
     src = torch.randint(0, 256, (pool.slot_bytes,), dtype=torch.uint8, device="cuda")
