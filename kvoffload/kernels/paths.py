@@ -95,6 +95,7 @@ class DataPath:
         self._seg_free: list[Any] = []
         self._copy_stream: Any = None
         self._next_segment = 0
+        self._spaces()  # flat views for the copy-engine-only path: built here, not on the submit path
         if self._may_stage():
             self._allocate_staging()
 

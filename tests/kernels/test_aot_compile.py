@@ -25,7 +25,7 @@ BUFFERS = [True, False]  # BUF_ON_HOST: host pool (direct path), GPU staging (co
 ALIGNMENTS = [16, 8, 4, 2, 1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compile(arch: int, to_buf: bool, on_host: bool, alignment: int, pages: int, chunk: int, warps: int) -> Any:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
