@@ -259,11 +259,6 @@ class KVCacheTable:
             tokens: set[int | None] = set()
             for layer, t in enumerate(tensors):
                 where = f"groups[{g}][{layer}]"
-                lay = per_group[g]
-                if isinstance(lay, str) and lay in _NAMED and t.dim() > _NAMED[lay][0] + 1:
-                    tokens.add(int(t.shape[_NAMED[lay][0] + 1 + (1 if lay == "flashinfer" else 0)]))
-                else:
-                    tokens.add(None)
                 for v in canonical_views(t, per_group[g], where):
                     if device is None:
                         device = t.device
@@ -284,6 +279,9 @@ class KVCacheTable:
                     seen.add(key)
                     views.append(v)
                 kept.append(t)
+                lay = per_group[g]  # validated by canonical_views above
+                named = isinstance(lay, str) and lay in _NAMED
+                tokens.add(int(t.shape[_NAMED[lay][0] + 1 + (lay == "flashinfer")]) if named else None)
             offset = 0
             placed: list[PageView] = []
             for v in views:

@@ -90,6 +90,13 @@ class _Ctx:
         return None
 
 
+def _raiser(what: str) -> Any:
+    def f(*a: Any, **k: Any) -> Any:
+        raise _Forbidden(what)
+
+    return f
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_submit_path_never_waits_for_the_device(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """The CUDA submit path, run on CPU tensors with torch.cuda's stream/event/copy API mocked:
@@ -110,7 +117,7 @@ def test_submit_path_never_waits_for_the_device(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(torch.cuda, "stream", lambda s: _Ctx())
     monkeypatch.setattr(torch.cuda, "device", lambda d: _Ctx())
     for name in ("synchronize", "is_current_stream_capturing"):
-        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: (_ for _ in ()).throw(_Forbidden(f"torch.cuda.{name}")))
+        monkeypatch.setattr(torch.cuda, name, _raiser(f"torch.cuda.{name}"))
     copies: list[tuple[bool, bool]] = []
     real_copy = torch.Tensor.copy_
 
@@ -121,18 +128,14 @@ def test_submit_path_never_waits_for_the_device(monkeypatch: pytest.MonkeyPatch,
     def no_to(self: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
         raise _Forbidden("Tensor.to on the submit path (pageable host memory would be copied synchronously)")
 
-    def no_sync(name: str) -> Any:
-        def f(self: torch.Tensor, *a: Any, **k: Any) -> Any:
-            raise _Forbidden(f"Tensor.{name} (a device sync on CUDA tensors)")
-
-        return f
-
     cache_keys = set(table.cache)
     monkeypatch.setattr(torch.Tensor, "copy_", spy_copy)
     monkeypatch.setattr(torch.Tensor, "to", no_to)
     monkeypatch.setattr(torch.Tensor, "cuda", no_to)
     for name in ("item", "tolist", "cpu", "__bool__", "synchronize"):
-        monkeypatch.setattr(torch.Tensor, name, no_sync(name), raising=False)
+        monkeypatch.setattr(
+            torch.Tensor, name, _raiser(f"Tensor.{name} (a device sync on CUDA tensors)"), raising=False
+        )
     monkeypatch.setattr(w, "_complete", lambda job: None)  # completion is polled later, not here
     # capture check: the real one would call is_current_stream_capturing on a CUDA device only
     monkeypatch.setattr("kvoffload.offload.worker.check_not_capturing", lambda dev, what: log.append("capture-check"))
