@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         for progs in (16, 64):
             step(
                 f"bench quick p{progs}",
-                [py, "-c", _BENCH_SECTION.format(bench=bench, progs=progs, out=out / "bench-quick.json")],
+                [py, "-c", _BENCH_SECTION.format(bench=bench, progs=progs, out=str(out / "bench-quick.json"))],
                 "bench.log",
                 90,
             )
