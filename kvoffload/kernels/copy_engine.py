@@ -26,7 +26,15 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CopyList", "coalesce", "CopyExecutor", "TorchCopies", "BatchedCopies", "batched_copy_problem"]
+__all__ = [
+    "CopyList",
+    "coalesce",
+    "CopyExecutor",
+    "TorchCopies",
+    "BatchedCopies",
+    "FallbackCopies",
+    "batched_copy_problem",
+]
 
 
 @dataclass(frozen=True)
@@ -154,3 +162,32 @@ class BatchedCopies:
         err = res[0] if isinstance(res, tuple) else res
         if int(err) != 0:
             raise RuntimeError(f"cuMemcpyBatchAsync failed: {err}")
+
+
+class FallbackCopies:
+    """``primary`` until it fails once (an API it cannot call, an error code), then ``fallback``
+    for good, with one warning. The failed list is re-issued through ``fallback``."""
+
+    def __init__(self, primary: CopyExecutor, fallback: CopyExecutor) -> None:
+        self.primary: CopyExecutor | None = primary
+        self.fallback = fallback
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.primary.name if self.primary is not None else self.fallback.name
+
+    def run(self, spaces: list[torch.Tensor], copies: CopyList) -> None:
+        if self.primary is not None:
+            try:
+                self.primary.run(spaces, copies)
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure of the optional API: stop using it
+                logger.warning(
+                    "%s copies failed (%s: %s); using %s copies from now on",
+                    self.primary.name,
+                    type(exc).__name__,
+                    exc,
+                    self.fallback.name,
+                )
+                self.primary = None
+        self.fallback.run(spaces, copies)

@@ -32,7 +32,7 @@ import torch
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import PATH_NAMES, LaunchConfig, launch_config
-from kvoffload.kernels.copy_engine import BatchedCopies, CopyExecutor, TorchCopies, coalesce
+from kvoffload.kernels.copy_engine import BatchedCopies, CopyExecutor, FallbackCopies, TorchCopies, coalesce
 from kvoffload.kernels.job import TransferJob, validate_job
 from kvoffload.kernels.layout import KVCacheTable
 
@@ -47,8 +47,8 @@ def default_copies(device: torch.device) -> CopyExecutor:
     """Batched copies on CUDA when ``cuda.bindings`` offers them, else one copy per range."""
     if device.type == "cuda":
         try:
-            return BatchedCopies()
-        except RuntimeError as exc:
+            return FallbackCopies(BatchedCopies(), TorchCopies())
+        except Exception as exc:  # noqa: BLE001 - optional API missing or different
             logger.info("copy-engine paths use one cudaMemcpyAsync per copy: %s", exc)
     return TorchCopies()
 

@@ -212,3 +212,39 @@ def test_choice_logged_once_per_shape(caplog: pytest.LogCaptureFixture) -> None:
         for _ in range(3):
             dp.pack(host, job.block_ids, job.group_ids, job.host_offsets)
     assert sum("staged path" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_bytes", [33, 4096, 65536])
+@pytest.mark.parametrize("layout", PAGE_LAYOUTS)
+@pytest.mark.parametrize("path", PATHS)
+def test_path_byte_exact_cuda(path: str, layout: str, page_bytes: int) -> None:
+    be = _PathAsBackend(TritonBackend(), path)
+    case = build_page_case(layout, "bf16", page_bytes, "cuda", seed=page_bytes)
+    for contiguous in (False, True):
+        job = _job(case, seed=page_bytes + 2, contiguous=contiguous)
+        check_pack(be, case, job)
+        check_unpack(be, case, job)
+
+
+def test_fallback_copies_switch_once_and_reissue(caplog: pytest.LogCaptureFixture) -> None:
+    from kvoffload.kernels.copy_engine import FallbackCopies
+
+    class Broken:
+        name = "broken"
+        calls = 0
+
+        def run(self, spaces: list[torch.Tensor], copies: CopyList) -> None:
+            Broken.calls += 1
+            raise TypeError("unexpected signature")
+
+    fb = FallbackCopies(Broken(), TorchCopies())
+    src = torch.arange(16, dtype=torch.uint8)
+    dst = torch.zeros(16, dtype=torch.uint8)
+    one = np.array([0], dtype=np.int64)
+    cl = coalesce(one * 0, one + 2, one + 1, one + 4, one + 8)
+    with caplog.at_level("WARNING"):
+        fb.run([dst, src], cl)
+        fb.run([dst, src], cl)
+    assert Broken.calls == 1 and fb.name == "torch" and torch.equal(dst[2:10], src[4:12])
+    assert sum("broken copies failed" in r.getMessage() for r in caplog.records) == 1
