@@ -88,7 +88,8 @@ def coalesce(
 class CopyExecutor(Protocol):
     """Enqueues a :class:`CopyList` between ``spaces`` on the current stream."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def run(self, spaces: list[torch.Tensor], copies: CopyList) -> None: ...
 
@@ -173,7 +174,7 @@ class FallbackCopies:
         self.fallback = fallback
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:
         return self.primary.name if self.primary is not None else self.fallback.name
 
     def run(self, spaces: list[torch.Tensor], copies: CopyList) -> None:

@@ -22,6 +22,7 @@ config, :mod:`kvoffload.kernels.config`), else the direct path. The choice is lo
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -260,12 +261,12 @@ class DataPath:
             sub = TransferJob(self.table, staging, bids[start:stop], gids[start:stop], pos, sizes, int(sizes.sum()))
             if to_host:
                 out = coalesce(zeros, hoffs[start:stop], ones, pos, sizes)
-                self._on(cur, s, lambda sub=sub: self.backend._copy(sub, True))
-                self._on(self._copy_stream, s, lambda out=out: self.copies.run([job.host, staging], out))
+                self._on(cur, s, functools.partial(self.backend._copy, sub, True))
+                self._on(self._copy_stream, s, functools.partial(self.copies.run, [job.host, staging], out))
             else:
                 into = coalesce(ones, pos, zeros, hoffs[start:stop], sizes)
-                self._on(self._copy_stream, s, lambda into=into: self.copies.run([job.host, staging], into))
-                self._on(cur, s, lambda sub=sub: self.backend._copy(sub, False))
+                self._on(self._copy_stream, s, functools.partial(self.copies.run, [job.host, staging], into))
+                self._on(cur, s, functools.partial(self.backend._copy, sub, False))
         if self._cuda:
             cur.wait_stream(self._copy_stream)  # the job is done when the current stream says so
 
