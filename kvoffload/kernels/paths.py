@@ -90,6 +90,9 @@ class DataPath:
         self.config = config if config is not None else launch_config(self.device)
         self.copies = copies if copies is not None else default_copies(self.device)
         self._cuda = self.device.type == "cuda"
+        cls = type(backend)
+        # a backend that overrides pack/unpack may not implement _copy: direct path only, via pack/unpack
+        self._own_copy = cls.pack is KernelBackend.pack and cls.unpack is KernelBackend.unpack
         self._logged: set[tuple[Any, ...]] = set()
         self._staging: torch.Tensor | None = None
         self._segment_bytes = 0
@@ -115,15 +118,17 @@ class DataPath:
 
     def choose(self, to_host: bool, job_bytes: int) -> str:
         """The path a job of ``job_bytes`` bytes takes in this direction."""
+        if self.path == "staged" and not self._own_copy:
+            return "direct"  # the backend's kernel cannot be pointed at a staging buffer
         if self.path != "auto":
             return self.path
         c = self.config
         mode, threshold = (
             (c.pack_path, c.pack_staged_min_bytes) if to_host else (c.unpack_path, c.unpack_staged_min_bytes)
         )
-        if mode != "auto":
-            return mode
-        return "staged" if 0 <= threshold <= job_bytes else "direct"
+        if mode == "auto":
+            mode = "staged" if 0 <= threshold <= job_bytes else "direct"
+        return "direct" if mode == "staged" and not self._own_copy else mode
 
     def _log_choice(self, to_host: bool, path: str, job: TransferJob) -> None:
         key = (to_host, path, self.table.record_bytes, int(job.total_bytes).bit_length())
@@ -154,9 +159,13 @@ class DataPath:
         if job.total_bytes == 0:
             return path
         if path == "direct":
-            (self.backend.pack if to_host else self.backend.unpack)(
-                job.table, job.host, job.block_ids, job.group_ids, job.host_offsets
-            )
+            if self._own_copy:  # already validated: straight to the kernel
+                self.backend._check_device(self.device)
+                self.backend._copy(job, to_host)
+            else:
+                (self.backend.pack if to_host else self.backend.unpack)(
+                    job.table, job.host, job.block_ids, job.group_ids, job.host_offsets
+                )
         elif path == "staged":
             self._staged(job, to_host)
         else:

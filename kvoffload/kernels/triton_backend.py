@@ -175,6 +175,7 @@ class TritonBackend(KernelBackend):
         if not any(g.views for g in table.groups):
             return
         unit = _pow2_alignment(table.alignment | host_alignment)
+        table.cache["triton_unit"] = unit  # jobs at least this aligned use exactly this variant
         tables = _device_tables(table, unit)
         if table.device.type != "cuda":
             return
@@ -192,6 +193,9 @@ class TritonBackend(KernelBackend):
         if not any(g.views for g in table.groups):
             return
         unit = job_alignment(table, buf, job.host_offsets)
+        prepared = table.cache.get("triton_unit")
+        if prepared is not None and unit >= prepared:
+            unit = prepared  # a narrower word is always correct: no new tables, no compile at submit
         tables = _device_tables(table, unit)
         dev = table.device
         cfg = self.config(dev)

@@ -21,9 +21,9 @@ from kvoffload.kernels.copy_engine import CopyList, TorchCopies, coalesce
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.paths import DataPath
 from kvoffload.kernels.torch_ref import TorchBackend
-from kvoffload.kernels.triton_backend import TritonBackend
+from kvoffload.kernels.triton_backend import TritonBackend, job_alignment
 from kvoffload.testing.cases import DTYPES, PAGE_LAYOUTS, Case, build_page_case
-from kvoffload.testing.checks import Job, check_pack, check_roundtrip, check_unpack
+from kvoffload.testing.checks import Job, check_pack, check_roundtrip, check_unpack, make_host
 
 PAGE_BYTES = [16, 33, 48, 1000, 4096, 65536]  # 16 B .. 64 KiB, odd sizes included
 PATHS = ["direct", "staged", "dma"]
@@ -248,3 +248,33 @@ def test_fallback_copies_switch_once_and_reissue(caplog: pytest.LogCaptureFixtur
         fb.run([dst, src], cl)
     assert Broken.calls == 1 and fb.name == "torch" and torch.equal(dst[2:10], src[4:12])
     assert sum("broken copies failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_backend_overriding_pack_gets_the_direct_path() -> None:
+    """An out-of-tree backend that overrides pack/unpack has no kernel to point at a staging buffer."""
+    case = build_page_case("mla", "fp16", 64, seed=12)
+    be = _PathAsBackend(TorchBackend(), "direct")
+    dp = DataPath(be, case.table(), "staged", config=SMALL_RING)
+    assert dp.choose(True, 1 << 20) == "direct" and dp.choose(False, 1) == "direct"
+    auto = DataPath(be, case.table(), "auto", config=LaunchConfig(unpack_staged_min_bytes=0))
+    assert auto.choose(False, 1 << 20) == "direct"
+
+
+@pytest.mark.interpreter
+def test_prepared_word_width_is_reused_for_better_aligned_jobs() -> None:
+    """After prepare(table, 4), a 16-byte aligned job runs with the prepared 4-byte variant: no new
+    device tables (nor a compile) at submit time."""
+    case = build_page_case("flash_attn", "fp32", 64, seed=13)
+    table = case.table()
+    be = TritonBackend()
+    be.prepare(table, 4)
+    keys = set(table.cache)
+    job = _job(case, seed=14, contiguous=True)
+    slot = -(-max(table.record_bytes) // 16) * 16
+    job.host_offsets = 16 + slot * np.random.default_rng(15).permutation(job.host_offsets.size).astype(np.int64)
+    job.host_bytes = int(job.host_offsets.max()) + slot + 16
+    host = make_host(job.host_bytes, table.device)
+    assert job_alignment(table, host, job.host_offsets) == 16  # wider than the prepared 4
+    check_pack(be, case, job)
+    check_unpack(be, case, job)
+    assert set(table.cache) == keys
