@@ -262,19 +262,19 @@ def test_backend_overriding_pack_gets_the_direct_path() -> None:
 
 @pytest.mark.interpreter
 def test_prepared_word_width_is_reused_for_better_aligned_jobs() -> None:
-    """After prepare(table, 4), a 16-byte aligned job runs with the prepared 4-byte variant: no new
+    """After prepare(table, 1), a 4-byte aligned job runs with the prepared 1-byte variant: no new
     device tables (nor a compile) at submit time."""
     case = build_page_case("flash_attn", "fp32", 64, seed=13)
     table = case.table()
     be = TritonBackend()
-    be.prepare(table, 4)
+    be.prepare(table, 1)
     keys = set(table.cache)
     job = _job(case, seed=14, contiguous=True)
     slot = -(-max(table.record_bytes) // 16) * 16
     job.host_offsets = 16 + slot * np.random.default_rng(15).permutation(job.host_offsets.size).astype(np.int64)
     job.host_bytes = int(job.host_offsets.max()) + slot + 16
     host = make_host(job.host_bytes, table.device)
-    assert job_alignment(table, host, job.host_offsets) == 16  # wider than the prepared 4
+    assert job_alignment(table, host, job.host_offsets) == 4  # wider than the prepared 1
     check_pack(be, case, job)
     check_unpack(be, case, job)
     assert set(table.cache) == keys
