@@ -12,6 +12,8 @@
 * ``"dma"`` -- copy engines only, no SM used for the host link or anything else: one copy per
   (block x view) page, coalesced where pages and records are contiguous on both sides, issued in
   one batch (``cuMemcpyBatchAsync`` when ``cuda.bindings`` has it, else ``cudaMemcpyAsync`` per copy).
+  (Not to be confused with the ``"dma"`` *backend*, the uncoalesced per-page copy loop kept as a
+  benchmark baseline.)
 
 Everything is device-agnostic: on CPU tensors the "DMA" is a plain copy and the kernel is the
 backend's (torch reference or Triton's interpreter), so every path is tested byte-exact in CI.
@@ -105,6 +107,8 @@ class DataPath:
 
     # ------------------------------------------------------------------ choice
     def _may_stage(self) -> bool:
+        if not self._own_copy:
+            return False
         if self.path != "auto":
             return self.path == "staged"
         c = self.config
@@ -247,10 +251,8 @@ class DataPath:
         return out
 
     def _staged(self, job: TransferJob, to_host: bool) -> None:
-        if self._staging is None:
-            self._allocate_staging()
         staging = self._staging
-        assert staging is not None
+        assert staging is not None, "the ring is allocated at construction whenever staging can be chosen"
         keep = job.record_bytes > 0
         order = np.argsort(job.host_offsets[keep], kind="stable")
         bids = job.block_ids[keep][order]
