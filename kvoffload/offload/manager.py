@@ -1,4 +1,4 @@
-"""The CPU offloading manager: which offloaded blocks live in the host pool (SPEC §2, §3).
+"""The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
 
 :class:`CPUOffloadingManager` keeps its per-slot state in flat arrays
 (:class:`~kvoffload.offload.keytable.SlotTable`) and delegates ordering to a pluggable
@@ -14,7 +14,7 @@ about a microsecond whatever its size, which would dominate them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,10 +33,10 @@ from kvoffload.offload.base import (
     ReqContext,
     validate_keys,
 )
-from kvoffload.offload.keytable import PENDING, Resolved, SlotTable
+from kvoffload.offload.keytable import PENDING
 from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
-from kvoffload.offload.manager_stats import COUNTERS, ClosedIndex, OffloadingStats, check_bool
-from kvoffload.offload.policies.base import CachePolicy, get_policy_class
+from kvoffload.offload.manager_state import ManagerState
+from kvoffload.offload.manager_stats import ClosedIndex, OffloadingStats, check_bool
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 
 
-class CPUOffloadingManager(OffloadingManager):
-    """Offloading manager for a pool of ``num_blocks`` CPU slots, vLLM semantics (SPEC §2).
+class CPUOffloadingManager(ManagerState, OffloadingManager):
+    """Offloading manager for a pool of ``num_blocks`` CPU slots, vLLM semantics (docs/contract.md §2).
 
     States: a key is absent, *pending* (store in flight: not loadable, not evictable) or
     *ready*; a ready block with ref count > 0 is *pinned* by loads. Slot ids returned in
@@ -98,51 +98,10 @@ class CPUOffloadingManager(OffloadingManager):
     """
 
     def __init__(self, num_blocks: int, cache_policy: str = "lru", enable_events: bool = False) -> None:
-        enable_events = check_bool(enable_events, "enable_events")
-        policy_cls = get_policy_class(cache_policy)
-        self._table = SlotTable(num_blocks)
-        self.num_blocks: int = self._table.num_blocks
-        self.cache_policy: str = cache_policy
-        self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
-        self._closed = False
-        self._n_hits = 0
-        self._n_pending_hits = 0
-        self._n_misses = 0
-        self._n_evictions = 0
-        self._n_stores_started = 0
-        self._n_stores_skipped = 0
-        self._n_stores_failed = 0
-        self._n_stores_completed = 0
-        self._n_stores_aborted = 0
-        self._n_loads = 0
-        # hot-path aliases
-        self._index = self._table.index
-        self._ref_buf = self._table.ref_buf
-        self._drain_lookup_counts: Callable[[], tuple[int, int, int]] | None = None
+        super().__init__(num_blocks, cache_policy, enable_events)
         if type(self).lookup is CPUOffloadingManager.lookup:  # not overridden by a subclass
-            self.lookup, self._drain_lookup_counts = make_lookup(self._index, self._ref_buf)  # type: ignore[method-assign]
+            self.lookup, self._drain_lookup_counts = make_lookup(self._index, self._ref_buf)  # type: ignore[method-assign,assignment]
             self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
-
-    # ------------------------------------------------------------------ helpers
-    @property
-    def policy(self) -> CachePolicy:
-        """The policy instance (read-only use)."""
-        return self._policy
-
-    @property
-    def table(self) -> SlotTable:
-        """The slot table (read-only use)."""
-        return self._table
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise KeyStateError("the CPUOffloadingManager has been shut down")
-
-    def _resolve(self, keys: Iterable[OffloadKey], allow_duplicates: bool, remember: bool = False) -> Resolved:
-        if self._closed:
-            self._check_open()
-        return self._table.resolve(keys, "keys", allow_duplicates=allow_duplicates, remember=remember)
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
@@ -305,7 +264,7 @@ class CPUOffloadingManager(OffloadingManager):
             positions = absent_mask.nonzero()[0]
             to_store = [keys_l[i] for i in positions.tolist()]
         need = n_new - t.num_free
-        evicted: list[bytes] = []
+        evicted: list[OffloadKey] = []
         if need > 0:
             protected = slots[~absent_mask] if n_present else _EMPTY_I64
             prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if n_present else 0
@@ -327,29 +286,6 @@ class CPUOffloadingManager(OffloadingManager):
         self._n_stores_started += n_new
         self._n_stores_skipped += n_present
         return PrepareStoreOutput(keys_to_store=list(to_store), store_spec=cpu_spec(new_slots), evicted_keys=evicted)
-
-    def _evict(self, need: int, protected: np.ndarray) -> list[bytes] | None:
-        """Evict ``need`` ready, unpinned blocks not in ``protected`` (slots); return their keys.
-
-        The caller has checked that enough such blocks exist; None (nothing changed) if the
-        policy still cannot find them.
-        """
-        t = self._table
-        if len(protected):
-            mark = t.prot_mark
-            mark[protected] = 1
-            try:
-                victims = self._policy.evict(need, protected)
-            finally:
-                mark[protected] = 0
-        else:
-            victims = self._policy.evict(need, protected)
-        if victims is None:
-            return None
-        if len(victims) != need:  # pragma: no cover - policy contract violation
-            raise RuntimeError(f"policy {self.cache_policy!r} returned {len(victims)} victims, expected {need}")
-        self._n_evictions += need
-        return t.release(victims, ready=True)
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         """Finish stores: pending keys become ready (``success``) or are removed (failure).
@@ -394,51 +330,6 @@ class CPUOffloadingManager(OffloadingManager):
             self._n_stores_aborted += len(pend)
 
     # ------------------------------------------------------------------ misc
-    def take_events(self) -> list[OffloadingEvent]:
-        """Drain the events recorded since the last call (always empty without ``enable_events``)."""
-        if not self._events:
-            return []
-        out = self._events
-        self._events = []
-        return out
-
-    def get_stats(self) -> OffloadingStats:
-        """Current gauges and the counters accumulated since the previous call (then reset)."""
-        t = self._table
-        n = self.num_blocks
-        stats = OffloadingStats(
-            num_blocks=n,
-            num_used=t.num_used,
-            num_pending=t.num_pending,
-            num_pinned=t.num_pinned,
-            usage=t.num_used / n if n else 0.0,
-            write_usage=t.num_pending / n if n else 0.0,
-        )
-        self._fold_lookup_counts()
-        stats.lookups = self._n_hits + self._n_pending_hits + self._n_misses
-        for name in COUNTERS:
-            setattr(stats, name, getattr(self, "_n_" + name))
-            setattr(self, "_n_" + name, 0)
-        return stats
-
-    def _fold_lookup_counts(self) -> None:
-        if self._drain_lookup_counts is not None:
-            hits, pending, misses = self._drain_lookup_counts()
-            self._n_hits += hits
-            self._n_pending_hits += pending
-            self._n_misses += misses
-
-    def reset_cache(self) -> None:
-        """Drop every block (pending and pinned ones too) and the policy's history.
-
-        Slot allocation restarts from slot 0. No event is emitted (SPEC §2 defines events
-        for stores and evictions only); event consumers should treat a reset as "all
-        cleared". Statistics counters are kept.
-        """
-        self._check_open()
-        self._table.clear()
-        self._policy.clear()
-
     def shutdown(self) -> None:
         """Release the tables; every later call raises :class:`KeyStateError`. Idempotent."""
         if self._closed:
@@ -453,13 +344,6 @@ class CPUOffloadingManager(OffloadingManager):
             self._fold_lookup_counts()
             self._drain_lookup_counts = None
             del self.lookup
-
-    def __len__(self) -> int:
-        """Number of keys present (pending or ready)."""
-        return self._table.num_used
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._index
 
     def __repr__(self) -> str:
         t = self._table

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,9 +34,7 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING
-
-if TYPE_CHECKING:
-    from kvoffload.offload.manager import CPUOffloadingManager
+from kvoffload.offload.manager_state import ManagerState
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +100,7 @@ def make_lookup(
     return lookup, drain
 
 
-def _slots_or_fallback(m: CPUOffloadingManager, keys: list[bytes]) -> list[int | None] | None:
+def _slots_or_fallback(m: ManagerState, keys: list[OffloadKey]) -> list[int | None] | None:
     """Slot (None = absent) of each key, or None when an item is not exactly ``bytes``."""
     get = m._index.get
     out: list[int | None] = []
@@ -114,7 +111,7 @@ def _slots_or_fallback(m: CPUOffloadingManager, keys: list[bytes]) -> list[int |
     return out
 
 
-def lookup_batch_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
+def lookup_batch_small(m: ManagerState, keys: list[OffloadKey]) -> object:
     """:meth:`CPUOffloadingManager.lookup_batch` for a few keys."""
     slots = _slots_or_fallback(m, keys)
     if slots is None:
@@ -137,7 +134,7 @@ def lookup_batch_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
     return np.array(codes, dtype=np.int8)
 
 
-def touch_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
+def touch_small(m: ManagerState, keys: list[OffloadKey]) -> object:
     """:meth:`CPUOffloadingManager.touch` for a few keys."""
     slots = _slots_or_fallback(m, keys)
     if slots is None:
@@ -146,7 +143,7 @@ def touch_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
     return None
 
 
-def prepare_store_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
+def prepare_store_small(m: ManagerState, keys: list[OffloadKey]) -> object:
     """:meth:`CPUOffloadingManager.prepare_store` for a few keys."""
     n = len(keys)
     slots: list[int | None] | None
@@ -169,7 +166,7 @@ def prepare_store_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
         return PrepareStoreOutput(keys_to_store=[], store_spec=cpu_spec(np.zeros(0, dtype=np.int64)), evicted_keys=[])
     t = m._table
     need = n_new - t.num_free
-    evicted: list[bytes] = []
+    evicted: list[OffloadKey] = []
     if need > 0:
         protected = [s for s in slots if s is not None]
         ref = m._ref_buf
@@ -208,11 +205,11 @@ def prepare_store_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
     )
 
 
-def complete_store_small(m: CPUOffloadingManager, keys: list[bytes], success: bool) -> object:
+def complete_store_small(m: ManagerState, keys: list[OffloadKey], success: bool) -> object:
     """:meth:`CPUOffloadingManager.complete_store` for a few keys (repeats allowed)."""
     ref = m._ref_buf
     sel: list[int]
-    done: list[bytes]
+    done: list[OffloadKey]
     if len(keys) == 1:  # the decode-step case: one block per request
         k = keys[0]
         if k.__class__ is not bytes:
@@ -251,7 +248,7 @@ def complete_store_small(m: CPUOffloadingManager, keys: list[bytes], success: bo
     return None
 
 
-def prepare_load_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
+def prepare_load_small(m: ManagerState, keys: list[OffloadKey]) -> object:
     """:meth:`CPUOffloadingManager.prepare_load` for a few keys (errors: array path)."""
     n = len(keys)
     slots = _slots_or_fallback(m, keys)
@@ -264,6 +261,7 @@ def prepare_load_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
     t = m._table
     newly = 0
     for s in slots:
+        assert s is not None
         r = ref[s]
         if r == 0:
             newly += 1
@@ -274,7 +272,7 @@ def prepare_load_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
     return cpu_spec(np.array(slots, dtype=np.int64))
 
 
-def complete_load_small(m: CPUOffloadingManager, keys: list[bytes]) -> object:
+def complete_load_small(m: ManagerState, keys: list[OffloadKey]) -> object:
     """:meth:`CPUOffloadingManager.complete_load` for a few keys (repeats allowed; errors: array path)."""
     slots = _slots_or_fallback(m, keys)
     if slots is None:

@@ -1,9 +1,10 @@
-"""Adaptive Replacement Cache with vLLM's semantics (SPEC §3), on numpy slot lists."""
+"""Adaptive Replacement Cache with vLLM's semantics (docs/contract.md §3), on numpy slot lists."""
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from itertools import repeat
 
 import numpy as np
@@ -39,7 +40,7 @@ class ARCPolicy(CachePolicy):
     below its target, vLLM gives up (the store fails although T1 holds evictable blocks,
     and a pool full of T1 blocks with a high target can then refuse every multi-block
     store for good). Here the remaining victims come from T1, so ``prepare_store`` fails
-    only when room really cannot be made (SPEC §2).
+    only when room really cannot be made (docs/contract.md §2).
 
     Storage: two :class:`~kvoffload.offload.policies.order.SlotOrder` lists sharing one
     ``int8`` membership and one ``int64`` position array; ghosts are ``OrderedDict`` s of
@@ -58,7 +59,7 @@ class ARCPolicy(CachePolicy):
         self.b2: OrderedDict[bytes, None] = OrderedDict()
         self.target_t1_size: float = 0.0
 
-    def insert(self, slots: np.ndarray, keys: list[bytes]) -> None:
+    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
         self.t1.push_back(slots)
         for ghost in (self.b1, self.b2):
             if ghost:
@@ -68,7 +69,7 @@ class ARCPolicy(CachePolicy):
         self.t1.discard(slots)
         self.t2.discard(slots)
 
-    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
+    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
         present_mask = slots >= 0
         present = slots[present_mask]
         if len(present):
@@ -135,7 +136,7 @@ class ARCPolicy(CachePolicy):
         return picks[0][0] if len(picks) == 1 else np.concatenate([g for g, _ in picks])
 
     # scalar forms for small batches (see CachePolicy); eviction and touch use the array forms
-    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
         self.t1.push_back_list(slots)
         for ghost in (self.b1, self.b2):
             if ghost:

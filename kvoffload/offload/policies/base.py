@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class CachePolicy(ABC):
         self.table = table
 
     @abstractmethod
-    def insert(self, slots: np.ndarray, keys: list[bytes]) -> None:
+    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
         """New pending blocks ``slots`` holding ``keys`` (same order, call order)."""
 
     @abstractmethod
@@ -64,7 +65,7 @@ class CachePolicy(ABC):
         """Forget ``slots`` (failed stores; still pending)."""
 
     @abstractmethod
-    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
+    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
         """Mark recently used; ``slots[i]`` is the slot of ``keys[i]`` or -1 if absent.
 
         The first key ends up most recent. Keys may repeat unless ``unique`` is True.
@@ -90,7 +91,7 @@ class CachePolicy(ABC):
     # as Python lists of ints. These defaults convert to arrays and call the methods above,
     # so a policy only has to implement the array forms; the built-in ones override them
     # with scalar code (a numpy call costs ~1 us whatever its size).
-    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
         """:meth:`insert` with ``slots`` as a list."""
         self.insert(np.array(slots, dtype=np.int64), keys)
 
@@ -98,7 +99,7 @@ class CachePolicy(ABC):
         """:meth:`remove` with ``slots`` as a list."""
         self.remove(np.array(slots, dtype=np.int64))
 
-    def touch_list(self, keys: list[bytes], slots: list[int]) -> None:
+    def touch_list(self, keys: Sequence[bytes], slots: list[int]) -> None:
         """:meth:`touch` with ``slots`` as a list (``-1`` = absent; keys may repeat)."""
         self.touch(keys, np.array(slots, dtype=np.int64), unique=False)
 

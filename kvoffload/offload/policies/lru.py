@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -50,13 +51,13 @@ class LRUPolicy(CachePolicy):
         self.pos = np.zeros(capacity, dtype=np.int64)
         self.order = SlotOrder(1, self.member, self.pos, capacity)
 
-    def insert(self, slots: np.ndarray, keys: list[bytes]) -> None:
+    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
         self.order.push_back(slots, fresh=True)
 
     def remove(self, slots: np.ndarray) -> None:
         self.order.discard(slots)
 
-    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
+    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
         present = slots[slots >= 0]
         if len(present):
             if not unique:
@@ -75,13 +76,13 @@ class LRUPolicy(CachePolicy):
         return victims
 
     # scalar forms for small batches (see CachePolicy)
-    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
         self.order.push_back_list(slots)
 
     def remove_list(self, slots: list[int]) -> None:
         self.order.discard_list(slots)
 
-    def touch_list(self, keys: list[bytes], slots: list[int]) -> None:
+    def touch_list(self, keys: Sequence[bytes], slots: list[int]) -> None:
         seen: set[int] = set()
         present = [s for s in slots if s >= 0 and not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
         if present:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from array import array
 
 import numpy as np
 
@@ -69,9 +70,9 @@ class SlotOrder:
         self._heap: list[tuple[int, int]] = []
         self._pushed: dict[int, int] = {}
         # memoryviews for the scalar (small-batch) methods; ``_bm`` follows ``buf``
-        self._mm = memoryview(member)
-        self._pm = memoryview(pos)
-        self._bm = memoryview(self.buf)
+        self._mm = member.data
+        self._pm = pos.data
+        self._bm = self.buf.data
 
     # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
@@ -189,7 +190,7 @@ class SlotOrder:
                 self._pushed[s] = ps
                 heapq.heappush(self._heap, (ps, s))
 
-    def take_list(self, k: int, ref: np.ndarray, protected: list[int], prot_mark: np.ndarray) -> list[int]:
+    def take_list(self, k: int, ref: np.ndarray | array, protected: list[int], prot_mark: np.ndarray) -> list[int]:
         """:meth:`take` returning a list, scanning entry by entry for small ``k``.
 
         ``ref`` is the state array (numpy, or any buffer of ``int32`` such as ``array('i')``);
@@ -198,8 +199,8 @@ class SlotOrder:
         """
         if k <= 0:
             return []
-        ref_s = ref if ref.__class__ is not np.ndarray else memoryview(ref)
-        prot = memoryview(prot_mark) if protected else None
+        ref_s = ref.data if isinstance(ref, np.ndarray) else ref
+        prot = prot_mark.data if protected else None
         out: list[int] = []
         deferred: list[tuple[int, int]] = []
         heap, pushed = self._heap, self._pushed
@@ -335,7 +336,7 @@ class SlotOrder:
         m = len(live)
         if m + extra > len(self.buf):
             self.buf = np.empty(max(2 * len(self.buf), m + extra + 64), dtype=np.int32)
-            self._bm = memoryview(self.buf)
+            self._bm = self.buf.data
         new_base = self.base + t
         self.buf[:m] = live
         if m:

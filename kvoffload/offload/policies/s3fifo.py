@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -62,13 +63,13 @@ class S3FIFOPolicy(CachePolicy):
         self.member = np.zeros(capacity, dtype=np.int8)
         self.pos = np.zeros(capacity, dtype=np.int64)
         self.freq = np.zeros(capacity, dtype=np.int8)
-        self._freq_mv = memoryview(self.freq)
+        self._freq_mv = self.freq.data
         self.small = SlotOrder(_S, self.member, self.pos, capacity)
         self.main = SlotOrder(_M, self.member, self.pos, capacity)
         self.ghost: OrderedDict[bytes, None] = OrderedDict()
         self.small_target = max(1, capacity // 10)
 
-    def insert(self, slots: np.ndarray, keys: list[bytes]) -> None:
+    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
         self.freq[slots] = 0
         ghost = self.ghost
         if ghost:
@@ -85,7 +86,7 @@ class S3FIFOPolicy(CachePolicy):
         self.small.discard(slots)
         self.main.discard(slots)
 
-    def touch(self, keys: list[bytes], slots: np.ndarray, unique: bool = False) -> None:
+    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
         present = slots[slots >= 0]
         if len(present):
             if not unique:
@@ -158,7 +159,7 @@ class S3FIFOPolicy(CachePolicy):
         return victims[0] if len(victims) == 1 else np.concatenate(victims)
 
     # scalar forms for small batches (see CachePolicy); eviction uses the array form
-    def insert_list(self, slots: list[int], keys: list[bytes]) -> None:
+    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
         freq = self._freq_mv
         for s in slots:
             freq[s] = 0
@@ -181,7 +182,7 @@ class S3FIFOPolicy(CachePolicy):
         self.small.discard_list(slots)
         self.main.discard_list(slots)
 
-    def touch_list(self, keys: list[bytes], slots: list[int]) -> None:
+    def touch_list(self, keys: Sequence[bytes], slots: list[int]) -> None:
         freq = self._freq_mv
         for s in set(slots):
             if s >= 0:
