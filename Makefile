@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo simulate test test-interpret test-gpu test-vllm test-vllm-033 bench lint clean
+.PHONY: install demo simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench lint clean
 
 install: $(STAMP)
 
@@ -71,6 +71,14 @@ $(VNEXT)/.unpacked: $(VSTAMP)
 test-vllm-033: $(VNEXT)/.unpacked
 	PYTHONPATH=$(VNEXT) VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVOFFLOAD_REQUIRE_VLLM=1 \
 		$(VPY) -m pytest -q tests/integrations $(PYTEST_ARGS)
+
+# First run on a lent GPU machine (Python, torch, triton, pytest preinstalled, no network): no venv,
+# no pip, the checkout on PYTHONPATH. Logs and results (8 files at most) go to OUT; on a machine
+# without a GPU it says so and runs only the CPU-runnable steps. See bench/gpu_check.py.
+OUT ?= gpu-check-out
+GPU_CHECK_BUDGET ?= 480
+gpu-check:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) bench/gpu_check.py --out "$(OUT)" --budget-s $(GPU_CHECK_BUDGET)
 
 bench: $(STAMP)
 	$(PY) -m kvoffload bench $(ARGS)

@@ -19,6 +19,7 @@ __all__ = [
     "KeyStateError",
     "BackendUnavailableError",
     "TransferError",
+    "StreamCaptureError",
     "check_int",
 ]
 
@@ -63,3 +64,7 @@ def check_int(value: object, name: str, minimum: int | None = None) -> int:
     if minimum is not None and v < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {v}")
     return v
+
+
+class StreamCaptureError(TransferError):
+    """A transfer was submitted while the current CUDA stream was capturing a CUDA graph."""
