@@ -35,8 +35,8 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 class _Backend:
-    """Wraps the worker's kernel backend: ``fail`` makes the next pack/unpack raise, ``noop_unpack``
-    makes loads move nothing."""
+    """Wraps the transfer worker's data path (its ``pack``/``unpack``): ``fail_pack``/``fail_unpack``
+    make that many calls raise, ``noop_unpack`` makes loads move nothing."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -57,11 +57,14 @@ class _Backend:
         if not self.noop_unpack:
             self.inner.unpack(*args)
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
 
 def wrap_backend(e: Engine) -> _Backend:
     tw = e.worker.transfer_worker
-    tw.backend = _Backend(tw.backend)
-    return tw.backend
+    tw.paths = _Backend(tw.paths)
+    return tw.paths
 
 
 def run_twice(e: Engine, prompts: dict[str, list[int]], max_tokens: int = 3) -> dict[str, list[int]]:

@@ -63,16 +63,19 @@ def test_failed_store_makes_its_chunks_unloadable_and_is_reported() -> None:
     kv, _ = caches()
     w = KVOffloadWorker(kv, num_cpu_blocks=4, blocks_per_chunk=1, backend="torch")
     w.report_load_errors = True
-    inner = w.transfer_worker.backend
+    inner = w.transfer_worker.paths
 
-    class Failing:
+    class Failing:  # the transfer worker's data path, with stores that fail
         def pack(self, *args: object) -> None:
             raise RuntimeError("injected")
 
         def unpack(self, *args: object) -> None:
             inner.unpack(*args)
 
-    w.transfer_worker.backend = Failing()  # type: ignore[assignment]
+        def __getattr__(self, name: str) -> object:
+            return getattr(inner, name)
+
+    w.transfer_worker.paths = Failing()  # type: ignore[assignment]
     spec = GPULoadStoreSpec([1, 2], group_sizes=[1, 1], block_indices=[0, 0])
     w.submit_store(1, spec, CPULoadStoreSpec([0, 1]))
     (r,) = w.get_finished()
