@@ -161,6 +161,8 @@ def run_bench(args: argparse.Namespace) -> int:
         dest = out.with_name(out.stem + "-vllm.json") if name == "vllm" else out  # its own file
         path = common.write_section(name, result, dest)
         os.chmod(path, 0o644)
+        if dest != out:
+            print(f"results: {path}")
         if name == "transfer":
             png = plot_transfer(result, path.with_suffix(".png"))
             os.chmod(png, 0o644)
