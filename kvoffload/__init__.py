@@ -8,6 +8,8 @@ Layers (imports run downward only):
   eviction policies, the reuse filter, the pinned host pool and the transfer worker.
 * :mod:`kvoffload.scheduler` -- lookups, touch, load/store jobs (vLLM semantics).
 * :mod:`kvoffload.sim` (not imported here) -- a reference engine loop used by the demo and tests.
+* :mod:`kvoffload.integrations.vllm` (not imported here; imports vLLM) -- kvoffload as the backend
+  of vLLM's ``OffloadingConnector``.
 
 Importing kvoffload never initialises CUDA.
 """
@@ -52,8 +54,10 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.host_pool import HostPool
+from kvoffload.offload.lookup_result import LookupResult
 from kvoffload.offload.manager import CPUOffloadingManager, OffloadingStats
 from kvoffload.offload.policies import CachePolicy, available_policies, get_policy_class, register_policy
+from kvoffload.offload.request_hooks import RequestHooksManager
 from kvoffload.offload.reuse import FilteredReuseManager
 from kvoffload.offload.worker import TransferResult, TransferWorker
 from kvoffload.scheduler import (
@@ -100,6 +104,8 @@ __all__ = [
     "CPUOffloadingManager",
     "OffloadingStats",
     "FilteredReuseManager",
+    "RequestHooksManager",
+    "LookupResult",
     "CachePolicy",
     "register_policy",
     "get_policy_class",

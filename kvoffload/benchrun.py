@@ -141,10 +141,11 @@ def run_bench(args: argparse.Namespace) -> int:
     quotes); ``--quick`` writes ``bench-quick/<slug>.json`` under the working directory unless
     ``--out`` names a path. Results and plots are world-readable.
     """
-    selected = BENCHES if not args.only else tuple(s.strip() for s in args.only.split(",") if s.strip())
-    unknown = [s for s in selected if s not in BENCHES]
+    known = BENCHES + (("vllm",) if importlib.util.find_spec("vllm") else ())  # bench_vllm needs vLLM
+    selected = known if not args.only else tuple(s.strip() for s in args.only.split(",") if s.strip())
+    unknown = [s for s in selected if s not in known]
     if unknown:
-        raise InvalidArgumentError(f"--only takes {','.join(BENCHES)}; unknown: {','.join(unknown)}")
+        raise InvalidArgumentError(f"--only takes {','.join(known)}; unknown: {','.join(unknown)}")
     bench_dir = _bench_dir()
     common = _load("common", bench_dir)
     if args.out:
@@ -157,8 +158,11 @@ def run_bench(args: argparse.Namespace) -> int:
     for name in selected:
         print(f"== bench_{name} ({'quick' if args.quick else 'full'})", flush=True)
         result = _load(f"bench_{name}", bench_dir).run(quick=args.quick)
-        path = common.write_section(name, result, out)
+        dest = out.with_name(out.stem + "-vllm.json") if name == "vllm" else out  # its own file
+        path = common.write_section(name, result, dest)
         os.chmod(path, 0o644)
+        if dest != out:
+            print(f"results: {path}")
         if name == "transfer":
             png = plot_transfer(result, path.with_suffix(".png"))
             os.chmod(png, 0o644)

@@ -11,7 +11,18 @@ import pytest
 import kvoffload
 
 PKG = Path(kvoffload.__file__).resolve().parent
-TOP_LAYER = {"sim", "cli", "demo", "simulate", "simulate_report", "benchrun", "info", "__main__", "testing"}
+TOP_LAYER = {
+    "sim",
+    "cli",
+    "demo",
+    "simulate",
+    "simulate_report",
+    "benchrun",
+    "info",
+    "__main__",
+    "testing",
+    "integrations",
+}
 FORBIDDEN = {
     "kernels": {"offload", "scheduler"} | TOP_LAYER,
     "offload": {"scheduler"} | TOP_LAYER,

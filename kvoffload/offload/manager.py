@@ -34,8 +34,8 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING
+from kvoffload.offload.manager_hooks import RequestAccessMixin
 from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
-from kvoffload.offload.manager_state import ManagerState
 from kvoffload.offload.manager_stats import ClosedIndex, OffloadingStats, check_bool
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 
 
-class CPUOffloadingManager(ManagerState, OffloadingManager):
+class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
     """Offloading manager for a pool of ``num_blocks`` CPU slots, vLLM semantics (docs/contract.md §2).
 
     States: a key is absent, *pending* (store in flight: not loadable, not evictable) or

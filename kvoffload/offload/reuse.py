@@ -54,6 +54,11 @@ class FilteredReuseManager(OffloadingManager):
     ``req_id`` (an anonymous context) are not counted by ``prepare_store``: they cannot be
     told apart.
 
+    ``count_on="offer"`` counts as vLLM 0.32's CPU manager does instead: lookups count
+    nothing, and every ``prepare_store`` call counts each key it offers once (anonymous
+    contexts too); when the tracker is full, keys of the current offer are never the ones
+    forgotten to make room (a new key is then simply not tracked).
+
     Every other method passes through unchanged, with its ``req_context``.
 
     Args:
@@ -61,9 +66,20 @@ class FilteredReuseManager(OffloadingManager):
         store_threshold: times a key must be counted before it may be stored (``>= 1``;
             1 stores everything that was counted once).
         max_tracker_size: keys the tracker holds (``>= 1``; smaller is a ``ValueError``).
+        count_on: ``"lookup"`` (default: lookups, plus once per request at store time) or
+            ``"offer"`` (every store offer, as vLLM counts).
     """
 
-    def __init__(self, backing: OffloadingManager, store_threshold: int = 2, max_tracker_size: int = 64_000) -> None:
+    def __init__(
+        self,
+        backing: OffloadingManager,
+        store_threshold: int = 2,
+        max_tracker_size: int = 64_000,
+        count_on: str = "lookup",
+    ) -> None:
+        if count_on not in ("lookup", "offer"):
+            raise InvalidArgumentError(f"count_on must be 'lookup' or 'offer', got {count_on!r}")
+        self.count_on = count_on
         if not isinstance(backing, OffloadingManager):
             raise InvalidTypeError(f"backing must be an OffloadingManager, got {type(backing).__name__}")
         self.store_threshold = _check_int(store_threshold, "store_threshold", 1)
@@ -117,15 +133,37 @@ class FilteredReuseManager(OffloadingManager):
         self._trim_requests()
 
     # ------------------------------------------------------------------ intercepted
+    def _count_offer(self, keys: list[OffloadKey]) -> None:
+        counts = self.counts
+        offered = set(keys)
+        for k in keys:
+            if k in counts:
+                counts[k] += 1
+                counts.move_to_end(k)
+        unprotected = len(counts) - sum(1 for k in offered if k in counts)
+        for k in keys:
+            if k in counts:
+                continue
+            if len(counts) >= self.max_tracker_size:
+                if unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                unprotected -= 1
+            counts[k] = 1
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """Count ``key`` once, then delegate."""
+        """Count ``key`` once (``count_on="lookup"``), then delegate."""
+        if self.count_on == "offer":
+            return self._backing.lookup(key, req_context)
         validate_keys([key], "key")
         self._count(key)
         self._note(req_context, (key,))
         return self._backing.lookup(key, req_context)
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
-        """Count every key (each occurrence), then delegate the batch."""
+        """Count every key (each occurrence; ``count_on="lookup"``), then delegate the batch."""
+        if self.count_on == "offer":
+            return self._backing.lookup_batch(keys, req_context)
         keys = as_key_list(keys, "keys", allow_duplicates=True)
         for k in keys:
             self._count(k)
@@ -136,7 +174,9 @@ class FilteredReuseManager(OffloadingManager):
         """Count the keys this request has not counted yet, drop those below the threshold, delegate."""
         keys = as_key_list(keys, "keys", allow_duplicates=False)
         req_id = getattr(req_context, "req_id", "")
-        if req_id:
+        if self.count_on == "offer":
+            self._count_offer(keys)
+        elif req_id:
             seen = self._seen_set(req_id)
             fresh = [k for k in keys if k not in seen]
             for k in fresh:

@@ -82,17 +82,78 @@ class ARCPolicy(CachePolicy):
             self.t1.push_back(rp[in_t1 & ~ready], members=True)
             self.t2.push_back(rp[~in_t1 | ready])
         if (self.b1 or self.b2) and len(present) < len(keys):
-            b1, b2 = self.b1, self.b2
-            for i in (~present_mask).nonzero()[0][::-1].tolist():
-                key = keys[i]
-                if key in b1:
-                    delta = max(1.0, len(b2) / len(b1))
-                    self.target_t1_size = min(self.target_t1_size + delta, float(self.capacity))
-                    b1.move_to_end(key)
-                elif key in b2:
-                    delta = max(1.0, len(b1) / len(b2))
-                    self.target_t1_size = max(self.target_t1_size - delta, 0.0)
-                    b2.move_to_end(key)
+            self._ghost_hits([keys[i] for i in (~present_mask).nonzero()[0][::-1].tolist()])
+
+    def _ghost_hits(self, keys: Sequence[bytes]) -> None:
+        """Adapt the target for each ghost hit among ``keys`` (absent keys), in this order."""
+        b1, b2 = self.b1, self.b2
+        for key in keys:
+            if key in b1:
+                delta = max(1.0, len(b2) / len(b1))
+                self.target_t1_size = min(self.target_t1_size + delta, float(self.capacity))
+                b1.move_to_end(key)
+            elif key in b2:
+                delta = max(1.0, len(b1) / len(b2))
+                self.target_t1_size = max(self.target_t1_size - delta, 0.0)
+                b2.move_to_end(key)
+
+    def on_store_miss(self, keys: Sequence[bytes]) -> None:
+        """Ghost hits among keys offered for storing adapt the target (last key first), as in touch."""
+        if self.b1 or self.b2:
+            self._ghost_hits(list(reversed(keys)))
+
+    def on_request_finished(
+        self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
+    ) -> None:
+        """vLLM's request-scoped ARC: a block the request only stored is refreshed in its own list
+        (a store is not a second access, so T1 stays T1); a ready block it reused moves from T1
+        to T2 or is refreshed in T2; other keys are left alone. Ghost lists are not consulted
+        here (that happens at store time, :meth:`on_store_miss`)."""
+        present = slots >= 0
+        if not present.any():
+            return
+        idx = present.nonzero()[0]
+        sl = slots[idx]
+        if len(np.unique(sl)) != len(sl):  # keep each slot's first occurrence
+            _, first = np.unique(sl, return_index=True)
+            idx = idx[np.sort(first)]
+        idx = idx[::-1]
+        rp = slots[idx]
+        ins, reu = inserted_only[idx], reused[idx] & ~inserted_only[idx]
+        in_t1 = self.member[rp] == _T1
+        promote = in_t1 & reu
+        if promote.any():
+            self.t1.discard(rp[promote])
+        self.t1.push_back(rp[in_t1 & ins], members=True)
+        self.t2.push_back(rp[promote | (~in_t1 & (ins | reu))])
+
+    def on_request_finished_list(
+        self, keys: Sequence[bytes], slots: list[int], inserted_only: list[bool], reused: list[bool]
+    ) -> None:
+        """:meth:`on_request_finished` for a few keys, without numpy."""
+        seen: set[int] = set()
+        order = []
+        for i, s in enumerate(slots):
+            if s >= 0 and s not in seen:
+                seen.add(s)
+                order.append(i)
+        member = self.member
+        stay, promote, to_t2 = [], [], []
+        for i in reversed(order):
+            s = slots[i]
+            ins, reu = inserted_only[i], reused[i] and not inserted_only[i]
+            if member[s] == _T1:
+                if ins:
+                    stay.append(s)
+                elif reu:
+                    promote.append(s)
+                    to_t2.append(s)
+            elif ins or reu:
+                to_t2.append(s)
+        if promote:
+            self.t1.discard_list(promote)
+        self.t1.push_back_list(stay, members=True)
+        self.t2.push_back_list(to_t2)
 
     def on_evictable(self, slots: np.ndarray) -> None:
         self.t1.on_evictable(slots)

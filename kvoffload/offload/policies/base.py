@@ -74,6 +74,21 @@ class CachePolicy(ABC):
     def on_evictable(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
         """``slots`` just became evictable (ref count 0)."""
 
+    def on_store_miss(self, keys: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
+        """``keys`` (absent) are about to be offered for storing. Request-scoped engines (vLLM)
+        never call ``touch``: this is where a policy with history (ARC's ghost lists) learns."""
+
+    def on_request_finished(
+        self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
+    ) -> None:
+        """One finished request's accesses, applied at once (request-scoped engines).
+
+        ``keys`` head first (the first ends up most recent), ``slots[i]`` its slot or -1;
+        ``inserted_only[i]`` / ``reused[i]`` (bool arrays): the request only stored the key /
+        read a ready copy of it. The default treats every key as touched.
+        """
+        self.touch(keys, slots)
+
     @abstractmethod
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         """Pick and forget exactly ``n`` evictable slots not in ``protected``, in eviction order."""
@@ -102,6 +117,14 @@ class CachePolicy(ABC):
     def touch_list(self, keys: Sequence[bytes], slots: list[int]) -> None:
         """:meth:`touch` with ``slots`` as a list (``-1`` = absent; keys may repeat)."""
         self.touch(keys, np.array(slots, dtype=np.int64), unique=False)
+
+    def on_request_finished_list(
+        self, keys: Sequence[bytes], slots: list[int], inserted_only: list[bool], reused: list[bool]
+    ) -> None:
+        """:meth:`on_request_finished` with lists."""
+        self.on_request_finished(
+            keys, np.array(slots, dtype=np.int64), np.array(inserted_only, dtype=bool), np.array(reused, dtype=bool)
+        )
 
     def on_evictable_list(self, slots: list[int]) -> None:
         """:meth:`on_evictable` with ``slots`` as a list."""

@@ -1,0 +1,223 @@
+"""vLLM's ``OffloadingManager`` contract (0.32 / 0.33) backed by kvoffload's manager stack.
+
+Stack: :class:`~kvoffload.offload.request_hooks.RequestHooksManager` (vLLM's request hooks)
+over an optional :class:`~kvoffload.offload.reuse.FilteredReuseManager` (``count_on="offer"``,
+as vLLM counts) over :class:`~kvoffload.offload.manager.CPUOffloadingManager`.
+
+Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in the README):
+
+* keys repeated inside one call are reduced to their first occurrence (kvoffload's core rejects
+  repeats; vLLM's manager tolerates them);
+* ARC adapts its target on ghost hits among all absent keys a request offers for storing, also
+  those the reuse filter then drops (vLLM: only keys past the filter);
+* the allocation-size histogram of a ``prepare_store`` that fails counts the absent keys offered
+  (vLLM: the absent keys past the filter);
+* ``reset_cache`` also forgets the reuse filter's counts (vLLM's manager keeps them);
+* ``lock`` is a no-op context (the manager has no thread of its own) and ``on_reset_flushed``
+  does nothing: kvoffload's transfer worker runs jobs in submission order, so a slot freed by
+  ``reset_cache`` is never written by an older job after a newer one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
+
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
+
+from kvoffload.offload.base import LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.offload.base import OffloadingManager as CoreManager
+from kvoffload.offload.manager import CPUOffloadingManager
+from kvoffload.offload.request_hooks import RequestHooksManager
+from kvoffload.offload.reuse import FilteredReuseManager
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KVOffloadManager"]
+
+#: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
+HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
+
+
+def _unique(keys: Collection[OffloadKey]) -> list[OffloadKey]:
+    out = keys if isinstance(keys, list) else list(keys)
+    return out if len(set(out)) == len(out) else list(dict.fromkeys(out))
+
+
+class KVOffloadManager(OffloadingManager):
+    """vLLM's scheduler-side manager for a host pool of ``num_blocks`` chunks, kvoffload inside.
+
+    Args:
+        num_blocks: CPU chunks (one offloaded block = ``blocks_per_chunk`` GPU blocks).
+        cache_policy: kvoffload policy name (``lru``, ``arc``, ``s3fifo``, ``module:Class``).
+        store_threshold: offers a key needs before it is stored; below 2 nothing is filtered.
+        max_tracker_size: keys the reuse filter tracks.
+        enable_events: record store/evict events (vLLM's ``enable_kv_cache_events``).
+        config_info: the labels :meth:`config_info` reports (vLLM 0.33).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str = "lru",
+        store_threshold: int = 0,
+        max_tracker_size: int = 64_000,
+        enable_events: bool = False,
+        config_info: dict[str, Any] | None = None,
+    ) -> None:
+        self.core = CPUOffloadingManager(num_blocks, cache_policy=cache_policy, enable_events=enable_events)
+        stack: CoreManager = self.core
+        self.store_threshold = store_threshold
+        self._filter: FilteredReuseManager | None = None
+        if store_threshold >= 2:
+            stack = self._filter = FilteredReuseManager(self.core, store_threshold, max_tracker_size, count_on="offer")
+        self.hooks = RequestHooksManager(stack, core=self.core)
+        self._core_lookup = self.core.lookup
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._alloc_sizes: list[int] = []
+        self._config_info = dict(config_info or {})
+
+    # ------------------------------------------------------------------ vLLM 0.33 additions
+    @property
+    def lock(self) -> contextlib.AbstractContextManager[Any]:
+        """No-op: the manager is entered only from vLLM's scheduler thread."""
+        return contextlib.nullcontext()
+
+    def on_reset_flushed(self) -> None:
+        """Nothing to do (jobs run in submission order; see the module docstring)."""
+
+    def config_info(self) -> Sequence[dict[str, Any]]:
+        return [self._config_info]
+
+    # ------------------------------------------------------------------ request hooks
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self.hooks.on_new_request(req_context)  # type: ignore[arg-type]
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        position = getattr(req_context, "get_offload_key_position", None)
+        self.hooks.on_request_finished(req_context, key_position=position)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ lookups and loads
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        r = self._core_lookup(key, req_context)  # type: ignore[arg-type]
+        if r:
+            return LookupResult.HIT
+        return LookupResult.MISS if r is False else LookupResult.HIT_PENDING
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> Any:
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+        return CacheHitSource.HOST
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
+        spec = self.hooks.prepare_load(_unique(keys), req_context)  # type: ignore[arg-type]
+        return CPULoadStoreSpec(spec.block_ids)  # type: ignore[attr-defined]
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.hooks.touch(_unique(keys), req_context)  # type: ignore[arg-type]
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.hooks.complete_load(list(keys), req_context)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ stores
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        keys = _unique(keys)
+        out = self.hooks.prepare_store(keys, req_context)  # type: ignore[arg-type]
+        if out is None:
+            n_absent = int((self.core.peek(keys) == LOOKUP_MISS).sum())
+            if n_absent:
+                self._alloc_sizes.append(n_absent)
+            return None
+        if out.keys_to_store:
+            self._alloc_sizes.append(len(out.keys_to_store))
+        return PrepareStoreOutput(
+            keys_to_store=out.keys_to_store,
+            store_spec=CPULoadStoreSpec(out.store_spec.block_ids),  # type: ignore[attr-defined]
+            evicted_keys=out.evicted_keys,
+        )
+
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        keys = list(keys)
+        if success or self._events is None or not HAS_METADATA_ONLY:
+            self.hooks.complete_store(keys, req_context, success)  # type: ignore[arg-type]
+            return
+        codes = self.core.peek(keys)
+        removed = list(dict.fromkeys(k for k, c in zip(keys, codes.tolist(), strict=True) if c == LOOKUP_PENDING))
+        self.hooks.complete_store(keys, req_context, False)  # type: ignore[arg-type]
+        if removed:
+            self._drain_core_events()
+            self._events.append(
+                OffloadingEvent(keys=removed, medium=Medium.CPU, removed=True, metadata_only=True)  # type: ignore[call-arg]
+            )
+
+    # ------------------------------------------------------------------ events, stats, reset
+    def _drain_core_events(self) -> None:
+        assert self._events is not None
+        for ev in self.hooks.take_events():
+            self._events.append(OffloadingEvent(keys=list(ev.keys), medium=Medium.CPU, removed=ev.removed))
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events is None:
+            return
+        self._drain_core_events()
+        events, self._events = self._events, []
+        for ev in events:
+            if getattr(ev, "metadata_only", False):
+                # a key stored again since its failed store is not announced as removed
+                keys = [k for k, c in zip(ev.keys, self.core.peek(ev.keys).tolist(), strict=True) if c == LOOKUP_MISS]
+                if not keys:
+                    continue
+                ev = dataclasses.replace(ev, keys=keys)
+            yield ev
+
+    def get_stats(self) -> Any:
+        """vLLM's gauges (usage = pending + pinned chunks, write = pending, read = pinned), the
+        allocation-size histogram and, with a reuse filter, the skipped-store counter."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+
+        skipped = 0
+        if self._filter is not None:  # keys the filter dropped (not those already stored)
+            skipped, self._filter._skipped = self._filter._skipped, 0
+        t = self.core.table
+        stats = OffloadingConnectorStats()
+        n = self.core.num_blocks
+        usage = (t.num_pending + t.num_pinned) / n if n else 0.0
+        write = t.num_pending / n if n else 0.0
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, usage)
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC, write)
+        stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC, max(usage - write, 0.0))
+        for size in self._alloc_sizes:
+            stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
+        self._alloc_sizes.clear()
+        if self._filter is not None:
+            stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped)
+        return stats
+
+    def reset_cache(self) -> None:
+        self.hooks.reset_cache()
+        if self._events is not None:
+            self._events.clear()
+        self._alloc_sizes.clear()
+
+    def has_pending_work(self) -> bool:
+        return False
+
+    def on_schedule_end(self, context: Any) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        self.hooks.shutdown()

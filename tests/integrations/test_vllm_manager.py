@@ -1,0 +1,174 @@
+"""kvoffload's vLLM manager against vLLM's contract and against vLLM's own CPUOffloadingManager."""
+
+from __future__ import annotations
+
+from tests.integrations.vllm_env import require_vllm
+
+require_vllm()
+
+import random  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    LookupResult,
+    Medium,
+    OffloadingManager,
+    PrepareStoreOutput,
+    ReqContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics  # noqa: E402
+from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VLLMManager  # noqa: E402
+
+from kvoffload.errors import InvalidArgumentError  # noqa: E402
+from kvoffload.integrations.vllm import KVOffloadManager, KVOffloadSpec  # noqa: E402
+from kvoffload.integrations.vllm.manager import HAS_METADATA_ONLY  # noqa: E402
+
+
+def k(i: int) -> bytes:
+    return make_offload_key(i.to_bytes(8, "big"), 0)
+
+
+def test_contract_types() -> None:
+    m = KVOffloadManager(4)
+    assert isinstance(m, OffloadingManager)
+    c = ReqContext(req_id="a")
+    m.on_new_request(c)
+    out = m.prepare_store([k(1), k(2), k(1)], c)  # vLLM tolerates repeats
+    assert isinstance(out, PrepareStoreOutput) and isinstance(out.store_spec, CPULoadStoreSpec)
+    assert out.keys_to_store == [k(1), k(2)] and out.store_spec.block_ids.tolist() == [0, 1]
+    assert m.lookup(k(1), c) is LookupResult.HIT_PENDING
+    m.complete_store([k(1), k(2)], c)
+    assert m.lookup(k(1), c) is LookupResult.HIT and m.lookup(k(3), c) is LookupResult.MISS
+    spec = m.prepare_load([k(2)], c)
+    assert isinstance(spec, CPULoadStoreSpec) and spec.block_ids.tolist() == [1]
+    m.complete_load([k(2)], c)
+    m.on_request_finished(c)
+    # vLLM 0.33 additions work on 0.32 too
+    with m.lock:
+        pass
+    m.on_reset_flushed()
+    assert m.config_info() == [{}]
+    assert m.has_pending_work() is False
+
+
+def test_stats_in_vllms_shape() -> None:
+    m = KVOffloadManager(4, store_threshold=2)
+    c = ReqContext(req_id="a")
+    m.prepare_store([k(1), k(2)], c)  # first offer: filtered
+    m.prepare_store([k(1), k(2)], c)  # second: stored (pending)
+    m.prepare_load([], c)
+    data = m.get_stats().data["data"]
+    assert data[CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC][()] == 0.5
+    assert data[CPUOffloadingMetrics.CPU_CACHE_WRITE_USAGE_PERC][()] == 0.5
+    assert data[CPUOffloadingMetrics.CPU_CACHE_READ_USAGE_PERC][()] == 0.0
+    assert data[CPUOffloadingMetrics.STORES_SKIPPED][()] == 2
+    assert data[CPUOffloadingMetrics.CPU_ALLOCATION_SIZE][()] == [
+        2
+    ]  # the stored call (the filtered one allocated nothing)
+
+
+@pytest.mark.parametrize("threshold", [0, 2])
+def test_every_stat_has_a_metric_definition(threshold: int) -> None:
+    """vLLM's Prometheus exporter looks each stat up in the spec's metric definitions."""
+    from vllm.v1.kv_offload.base import (
+        OffloadingCounterMetadata,
+        OffloadingGaugeMetadata,
+        OffloadingHistogramMetadata,
+    )
+
+    defs = KVOffloadSpec.build_metric_definitions({"store_threshold": threshold})
+    m = KVOffloadManager(4, store_threshold=threshold)
+    m.prepare_store([k(1)], ReqContext(req_id="a"))
+    m.prepare_store([k(1)], ReqContext(req_id="a"))
+    data = m.get_stats().data
+    kinds = {"gauge": OffloadingGaugeMetadata, "counter": OffloadingCounterMetadata}
+    kinds["histogram"] = OffloadingHistogramMetadata
+    assert data["data"]
+    for name in data["data"]:
+        assert isinstance(defs[name], kinds[data["types"][name]]), name
+
+
+def test_events_and_failed_store() -> None:
+    m = KVOffloadManager(2, enable_events=True)
+    c = ReqContext(req_id="a")
+    m.prepare_store([k(1), k(2)], c)
+    m.complete_store([k(1), k(2)], c)
+    m.prepare_store([k(3)], c)
+    m.complete_store([k(3)], c, success=False)
+    evs = list(m.take_events())
+    assert [(e.keys, e.removed) for e in evs[:2]] == [([k(1), k(2)], False), ([k(1)], True)]
+    assert all(e.medium == Medium.CPU for e in evs)
+    if HAS_METADATA_ONLY:  # vLLM 0.33: a failed store announces its metadata removal
+        assert evs[2].keys == [k(3)] and evs[2].removed and evs[2].metadata_only
+    else:
+        assert len(evs) == 2
+    assert m.lookup(k(3), c) is LookupResult.MISS and list(m.take_events()) == []
+
+
+def _spec_config(extra: dict, kv_bytes: int = 1024, world: int = 1, blocks_per_chunk: int = 2) -> SimpleNamespace:
+    return SimpleNamespace(
+        extra_config=extra,
+        enable_kv_cache_events=False,
+        groups=(SimpleNamespace(tokens_per_block=16),),
+        cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
+        parallel=SimpleNamespace(world_size=world),
+        worker_kv_bytes_per_block=kv_bytes,
+    )
+
+
+def test_spec_reads_vllms_keys() -> None:
+    s = KVOffloadSpec(
+        _spec_config(
+            {"cpu_bytes_to_use": 10 * 2048 + 5, "eviction_policy": "arc", "store_threshold": 2, "max_tracker_size": 7}
+        )
+    )
+    assert s.num_chunks == 10 and s.eviction_policy == "arc"
+    m = s.get_manager()
+    assert m is s.get_manager() and m.core.cache_policy == "arc" and m._filter.max_tracker_size == 7
+    s2 = KVOffloadSpec(_spec_config({"cpu_bytes_to_use": 8192, "cache_policy_module_path": "my.mod"}, world=2))
+    assert s2.num_chunks == 2 and s2.eviction_policy == "my.mod:lru"
+    assert "num_chunks" in KVOffloadSpec.config_info_keys({})
+    with pytest.raises(InvalidArgumentError):
+        KVOffloadSpec(_spec_config({}))
+    with pytest.raises(InvalidArgumentError):
+        KVOffloadSpec(_spec_config({"cpu_bytes_to_use": 100}))
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("threshold", [0, 2])
+def test_same_decisions_as_vllms_manager(policy: str, threshold: int) -> None:
+    """A random request trace through vLLM's call sequence: same lookups, slots and evictions."""
+    rng = random.Random(7)
+    ours = KVOffloadManager(12, cache_policy=policy, store_threshold=threshold, max_tracker_size=50)
+    theirs = VLLMManager(12, cache_policy=policy, store_threshold=threshold, max_tracker_size=50)
+    prompts = [[k(p * 100 + i) for i in range(rng.randint(2, 6))] for p in range(10)]
+    for step in range(150):
+        keys = list(rng.choice(prompts))
+        cs = [ReqContext(req_id=f"r{step}") for _ in range(2)]
+        for m, c in zip((ours, theirs), cs, strict=True):
+            m.on_new_request(c)
+        hits = []
+        for key in keys:
+            a, b = ours.lookup(key, cs[0]), theirs.lookup(key, cs[1])
+            assert a == b, (step, key)
+            if a is not LookupResult.HIT:
+                break
+            hits.append(key)
+        if hits:
+            sa, sb = ours.prepare_load(hits, cs[0]), theirs.prepare_load(hits, cs[1])
+            assert sa.block_ids.tolist() == sb.block_ids.tolist()
+        rest = keys[len(hits) :]
+        oa, ob = ours.prepare_store(rest, cs[0]), theirs.prepare_store(rest, cs[1])
+        assert (oa is None) == (ob is None), step
+        if oa is not None:
+            assert oa.keys_to_store == ob.keys_to_store
+            assert oa.store_spec.block_ids.tolist() == ob.store_spec.block_ids.tolist()
+            assert sorted(oa.evicted_keys) == sorted(ob.evicted_keys), step
+        for m, c, o in ((ours, cs[0], oa), (theirs, cs[1], ob)):
+            if hits:
+                m.complete_load(hits, c)
+            if o is not None and o.keys_to_store:
+                m.complete_store(o.keys_to_store, c)
+            m.on_request_finished(c)
