@@ -22,6 +22,7 @@ from kvoffload.errors import (
     InvalidTypeError,
     KeyStateError,
     KVOffloadError,
+    ReadOnlyError,
     TransferError,
 )
 from kvoffload.kernels import (
@@ -78,6 +79,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "KeyStateError",
+    "ReadOnlyError",
     "BackendUnavailableError",
     "TransferError",
     "OffloadKey",

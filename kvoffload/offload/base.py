@@ -20,7 +20,7 @@ from typing import Any, NewType
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ __all__ = [
     "get_offload_group_idx",
     "validate_keys",
     "ReqContext",
+    "check_req_context",
     "LoadStoreSpec",
     "BlockIDsLoadStoreSpec",
     "CPULoadStoreSpec",
@@ -65,17 +66,44 @@ def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
     Returns:
         ``block_hash + group_idx.to_bytes(4, "big")``.
     """
-    if not isinstance(block_hash, bytes):
-        raise InvalidTypeError(f"block_hash must be bytes, got {type(block_hash).__name__}")
+    if block_hash.__class__ is not bytes:
+        raise InvalidTypeError(_not_bytes("block_hash", block_hash))
     g = check_int(group_idx, "group_idx")
     if not 0 <= g <= _MAX_GROUP_IDX:
         raise InvalidArgumentError(f"group_idx must be in [0, 2**32 - 1], got {g}")
     return OffloadKey(block_hash + g.to_bytes(_GROUP_IDX_BYTES, "big", signed=False))
 
 
+def _not_bytes(name: str, value: object) -> str:
+    """The message for ``value`` that is not exactly ``bytes``."""
+    if isinstance(value, np.bytes_):
+        return (
+            f"{name} must be bytes, got numpy.bytes_ {value!r}: numpy's fixed-width bytes drop trailing NUL "
+            "bytes (every group-0 key ends in four), so it may not be the same key; pass plain bytes objects"
+        )
+    if isinstance(value, bytes):
+        return f"{name} must be exactly bytes, got the bytes subclass {type(value).__name__}"
+    return f"{name} must be bytes (an OffloadKey), got {type(value).__name__}"
+
+
+def check_key_batch(keys: object, name: str = "keys") -> None:
+    """Reject what cannot be a batch of keys: a single key or str, and numpy bytes/str arrays.
+
+    A numpy ``S``-dtype array (what ``np.array(list_of_keys)`` makes) drops the trailing NUL
+    bytes of its items, so its keys are not the caller's keys.
+    """
+    if isinstance(keys, (bytes, str, bytearray, memoryview)):
+        raise InvalidTypeError(f"{name} must be a collection of bytes keys, not a single {type(keys).__name__}")
+    if isinstance(keys, np.ndarray) and keys.dtype.kind in "SU":
+        raise InvalidTypeError(
+            f"{name} must be a collection of bytes keys, got a numpy array of dtype {keys.dtype}: numpy's "
+            "fixed-width bytes drop trailing NUL bytes (every group-0 key ends in four); pass a list of bytes"
+        )
+
+
 def _check_key(key: object) -> bytes:
-    if not isinstance(key, bytes):
-        raise InvalidTypeError(f"key must be bytes (an OffloadKey), got {type(key).__name__}")
+    if key.__class__ is not bytes:
+        raise InvalidTypeError(_not_bytes("key", key))
     if len(key) < _GROUP_IDX_BYTES:
         raise InvalidArgumentError(f"key must be at least {_GROUP_IDX_BYTES} bytes long, got {len(key)}")
     return key
@@ -97,16 +125,19 @@ def validate_keys(
     """Check a batch of keys before any state changes and return it as a list.
 
     Raises:
-        InvalidTypeError: ``keys`` is a bare ``bytes``/``str`` (a single key, not a batch) or
-            one of its items is not ``bytes``.
+        InvalidTypeError: ``keys`` is a bare ``bytes``/``str`` (a single key, not a batch), a
+            numpy bytes array, not iterable, or one of its items is not exactly ``bytes`` (a
+            ``bytes`` subclass such as ``numpy.bytes_`` is refused: numpy drops trailing NULs).
         InvalidArgumentError: a key appears twice and ``allow_duplicates`` is False.
     """
-    if isinstance(keys, (bytes, str, bytearray)):
-        raise InvalidTypeError(f"{name} must be a collection of bytes keys, not a single {type(keys).__name__}")
-    out = list(keys)
+    check_key_batch(keys, name)
+    try:
+        out = list(keys)
+    except TypeError as exc:
+        raise InvalidTypeError(f"{name} must be an iterable of bytes keys, got {type(keys).__name__}") from exc
     for i, k in enumerate(out):
-        if not isinstance(k, bytes):
-            raise InvalidTypeError(f"{name}[{i}] must be bytes (an OffloadKey), got {type(k).__name__}")
+        if k.__class__ is not bytes:
+            raise InvalidTypeError(_not_bytes(f"{name}[{i}]", k))
     if not allow_duplicates and len(set(out)) != len(out):
         seen: set[bytes] = set()
         dup = next(k for k in out if k in seen or seen.add(k))  # type: ignore[func-returns-value]
@@ -127,23 +158,56 @@ class ReqContext:
     kv_transfer_params: dict[str, Any] | None = None
 
 
+def check_req_context(req_context: object) -> None:
+    """Raise :class:`InvalidTypeError` unless ``req_context`` is a :class:`ReqContext` (or a subclass).
+
+    Hot paths test ``req_context.__class__ is ReqContext`` themselves and call this otherwise.
+    """
+    if not isinstance(req_context, ReqContext):
+        raise InvalidTypeError(
+            f"req_context must be a ReqContext (kvoffload.offload.base.ReqContext), "
+            f"got {type(req_context).__name__} {req_context!r:.80}"
+        )
+
+
+_INT64_MAX = 2**63 - 1
+
+
 def _as_id_array(values: object, name: str) -> np.ndarray:
-    """A 1-D int64 copy of ``values``; rejects bools, floats, negatives and >1-D input."""
+    """A private, read-only 1-D int64 copy of ``values``.
+
+    Rejects non-sequences, bools, floats, negatives, values beyond int64 and >1-D input, naming
+    the first offending item ``name[i]``.
+    """
     if isinstance(values, np.ndarray):
         arr = values
+        if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)):
+            raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+        if arr.ndim != 1:
+            raise InvalidArgumentError(f"{name} must be 1-D, got shape {arr.shape}")
+        if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > _INT64_MAX:
+            i = int(np.argmax(arr > _INT64_MAX))
+            raise InvalidArgumentError(f"{name}[{i}] must be <= 2**63 - 1, got {int(arr[i])}")
+        arr = arr.astype(np.int64, copy=True)
     else:
-        seq = list(values)  # type: ignore[call-overload]
+        if isinstance(values, (str, bytes, bytearray, memoryview)) or not isinstance(values, Iterable):
+            raise InvalidTypeError(
+                f"{name} must be a sequence of ints or a 1-D integer array, got {type(values).__name__} {values!r:.40}"
+            )
+        seq = list(values)
         if not all(type(v) is int for v in seq):  # slow path only to name the offending item
-            for i, v in enumerate(seq):
-                check_int(v, f"{name}[{i}]")
-        arr = np.array(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
-    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)):
-        raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise InvalidArgumentError(f"{name} must be 1-D, got shape {arr.shape}")
-    arr = arr.astype(np.int64, copy=True)
+            seq = [check_int(v, f"{name}[{i}]") for i, v in enumerate(seq)]
+        try:
+            arr = np.array(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
+        except OverflowError:
+            i, v = next((i, v) for i, v in enumerate(seq) if not -_INT64_MAX - 1 <= v <= _INT64_MAX)
+            if v < 0:
+                raise InvalidArgumentError(f"{name}[{i}] must be non-negative, got {v}") from None
+            raise InvalidArgumentError(f"{name}[{i}] must be <= 2**63 - 1, got {v}") from None
     if arr.size and int(arr.min()) < 0:
-        raise InvalidArgumentError(f"{name} must be non-negative, got {int(arr.min())}")
+        i = int(np.argmax(arr < 0))
+        raise InvalidArgumentError(f"{name}[{i}] must be non-negative, got {int(arr[i])}")
+    arr.flags.writeable = False
     return arr
 
 
@@ -159,12 +223,28 @@ class LoadStoreSpec(ABC):
 class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """A spec given by block ids on its medium, kept as a 1-D ``np.int64`` array.
 
+    Specs are immutable once built: their arrays are private read-only copies, and an attribute,
+    once set, cannot be replaced or deleted (:class:`~kvoffload.errors.ReadOnlyError`), so what
+    the constructor checked is what a transfer worker reads.
+
     Args:
         block_ids: non-negative integer block ids (any iterable or integer numpy array).
     """
 
     def __init__(self, block_ids: Iterable[int] | np.ndarray) -> None:
         self.block_ids: np.ndarray = _as_id_array(block_ids, "block_ids")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in self.__dict__:
+            raise ReadOnlyError(
+                f"{type(self).__name__}.{name} cannot be replaced: load/store specs are immutable (build a new one)"
+            )
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise ReadOnlyError(f"{type(self).__name__}.{name} cannot be deleted: load/store specs are immutable")
 
     def __len__(self) -> int:
         return int(self.block_ids.size)
