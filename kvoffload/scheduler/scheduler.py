@@ -61,7 +61,15 @@ from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
 from kvoffload.scheduler.state import LoadOffer, RequestOffloadState
-from kvoffload.scheduler.validation import check_block_table, check_count, check_scheduled, parse_results
+from kvoffload.scheduler.validation import (
+    check_block_table,
+    check_count,
+    check_preempted,
+    check_request,
+    check_request_id,
+    check_scheduled,
+    parse_results,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +142,7 @@ class OffloadingScheduler:
             ``max(0, hit_blocks - window)`` on) unless deferred.
         """
         n_comp = check_count(num_computed_tokens, "num_computed_tokens")
-        num_tokens = check_count(request.num_tokens, "request.num_tokens")
+        num_tokens = check_request(request, "request")
         if n_comp > num_tokens:
             raise InvalidArgumentError(f"num_computed_tokens ({n_comp}) exceeds request.num_tokens ({num_tokens})")
         for g in self._groups:
@@ -186,6 +194,7 @@ class OffloadingScheduler:
         The load job pins its blocks (``prepare_load``) and is returned by the next
         :meth:`build_step`. The loaded blocks are never stored again by this request.
         """
+        check_request(request, "request")
         n_ext = check_count(num_external_tokens, "num_external_tokens")
         tables = check_block_table(block_ids_per_group, len(self._groups), "block_ids_per_group")
         st = self._state(request)
@@ -229,14 +238,15 @@ class OffloadingScheduler:
             new_requests: requests computing for the first time since their (re)admission, with
                 their whole block tables.
             running_requests: requests that already ran, with the blocks appended this step.
-            preempted_req_ids: requests preempted this step (their GPU blocks were freed).
+            preempted_req_ids: ids (str) of requests preempted this step (their GPU blocks were
+                freed); each must be known to the scheduler.
 
         Returns:
             flush job ids (wait for them before writing any GPU block this step), the load jobs
             built since the last call, and the store jobs of the blocks that fill up this step.
         """
         num_groups = len(self._groups)
-        preempted = [str(r) for r in preempted_req_ids]
+        preempted = check_preempted(preempted_req_ids, self._states)
         new_checked, run_checked = check_scheduled(new_requests, running_requests, self._groups, self._states)
 
         for rid in preempted:
@@ -251,11 +261,11 @@ class OffloadingScheduler:
             if written is not None:
                 for g, t in enumerate(blocks):
                     written[g].update(t[sr.num_computed_tokens // self._groups[g].gpu_block_size :])
-        for _, st, _, blocks in run_checked:
-            if blocks is not None:
-                st.extend_block_ids(blocks)
+        for _, st, _, appended in run_checked:
+            if appended is not None:
+                st.extend_block_ids(appended)
                 if written is not None:
-                    for g, t in enumerate(blocks):
+                    for g, t in enumerate(appended):
                         written[g].update(t)
         out = SchedulerStepOutput()
         out.load_jobs, self._pending_loads = self._pending_loads, []
@@ -376,11 +386,20 @@ class OffloadingScheduler:
         Its in-flight jobs still complete normally (with its ``ReqContext``); the GPU blocks they
         use are flushed before another request writes them (see :meth:`build_step`).
         ``block_ids`` is accepted for engines that pass it; the scheduler knows its jobs' blocks.
+
+        Raises:
+            InvalidTypeError: ``request`` is neither a request nor a request id str.
+            InvalidArgumentError: the scheduler does not know the request (it was never seen by
+                :meth:`get_num_new_matched_tokens`, :meth:`update_state_after_alloc` or
+                :meth:`build_step`, or it already finished).
         """
-        rid = request if isinstance(request, str) else request.request_id
+        rid = request if isinstance(request, str) else check_request_id(request, "request")
         st = self._states.pop(rid, None)
-        if st is not None:
-            self._release_blocks(st)
+        if st is None:
+            raise InvalidArgumentError(
+                f"request_finished: request {rid!r} is not known to the scheduler (never scheduled, or already finished)"
+            )
+        self._release_blocks(st)
 
     def take_events(self) -> list[OffloadingEvent]:
         """The manager's events since the last call (stores and evictions)."""
