@@ -142,7 +142,7 @@ class OffloadingScheduler:
             ``max(0, hit_blocks - window)`` on) unless deferred.
         """
         n_comp = check_count(num_computed_tokens, "num_computed_tokens")
-        num_tokens = check_request(request, "request")
+        num_tokens = check_request(request, "request", self._states, self.config)
         if n_comp > num_tokens:
             raise InvalidArgumentError(f"num_computed_tokens ({n_comp}) exceeds request.num_tokens ({num_tokens})")
         for g in self._groups:
@@ -194,7 +194,7 @@ class OffloadingScheduler:
         The load job pins its blocks (``prepare_load``) and is returned by the next
         :meth:`build_step`. The loaded blocks are never stored again by this request.
         """
-        check_request(request, "request")
+        check_request(request, "request", self._states, self.config)
         n_ext = check_count(num_external_tokens, "num_external_tokens")
         tables = check_block_table(block_ids_per_group, len(self._groups), "block_ids_per_group")
         st = self._state(request)
@@ -247,7 +247,7 @@ class OffloadingScheduler:
         """
         num_groups = len(self._groups)
         preempted = check_preempted(preempted_req_ids, self._states)
-        new_checked, run_checked = check_scheduled(new_requests, running_requests, self._groups, self._states)
+        new_checked, run_checked = check_scheduled(new_requests, running_requests, self.config, self._states)
 
         for rid in preempted:
             st = self._states.get(rid)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.scheduler.config import OffloadingSchedulerConfig
 
 __all__ = [
     "check_count",
@@ -63,21 +64,23 @@ def check_block_table(tables: object, num_groups: int, name: str) -> list[list[i
     return [check_block_ids(t, f"{name}[{g}]") for g, t in enumerate(tables)]
 
 
-def check_block_hashes(hashes: object, name: str) -> None:
+def check_block_hashes(hashes: object, name: str, start: int = 0) -> None:
     """``hashes`` must be a sequence (a list, as engines keep it) of exactly-``bytes`` block hashes.
 
-    One C-level pass over the items. A ``str`` (its characters would be taken as hashes), a
-    ``bytes`` and a numpy array are refused -- numpy's fixed-width bytes drop trailing NUL bytes,
-    so ``numpy.bytes_`` items are refused too: the keys built from them would not be the
-    engine's.
+    Items from ``start`` on are checked, in one C-level pass (the scheduler passes the first
+    index it has not turned into keys yet: hashes only grow). A ``str`` (its characters would be
+    taken as hashes), a ``bytes`` and a numpy array are refused -- numpy's fixed-width bytes drop
+    trailing NUL bytes, so ``numpy.bytes_`` items are refused too: the keys built from them would
+    not be the engine's.
     """
     if isinstance(hashes, (str, bytes, bytearray, memoryview)) or not isinstance(hashes, Sequence):
         extra = ""
         if isinstance(hashes, np.ndarray):
             extra = " (a numpy array: numpy drops trailing NUL bytes of its bytes items; use a list of bytes)"
         raise InvalidTypeError(f"{name} must be a sequence of bytes block hashes, got {type(hashes).__name__}{extra}")
-    if hashes and set(map(type, hashes)) != {bytes}:
-        i, h = next((i, h) for i, h in enumerate(hashes) if h.__class__ is not bytes)
+    tail = hashes[start:] if start else hashes
+    if tail and set(map(type, tail)) != {bytes}:
+        i, h = next((i, h) for i, h in enumerate(hashes) if i >= start and h.__class__ is not bytes)
         extra = " (numpy drops trailing NUL bytes: use plain bytes)" if isinstance(h, np.bytes_) else ""
         raise InvalidTypeError(f"{name}[{i}] must be exactly bytes, got {type(h).__name__} {h!r:.40}{extra}")
 
@@ -96,11 +99,26 @@ def check_request_id(request: object, name: str) -> str:
     return rid
 
 
-def check_request(request: object, name: str) -> int:
+def keyed_hashes(st: Any, config: OffloadingSchedulerConfig) -> int:
+    """How many of the request's block hashes the scheduler has turned into keys in every group
+    (it never reads those again)."""
+    return min(len(gs.keys) * g.offloaded_block_size for gs, g in zip(st.groups, config.groups, strict=True)) // (
+        config.effective_hash_block_size
+    )
+
+
+def check_request(
+    request: object,
+    name: str,
+    states: Mapping[str, Any] | None = None,
+    config: OffloadingSchedulerConfig | None = None,
+) -> int:
     """Check what the scheduler reads from a request; return its ``num_tokens``.
 
     A request needs ``request_id`` (str), ``num_tokens`` (int >= 0) and ``block_hashes`` (see
-    :func:`check_block_hashes`); a missing one is an :class:`InvalidTypeError` naming it.
+    :func:`check_block_hashes`); a missing one is an :class:`InvalidTypeError` naming it. With
+    ``states`` and ``config``, the hashes a known request (the same object) already turned into
+    keys are not checked again.
     """
     for attr in _REQUEST_ATTRS:
         if not hasattr(request, attr):
@@ -108,9 +126,14 @@ def check_request(request: object, name: str) -> int:
                 f"{name} has no attribute {attr!r}: a request needs {', '.join(_REQUEST_ATTRS)} "
                 f"(got {type(request).__name__})"
             )
-    check_request_id(request, name)
+    rid = check_request_id(request, name)
     num_tokens = check_count(request.num_tokens, f"{name}.num_tokens")  # type: ignore[attr-defined]
-    check_block_hashes(request.block_hashes, f"{name}.block_hashes")  # type: ignore[attr-defined]
+    start = 0
+    if states is not None and config is not None:
+        st = states.get(rid)
+        if st is not None and st.request is request:
+            start = keyed_hashes(st, config)
+    check_block_hashes(request.block_hashes, f"{name}.block_hashes", start)  # type: ignore[attr-defined]
     return num_tokens
 
 
@@ -152,7 +175,10 @@ def parse_results(results: Iterable[Any]) -> list[tuple[int, bool]]:
 
 
 def check_scheduled(
-    new_requests: Sequence[Any], running_requests: Sequence[Any], groups: Sequence[Any], states: Mapping[str, Any]
+    new_requests: Sequence[Any],
+    running_requests: Sequence[Any],
+    config: OffloadingSchedulerConfig,
+    states: Mapping[str, Any],
 ) -> tuple[list[tuple[Any, list[list[int]], int]], list[tuple[Any, Any, int, list[list[int]] | None]]]:
     """Validate the requests of one ``build_step`` call (nothing is changed).
 
@@ -165,13 +191,14 @@ def check_scheduled(
     """
     from kvoffload.scheduler.jobs import ScheduledRequest
 
+    groups = config.groups
     num_groups = len(groups)
     new_checked: list[tuple[Any, list[list[int]], int]] = []
     for i, sr in enumerate(new_requests):
         where = f"new_requests[{i}]"
         if type(sr) is not ScheduledRequest:
             raise InvalidTypeError(f"{where} must be a ScheduledRequest, got {type(sr).__name__}")
-        check_request(sr.request, f"{where}.request")
+        check_request(sr.request, f"{where}.request", states, config)
         tokens = _check_tokens(sr, where)
         blocks = check_block_table(sr.block_ids, num_groups, f"{where}.block_ids")
         for g, gcfg in enumerate(groups):
@@ -180,37 +207,41 @@ def check_scheduled(
         new_checked.append((sr, blocks, tokens))
     run_checked: list[tuple[Any, Any, int, list[list[int]] | None]] = []
     for i, sr in enumerate(running_requests):
-        where = f"running_requests[{i}]"
         if type(sr) is not ScheduledRequest:
-            raise InvalidTypeError(f"{where} must be a ScheduledRequest, got {type(sr).__name__}")
+            raise InvalidTypeError(f"running_requests[{i}] must be a ScheduledRequest, got {type(sr).__name__}")
         c, n = sr.num_computed_tokens, sr.num_scheduled_tokens
         req = sr.request
         try:
             if type(c) is int and type(n) is int and c >= 0 and n >= 0 and c + n <= req.num_tokens:
                 tokens = c + n
             else:
-                tokens = _check_tokens(sr, where)
+                tokens = _check_tokens(sr, f"running_requests[{i}]")
             st = states.get(req.request_id)
         except (AttributeError, TypeError):  # not a request: name what is wrong
-            check_request(req, f"{where}.request")
+            check_request(req, f"running_requests[{i}].request")
             raise
         if st is None:
-            raise InvalidArgumentError(f"{where}: request {req.request_id!r} is not running (schedule it as new first)")
+            raise InvalidArgumentError(
+                f"running_requests[{i}]: request {req.request_id!r} is not running (schedule it as new first)"
+            )
         if st.load_job_id is not None:
-            _check_not_loading(st, sr, where)
+            _check_not_loading(st, sr, f"running_requests[{i}]")
         bl = sr.block_ids
         appended: list[list[int]] | None = None
         if bl and any(bl):
+            where = f"running_requests[{i}]"
             appended = check_block_table(bl, num_groups, f"{where}.block_ids")
             for g, gcfg in enumerate(groups):
                 _check_cover(len(st.groups[g].block_ids) + len(appended[g]), gcfg.gpu_block_size, tokens, where, g)
         elif tokens > st.capacity_tokens:
             for g, gcfg in enumerate(groups):
-                _check_cover(len(st.groups[g].block_ids), gcfg.gpu_block_size, tokens, where, g)
+                _check_cover(len(st.groups[g].block_ids), gcfg.gpu_block_size, tokens, f"running_requests[{i}]", g)
         elif tokens < st.next_store_tokens:
             continue  # nothing to record, nothing to store: the common decode step
-        if tokens >= st.next_store_tokens:  # a store may read hashes appended since the last check
-            check_block_hashes(st.request.block_hashes, f"{where}.request.block_hashes")
+        if tokens >= st.next_store_tokens:  # a store may read the hashes appended since the last one
+            check_block_hashes(
+                st.request.block_hashes, f"running_requests[{i}].request.block_hashes", keyed_hashes(st, config)
+            )
         run_checked.append((sr, st, tokens, appended))
     return new_checked, run_checked
 
