@@ -21,6 +21,7 @@ from typing import Any, NewType
 import numpy as np
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError, check_int
+from kvoffload.offload.ids import as_id_array
 
 logger = logging.getLogger(__name__)
 
@@ -170,47 +171,6 @@ def check_req_context(req_context: object) -> None:
         )
 
 
-_INT64_MAX = 2**63 - 1
-
-
-def _as_id_array(values: object, name: str) -> np.ndarray:
-    """A private, read-only 1-D int64 copy of ``values``.
-
-    Rejects non-sequences, bools, floats, negatives, values beyond int64 and >1-D input, naming
-    the first offending item ``name[i]``.
-    """
-    if isinstance(values, np.ndarray):
-        arr = values
-        if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)):
-            raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-        if arr.ndim != 1:
-            raise InvalidArgumentError(f"{name} must be 1-D, got shape {arr.shape}")
-        if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and int(arr.max()) > _INT64_MAX:
-            i = int(np.argmax(arr > _INT64_MAX))
-            raise InvalidArgumentError(f"{name}[{i}] must be <= 2**63 - 1, got {int(arr[i])}")
-        arr = arr.astype(np.int64, copy=True)
-    else:
-        if isinstance(values, (str, bytes, bytearray, memoryview)) or not isinstance(values, Iterable):
-            raise InvalidTypeError(
-                f"{name} must be a sequence of ints or a 1-D integer array, got {type(values).__name__} {values!r:.40}"
-            )
-        seq = list(values)
-        if not all(type(v) is int for v in seq):  # slow path only to name the offending item
-            seq = [check_int(v, f"{name}[{i}]") for i, v in enumerate(seq)]
-        try:
-            arr = np.array(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
-        except OverflowError:
-            i, v = next((i, v) for i, v in enumerate(seq) if not -_INT64_MAX - 1 <= v <= _INT64_MAX)
-            if v < 0:
-                raise InvalidArgumentError(f"{name}[{i}] must be non-negative, got {v}") from None
-            raise InvalidArgumentError(f"{name}[{i}] must be <= 2**63 - 1, got {v}") from None
-    if arr.size and int(arr.min()) < 0:
-        i = int(np.argmax(arr < 0))
-        raise InvalidArgumentError(f"{name}[{i}] must be non-negative, got {int(arr[i])}")
-    arr.flags.writeable = False
-    return arr
-
-
 class LoadStoreSpec(ABC):
     """Where a transfer worker reads or writes blocks, on one medium."""
 
@@ -232,7 +192,7 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """
 
     def __init__(self, block_ids: Iterable[int] | np.ndarray) -> None:
-        self.block_ids: np.ndarray = _as_id_array(block_ids, "block_ids")
+        self.block_ids: np.ndarray = as_id_array(block_ids, "block_ids")
 
     def __setattr__(self, name: str, value: object) -> None:
         if name in self.__dict__:
@@ -282,12 +242,12 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
     ) -> None:
         super().__init__(block_ids)
         n = len(self.block_ids)
-        sizes = _as_id_array([n] if group_sizes is None else group_sizes, "group_sizes")
+        sizes = as_id_array([n] if group_sizes is None else group_sizes, "group_sizes")
         if int(sizes.sum()) != n:
             raise InvalidArgumentError(
                 f"group_sizes must sum to len(block_ids)={n}, got sum {int(sizes.sum())} ({sizes.tolist()})"
             )
-        indices = _as_id_array(
+        indices = as_id_array(
             np.zeros(len(sizes), dtype=np.int64) if block_indices is None else block_indices, "block_indices"
         )
         if len(indices) != len(sizes):

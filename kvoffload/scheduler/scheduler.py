@@ -64,9 +64,9 @@ from kvoffload.scheduler.state import LoadOffer, RequestOffloadState
 from kvoffload.scheduler.validation import (
     check_block_table,
     check_count,
+    check_finished,
     check_preempted,
     check_request,
-    check_request_id,
     check_scheduled,
     parse_results,
 )
@@ -386,20 +386,10 @@ class OffloadingScheduler:
         Its in-flight jobs still complete normally (with its ``ReqContext``); the GPU blocks they
         use are flushed before another request writes them (see :meth:`build_step`).
         ``block_ids`` is accepted for engines that pass it; the scheduler knows its jobs' blocks.
-
-        Raises:
-            InvalidTypeError: ``request`` is neither a request nor a request id str.
-            InvalidArgumentError: the scheduler does not know the request (it was never seen by
-                :meth:`get_num_new_matched_tokens`, :meth:`update_state_after_alloc` or
-                :meth:`build_step`, or it already finished).
+        ``request`` (a request or its id) must be known: an unknown or already finished one is an
+        ``InvalidArgumentError``.
         """
-        rid = request if isinstance(request, str) else check_request_id(request, "request")
-        st = self._states.pop(rid, None)
-        if st is None:
-            raise InvalidArgumentError(
-                f"request_finished: request {rid!r} is not known to the scheduler (never scheduled, or already finished)"
-            )
-        self._release_blocks(st)
+        self._release_blocks(self._states.pop(check_finished(request, self._states)))
 
     def take_events(self) -> list[OffloadingEvent]:
         """The manager's events since the last call (stores and evictions)."""

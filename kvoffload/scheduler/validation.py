@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.offload.ids import INT64_MAX
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 
 __all__ = [
@@ -18,11 +19,11 @@ __all__ = [
     "check_request",
     "check_request_id",
     "check_preempted",
+    "check_finished",
     "check_scheduled",
     "parse_results",
 ]
 
-_INT64_MAX = 2**63 - 1
 #: what the scheduler reads from a request (SPEC: duck-typed; ``kv_transfer_params`` is optional)
 _REQUEST_ATTRS = ("request_id", "num_tokens", "block_hashes")
 
@@ -49,8 +50,8 @@ def check_block_ids(ids: object, name: str) -> list[int]:
     if out:
         if min(out) < 0:
             raise InvalidArgumentError(f"{name} must hold non-negative block ids, got {min(out)}")
-        if max(out) > _INT64_MAX:
-            i = next(i for i, b in enumerate(out) if b > _INT64_MAX)
+        if max(out) > INT64_MAX:
+            i = next(i for i, b in enumerate(out) if b > INT64_MAX)
             raise InvalidArgumentError(f"{name}[{i}] must be a block id <= 2**63 - 1, got {out[i]}")
     return out
 
@@ -172,6 +173,16 @@ def parse_results(results: Iterable[Any]) -> list[tuple[int, bool]]:
             raise InvalidTypeError(f"results[{i}].success must be a bool, got {type(ok).__name__}")
         out.append((int(jid), bool(ok)))
     return out
+
+
+def check_finished(request: object, states: Mapping[str, Any]) -> str:
+    """The id of a finished request (a request object or its id str), which must be known."""
+    rid = request if isinstance(request, str) else check_request_id(request, "request")
+    if rid not in states:
+        raise InvalidArgumentError(
+            f"request_finished: request {rid!r} is not known to the scheduler (never scheduled, or already finished)"
+        )
+    return rid
 
 
 def check_scheduled(
