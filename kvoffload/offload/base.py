@@ -160,13 +160,17 @@ class ReqContext:
 
 
 def check_req_context(req_context: object) -> None:
-    """Raise :class:`InvalidTypeError` unless ``req_context`` is a :class:`ReqContext` (or a subclass).
+    """Raise :class:`InvalidTypeError` unless ``req_context`` is a request context.
 
+    Accepted: a :class:`ReqContext` (or subclass), or an engine's own context object with a
+    ``str`` ``req_id`` (vLLM's ``ReqContext``, which an engine may pass through unchanged).
     Hot paths test ``req_context.__class__ is ReqContext`` themselves and call this otherwise.
     """
-    if not isinstance(req_context, ReqContext):
+    if isinstance(req_context, ReqContext):
+        return
+    if isinstance(req_context, type) or getattr(req_context, "req_id", None).__class__ is not str:
         raise InvalidTypeError(
-            f"req_context must be a ReqContext (kvoffload.offload.base.ReqContext), "
+            f"req_context must be a ReqContext (or an object with a str req_id), "
             f"got {type(req_context).__name__} {req_context!r:.80}"
         )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -153,7 +154,14 @@ def test_reuse_filter_rejects_numpy_keys_without_counting(call) -> None:
 
 
 # ------------------------------------------------------------------ item 5: req_context
-BAD_CONTEXTS = ["r", None, {"req_id": "r"}, 5]
+@dataclass
+class EngineContext:
+    """An engine's own context class (like vLLM's ReqContext): not a subclass of ours."""
+
+    req_id: object
+
+
+BAD_CONTEXTS = ["r", None, {"req_id": "r"}, 5, ReqContext, EngineContext(5), EngineContext(None)]
 
 
 @pytest.mark.parametrize("ctx", BAD_CONTEXTS)
@@ -174,13 +182,19 @@ def test_manager_rejects_a_req_context_that_is_not_one(method: str, ctx: object)
 _GAUGES = {"num_blocks", "num_used", "num_pending", "num_pinned", "usage", "write_usage"}
 
 
-def test_req_context_subclass_is_accepted() -> None:
+def test_req_context_subclass_and_engine_context_are_accepted() -> None:
     class MyContext(ReqContext):
         pass
 
     m = CPUOffloadingManager(4)
     assert m.prepare_store(K0[:2], MyContext("x")) is not None
     assert m.lookup(K0[0], MyContext("x")) is None
+    f = FilteredReuseManager(m, store_threshold=1)
+    assert f.lookup(K0[2], EngineContext("y")) is False
+    out = f.prepare_store([K0[2], K0[3]], EngineContext("y"))  # K0[3] counted once by request "y" here
+    assert out is not None and out.keys_to_store == [K0[2], K0[3]]
+    f.complete_store(out.keys_to_store, EngineContext("y"))
+    assert f.lookup_batch(K0[:4], EngineContext("z")).tolist() == [2, 2, 1, 1]  # K0[:2] still pending
 
 
 REUSE_CALLS = {
