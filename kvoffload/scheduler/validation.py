@@ -24,7 +24,7 @@ __all__ = [
     "parse_results",
 ]
 
-#: what the scheduler reads from a request (SPEC: duck-typed; ``kv_transfer_params`` is optional)
+#: what the scheduler reads from a request (duck-typed; ``kv_transfer_params`` is optional)
 _REQUEST_ATTRS = ("request_id", "num_tokens", "block_hashes")
 
 
@@ -157,6 +157,16 @@ def check_preempted(preempted_req_ids: object, states: Mapping[str, Any]) -> lis
     return out
 
 
+def check_finished(request: object, states: Mapping[str, Any]) -> str:
+    """The id of a finished request (a request object or its id str), which must be known."""
+    rid = request if isinstance(request, str) else check_request_id(request, "request")
+    if rid not in states:
+        raise InvalidArgumentError(
+            f"request_finished: request {rid!r} is not known to the scheduler (never scheduled, or already finished)"
+        )
+    return rid
+
+
 def parse_results(results: Iterable[Any]) -> list[tuple[int, bool]]:
     """``(job_id, success)`` pairs from worker results (objects with ``job_id``/``success`` or pairs)."""
     out = []
@@ -173,16 +183,6 @@ def parse_results(results: Iterable[Any]) -> list[tuple[int, bool]]:
             raise InvalidTypeError(f"results[{i}].success must be a bool, got {type(ok).__name__}")
         out.append((int(jid), bool(ok)))
     return out
-
-
-def check_finished(request: object, states: Mapping[str, Any]) -> str:
-    """The id of a finished request (a request object or its id str), which must be known."""
-    rid = request if isinstance(request, str) else check_request_id(request, "request")
-    if rid not in states:
-        raise InvalidArgumentError(
-            f"request_finished: request {rid!r} is not known to the scheduler (never scheduled, or already finished)"
-        )
-    return rid
 
 
 def check_scheduled(
