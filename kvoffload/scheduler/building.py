@@ -78,9 +78,7 @@ def build_store_job(
         )
     # offloaded block indices selected per group
     if len(to_store) == len(keys):
-        selected: list[range] | list[list[int]] = [
-            range(b, n) if n > b else range(0) for b, n in zip(first_blocks, full, strict=False)
-        ]
+        selected = [range(b, n) if n > b else range(0) for b, n in zip(first_blocks, full, strict=False)]
     else:
         where: dict[bytes, tuple[int, int]] = {}
         for g, (gs, b, n) in enumerate(zip(st.groups, first_blocks, full, strict=False)):
