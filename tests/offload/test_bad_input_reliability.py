@@ -74,7 +74,7 @@ MANAGER_METHODS = ["prepare_store", "complete_store", "prepare_load", "complete_
     [
         pytest.param(lambda ks: np.array(ks), id="ndarray"),
         pytest.param(lambda ks: list(np.array(ks)), id="list-small"),  # the scalar fast paths
-        pytest.param(lambda ks: list(np.array(ks * 1)) + list(np.array(K0[10:40])), id="list-large"),
+        pytest.param(lambda ks: list(np.array(ks)) + list(np.array(K0[8:40])), id="list-large"),  # > SMALL_BATCH
         pytest.param(lambda ks: [np.bytes_(ks[1])], id="one-absent-key"),
     ],
 )
