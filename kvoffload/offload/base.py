@@ -204,7 +204,7 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
                 f"{type(self).__name__}.{name} cannot be replaced: load/store specs are immutable (build a new one)"
             )
         if isinstance(value, np.ndarray):
-            value.flags.writeable = False
+            value.setflags(write=False)
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:

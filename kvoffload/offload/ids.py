@@ -48,5 +48,5 @@ def as_id_array(values: object, name: str) -> np.ndarray:
     if arr.size and int(arr.min()) < 0:
         i = int(np.argmax(arr < 0))
         raise InvalidArgumentError(f"{name}[{i}] must be non-negative, got {int(arr[i])}")
-    arr.flags.writeable = False
+    arr.setflags(write=False)
     return arr

@@ -56,7 +56,7 @@ def cpu_spec(slots: np.ndarray) -> CPULoadStoreSpec:
     constructor (a few microseconds, most of a small call).
     """
     spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
-    slots.flags.writeable = False  # specs are immutable (see BlockIDsLoadStoreSpec)
+    slots.setflags(write=False)  # specs are immutable (see BlockIDsLoadStoreSpec)
     spec.__dict__["block_ids"] = slots  # the checks of __setattr__ are not needed here
     return spec
 

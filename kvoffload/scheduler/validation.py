@@ -103,9 +103,20 @@ def check_request_id(request: object, name: str) -> str:
 def keyed_hashes(st: Any, config: OffloadingSchedulerConfig) -> int:
     """How many of the request's block hashes the scheduler has turned into keys in every group
     (it never reads those again)."""
-    return min(len(gs.keys) * g.offloaded_block_size for gs, g in zip(st.groups, config.groups, strict=True)) // (
-        config.effective_hash_block_size
-    )
+    tokens = -1
+    for gs, g in zip(st.groups, config.groups, strict=True):
+        t = len(gs.keys) * g.offloaded_block_size
+        if tokens < 0 or t < tokens:
+            tokens = t
+    return tokens // config.effective_hash_block_size
+
+
+def _hashes_ok(hashes: object, start: int) -> bool:
+    """The common case of :func:`check_block_hashes` (a list of bytes), without building a message."""
+    if hashes.__class__ is not list:
+        return False
+    tail = hashes[start:]  # type: ignore[index]
+    return not tail or set(map(type, tail)) == {bytes}
 
 
 def check_request(
@@ -134,7 +145,9 @@ def check_request(
         st = states.get(rid)
         if st is not None and st.request is request:
             start = keyed_hashes(st, config)
-    check_block_hashes(request.block_hashes, f"{name}.block_hashes", start)  # type: ignore[attr-defined]
+    hashes = request.block_hashes  # type: ignore[attr-defined]
+    if not _hashes_ok(hashes, start):
+        check_block_hashes(hashes, f"{name}.block_hashes", start)
     return num_tokens
 
 
@@ -250,9 +263,9 @@ def check_scheduled(
         elif tokens < st.next_store_tokens:
             continue  # nothing to record, nothing to store: the common decode step
         if tokens >= st.next_store_tokens:  # a store may read the hashes appended since the last one
-            check_block_hashes(
-                st.request.block_hashes, f"running_requests[{i}].request.block_hashes", keyed_hashes(st, config)
-            )
+            start = keyed_hashes(st, config)
+            if not _hashes_ok(st.request.block_hashes, start):
+                check_block_hashes(st.request.block_hashes, f"running_requests[{i}].request.block_hashes", start)
         run_checked.append((sr, st, tokens, appended))
     return new_checked, run_checked
 
