@@ -12,10 +12,15 @@ STAMP := $(VENV)/.kvoffload-installed
 
 install: $(STAMP)
 
+# The editable install is a plain path entry (a .pth file, setuptools' "compat" mode), so mypy,
+# IDEs and scripts outside the checkout find kvoffload like any installed package.
+EDITABLE := --config-settings editable_mode=compat
+LINT_STAMP := $(VENV)/.kvoffload-lint-tools
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench]" $(EDITABLE)
 	touch $@
 
 demo: $(STAMP)
@@ -38,9 +43,15 @@ test-gpu: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m kvoffload bench $(ARGS)
 
-lint: $(STAMP)
-	$(PY) -m pip install -q -e ".[dev]"
+# ruff check + format check + mypy; installs the pinned tools of the `dev` extra into .venv first.
+$(LINT_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[test,bench,dev]" $(EDITABLE)
+	touch $@
+
+lint: $(LINT_STAMP)
 	$(PY) -m ruff check kvoffload tests bench
+	$(PY) -m ruff format --check kvoffload tests bench
+	$(PY) -m mypy kvoffload
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick

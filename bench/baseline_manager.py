@@ -6,7 +6,7 @@ object in LRU order, a ``ctypes`` struct per block (ref count, slot id; ref coun
 pending), a free list, per-key Python loops. It keeps a count of evictable blocks so that a
 hopeless store fails in O(1), like vLLM, and counts lookup hits/misses (one counter bump per
 lookup, as vLLM's manager and ours do). Same semantics as ``CPUOffloadingManager(lru)``
-(SPEC §2) for valid input; it does no input validation, keeps no events. Its specs are built
+(docs/contract.md §2) for valid input; it does no input validation, keeps no events. Its specs are built
 from ``int64`` arrays, so that the comparison does not depend on the cost of
 ``CPULoadStoreSpec``'s per-item checks of a Python list.
 """

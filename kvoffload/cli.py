@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from kvoffload.errors import KVOffloadError
+from kvoffload.sim.sweep import DTYPE_BYTES, MODEL_SHAPES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,8 +42,10 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
-def _capacity_list(text: str) -> list[int]:
-    return [_positive_int(part) for part in text.split(",") if part.strip()]
+def _capacity_list(text: str) -> list[tuple[float, str]]:
+    from kvoffload.simulate import parse_capacity
+
+    return [parse_capacity(part) for part in text.split(",") if part.strip()]
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -85,20 +88,48 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--backend", default=None, help="kernel backend: triton, torch, dma or module:Class")
     p_demo.add_argument("--conversations", type=_positive_int, default=None, help="number of conversations")
     p_demo.add_argument("--seed", type=_non_negative_int, default=0)
-    p_demo.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON")
+    p_demo.add_argument(
+        "--threads", type=_positive_int, default=None, help="torch intra-op threads (default on CPU: 1)"
+    )
+    p_demo.add_argument(
+        "--json", metavar="PATH", default=None, help="also write the summary as JSON (its folder is created)"
+    )
     p_demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_demo.set_defaults(func=_cmd_demo)
 
-    p_sim = sub.add_parser("simulate", help="hit rate vs CPU capacity per policy, no bytes moved")
+    p_sim = sub.add_parser(
+        "simulate",
+        help="how much host memory: share of prompt tokens loaded from the CPU tier vs capacity, per policy",
+    )
     p_sim.add_argument("--trace", default=None, help="JSONL trace (see README); default: the demo's chat workload")
     p_sim.add_argument("--policies", default=None, help="comma-separated policies (default: all registered)")
     p_sim.add_argument(
-        "--capacities", type=_capacity_list, default=None, help="comma-separated CPU capacities in offloaded blocks"
+        "--capacities",
+        type=_capacity_list,
+        default=None,
+        help="comma-separated CPU-tier capacities: offloaded blocks (e.g. 256) or host memory (e.g. 2GiB, 512MiB); "
+        "default: 1/16 to 2x the prompts' working set",
     )
-    p_sim.add_argument("--gpu-blocks", type=_positive_int, default=None, help="GPU KV capacity in GPU blocks")
+    shape = p_sim.add_argument_group("model shape (turns blocks into bytes)")
+    shape.add_argument(
+        "--model",
+        choices=sorted(MODEL_SHAPES),
+        default="8b",
+        help="named shape (default 8b: 32 layers, 8 KV heads, head dim 128, bf16); the flags below override its fields",
+    )
+    shape.add_argument("--layers", type=_positive_int, default=None)
+    shape.add_argument("--kv-heads", type=_positive_int, default=None)
+    shape.add_argument("--head-dim", type=_positive_int, default=None)
+    shape.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default=None)
+    shape.add_argument(
+        "--block-size", type=_positive_int, default=32, help="tokens per offloaded block, a multiple of 16 (default 32)"
+    )
+    p_sim.add_argument("--gpu-blocks", type=_positive_int, default=None, help="GPU KV capacity in 16-token GPU blocks")
     p_sim.add_argument("--conversations", type=_positive_int, default=None)
     p_sim.add_argument("--seed", type=_non_negative_int, default=0)
-    p_sim.add_argument("--out", default="simulate-out", help="directory for the PNG, CSV and JSON")
+    p_sim.add_argument(
+        "--out", default="simulate-out", help="directory for hit_rate.png, results.csv, results.json (./simulate-out)"
+    )
     p_sim.set_defaults(func=_cmd_simulate)
 
     p_bench = sub.add_parser("bench", help="transfer, manager and scheduler benchmarks")

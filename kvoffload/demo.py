@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import deque
@@ -18,13 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.stats import EngineStats
 from kvoffload.sim.workload import ChatWorkload
 
-__all__ = ["DemoSettings", "drive", "run_chat", "run_demo", "format_summary", "summary_dict"]
+__all__ = ["DemoSettings", "drive", "run_chat", "run_demo", "format_header", "format_summary", "summary_dict"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class DemoSettings:
 
     conversations: int = 128
     turns: int = 6
+    system_prompts: int = 3
     gpu_block_size: int = 16
     block_size_factor: int = 2
     num_layers: int = 8
@@ -44,6 +48,16 @@ class DemoSettings:
     policy: str = "lru"
     backend: str | None = None
     seed: int = 0
+
+    @property
+    def token_bytes(self) -> int:
+        """KV bytes of one token over all layers (K and V, 16-bit words)."""
+        return self.num_layers * 2 * self.num_heads * self.head_dim * 2
+
+    @property
+    def gpu_block_bytes(self) -> int:
+        """KV bytes of one GPU block over all layers."""
+        return self.gpu_block_size * self.token_bytes
 
 
 class _Progress:
@@ -104,7 +118,7 @@ def drive(engine: Engine, items: Sequence[Any], max_concurrent: int, progress: _
             done += 1
         if step.finished and progress is not None:
             s = engine.stats
-            progress.update(done, f"CPU hits {s.loaded_tokens} tok, verified {s.verified_blocks} blocks")
+            progress.update(done, f"{s.loaded_tokens:,} tokens loaded from the CPU tier")
     engine.run_until_done()  # drain in-flight stores
 
 
@@ -113,7 +127,12 @@ def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats
 
     Returns the engine's cumulative stats and the (shut down) engine.
     """
-    workload = ChatWorkload(conversations=settings.conversations, turns=settings.turns, seed=settings.seed)
+    workload = ChatWorkload(
+        conversations=settings.conversations,
+        turns=settings.turns,
+        system_prompts=settings.system_prompts,
+        seed=settings.seed,
+    )
     config = EngineConfig(
         groups=(GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, settings.num_layers),),
         num_gpu_blocks=settings.gpu_blocks,
@@ -135,92 +154,202 @@ def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats
     return engine.stats, engine
 
 
-def _gbps(nbytes: int, seconds: float) -> str:
-    return f"{nbytes / seconds / 1e9:.2f} GB/s" if seconds > 0 else "n/a"
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def _kib(nbytes: int) -> str:
+    return f"{nbytes // 1024:,} KiB" if nbytes % 1024 == 0 else f"{nbytes:,} B"
 
 
 def summary_dict(settings: DemoSettings, stats: EngineStats, engine: Engine) -> dict[str, Any]:
-    """The demo's results as plain data (what ``--json`` writes)."""
-    backend = getattr(getattr(engine.worker, "backend", None), "name", None)
+    """The demo's results as plain data (what ``--json`` writes).
+
+    ``stats`` holds :class:`~kvoffload.sim.stats.EngineStats` as a dict; ``geometry`` the block
+    sizes in tokens and bytes (``gpu_block_bytes``: one GPU block over all layers, K and V;
+    ``offloaded_block_bytes``: one CPU slot) and the host pool's size.
+    """
+    worker = engine.worker
+    backend = getattr(getattr(worker, "backend", None), "name", None)
+    pool = getattr(worker, "host_pool", None)
+    gpu_block_bytes = engine.kv.block_bytes(0)
     return {
-        "settings": settings.__dict__,
+        "settings": dict(settings.__dict__),
         "device": str(engine.device),
         "backend": backend,
+        "torch_threads": torch.get_num_threads(),
+        "geometry": {
+            "gpu_block_tokens": settings.gpu_block_size,
+            "gpu_block_bytes": gpu_block_bytes,
+            "offloaded_block_tokens": settings.gpu_block_size * settings.block_size_factor,
+            "offloaded_block_bytes": gpu_block_bytes * settings.block_size_factor,
+            "host_pool_bytes": gpu_block_bytes * settings.block_size_factor * settings.cpu_blocks,
+            "host_pool_pinned": bool(getattr(pool, "pinned", False)),
+        },
         "stats": stats.as_dict(),
     }
 
 
+def _share(part: int, whole: int, of: str) -> str:
+    return f"{part:>9,}  {part / whole:6.1%} of {of}" if whole else f"{part:>9,}"
+
+
+def _rate(nbytes: int, seconds: float) -> str:
+    """Bytes / the time the worker spent in those transfers."""
+    return f"{nbytes / seconds / 1e9:.2f} GB/s over the {seconds:.2f} s spent in them" if seconds > 0 else "n/a"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
-    """The end-of-run table."""
-    s = summary["stats"]
-    cfg = summary["settings"]
+    """The end-of-run table: how the prompt tokens were served (the rows add up), transfers, checks.
+
+    Every row counts in one unit, named in the row; rates name their denominator.
+    """
+    s, cfg, geo = summary["stats"], summary["settings"], summary["geometry"]
+    off = f"offloaded blocks ({geo['offloaded_block_tokens']} tokens)"
+    readmitted = s["readmitted_output_tokens"]
+    whole = s["served_tokens"]
+    of = "prompt tokens" if not readmitted else "admitted tokens"
     rows = [
-        ("requests", f"{s['requests_finished']} ({cfg['conversations']} conversations x {cfg['turns']} turns)"),
-        ("prompt tokens", f"{s['prompt_tokens']}"),
-        ("tokens from GPU prefix cache", f"{s['gpu_hit_tokens']}"),
-        ("tokens from CPU tier (not recomputed)", f"{s['loaded_tokens']}"),
-        ("tokens computed", f"{s['computed_tokens']}"),
-        ("hit rate (GPU + CPU / admitted)", f"{s['hit_rate']:.1%} (CPU tier {s['cpu_hit_rate']:.1%})"),
-        ("store jobs / blocks", f"{s['store_jobs']} / {s['blocks_stored']}"),
-        ("load jobs / blocks", f"{s['load_jobs']} / {s['blocks_loaded']}"),
-        ("CPU evictions / GPU evictions", f"{s['cpu_evictions']} / {s['gpu_evictions']}"),
-        ("preemptions / deferrals", f"{s['preemptions']} / {s['deferrals']}"),
-        ("bytes GPU->CPU", f"{s['bytes_stored']:,} ({_gbps(s['bytes_stored'], s['store_seconds'])})"),
-        ("bytes CPU->GPU", f"{s['bytes_loaded']:,} ({_gbps(s['bytes_loaded'], s['load_seconds'])})"),
-        ("engine steps / wall time", f"{s['steps']} / {s['wall_seconds']:.1f} s"),
-        ("device / kernel backend", f"{summary['device']} / {summary['backend']}"),
-        ("policy / GPU blocks / CPU blocks", f"{cfg['policy']} / {cfg['gpu_blocks']} / {cfg['cpu_blocks']}"),
+        (
+            "requests finished",
+            f"{s['requests_finished']:>9,}  ({cfg['conversations']} conversations x {cfg['turns']} turns)",
+        ),
+        ("prompt tokens", f"{s['prompt_tokens']:>9,}"),
+    ]
+    if readmitted:
+        rows.append(("+ generated tokens re-admitted", f"{readmitted:>9,}  (prefilled again after a preemption)"))
+    rows += [
+        ("  from the GPU prefix cache", _share(s["prefill_gpu_hit_tokens"], whole, of)),
+        ("  loaded from the CPU tier", _share(s["prefill_loaded_tokens"], whole, of)),
+        ("  computed (prefill)", _share(s["prefill_computed_tokens"], whole, of)),
+        (
+            "decode tokens computed",
+            f"{s['decode_tokens']:>9,}  ({s['generated_tokens']:,} tokens generated: each request's first one is "
+            "sampled at the end of its prefill)",
+        ),
+    ]
+    if s["discarded_tokens"]:
+        rows.append(("tokens lost to preemptions", f"{s['discarded_tokens']:>9,}  (computed, then freed)"))
+    rows += [
+        (
+            "stores, GPU -> CPU tier",
+            f"{s['blocks_stored']:,} {off} in {s['store_jobs']:,} jobs: {_gib(s['bytes_stored'])}, "
+            f"{_rate(s['bytes_stored'], s['store_seconds'])}",
+        ),
+        (
+            "loads, CPU tier -> GPU",
+            f"{s['blocks_loaded']:,} {off} in {s['load_jobs']:,} jobs: {_gib(s['bytes_loaded'])}, "
+            f"{_rate(s['bytes_loaded'], s['load_seconds'])}",
+        ),
+        ("evicted from the CPU tier", f"{s['cpu_evictions']:,} {off}"),
+        ("evicted from the GPU cache", f"{s['gpu_evictions']:,} GPU blocks ({geo['gpu_block_tokens']} tokens)"),
+        ("requests preempted", f"{s['preemptions']:>9,}"),
+        (
+            "requests deferred",
+            f"{s['deferrals']:>9,}  (told to retry: a block they need was still being stored or loaded)",
+        ),
+        (
+            "engine",
+            f"{s['steps']:,} steps in {s['wall_seconds']:.1f} s on {summary['device']}, kernel backend "
+            f"{summary['backend']}, {summary['torch_threads']} torch thread(s)",
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    verified = s["verified_blocks"]
     if s["verification_failures"]:
         lines.append(
-            f"VERIFICATION FAILED: {s['verification_failures']} of {s['verified_blocks']} loaded blocks "
-            "differ from the KV the engine computed"
+            f"VERIFICATION FAILED: {s['verification_failures']:,} of {verified:,} GPU blocks written by loads "
+            "differ from the KV the engine computed for them"
         )
-    elif s["verified_blocks"] == 0:
-        lines.append(
-            "verified: nothing was loaded from the CPU tier (the GPU cache held the working set: "
-            "try a smaller --gpu-blocks)"
+    elif verified == 0:
+        why = (
+            f"the CPU tier evicted {s['cpu_evictions']:,} offloaded blocks before any was asked for again: "
+            "try a larger --cpu-blocks"
+            if s["cpu_evictions"]
+            else "the GPU prefix cache served all reuse: try a smaller --gpu-blocks"
         )
+        lines.append(f"verified: nothing was loaded from the CPU tier, nothing to check ({why})")
     else:
-        lines.append(f"verified: {s['verified_blocks']} GPU blocks loaded, all byte-identical")
+        lines.append(
+            f"verified: all {verified:,} GPU blocks ({geo['gpu_block_tokens']} tokens) written by loads hold exactly "
+            "the KV computed for them"
+        )
+        if verified != s["blocks_loaded"] * cfg["block_size_factor"]:
+            lines.append(
+                f"  ({s['blocks_loaded']:,} offloaded blocks of {cfg['block_size_factor']} GPU blocks: a load starts "
+                "part-way into an offloaded block whose first GPU blocks were GPU prefix-cache hits)"
+            )
     return "\n".join(lines)
 
 
+def format_header(settings: DemoSettings) -> str:
+    """What the run is: workload, model shape, block sizes in tokens and bytes, both capacities."""
+    gpu_block = settings.gpu_block_bytes
+    off_tokens = settings.gpu_block_size * settings.block_size_factor
+    off_bytes = gpu_block * settings.block_size_factor
+    return "\n".join(
+        [
+            f"kvoffload demo: {settings.conversations} conversations x {settings.turns} turns sharing "
+            f"{settings.system_prompts} system prompts, eviction policy {settings.policy}",
+            f"  KV per token: {settings.num_layers} layers x K,V x {settings.num_heads} heads x {settings.head_dim} "
+            f"x fp16 = {_kib(settings.token_bytes)}",
+            f"  GPU KV cache: {settings.gpu_blocks:,} GPU blocks of {settings.gpu_block_size} tokens "
+            f"({_kib(gpu_block)} each) = {_gib(settings.gpu_blocks * gpu_block)}",
+            f"  CPU tier:     {settings.cpu_blocks:,} offloaded blocks of {off_tokens} tokens "
+            f"({settings.block_size_factor} GPU blocks, {_kib(off_bytes)} each) = host pool of "
+            f"{_gib(settings.cpu_blocks * off_bytes)}",
+        ]
+    )
+
+
+def _json_path(text: str | None) -> Path | None:
+    """``--json PATH`` checked before the run: its folder is created; a path that cannot be
+    written is a one-line error."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.is_dir():
+        raise InvalidArgumentError(f"--json {text}: is a directory, expected a file path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"--json {text}: cannot create its folder ({exc.strerror or exc})") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise InvalidArgumentError(f"--json {text}: not writable")
+    return path
+
+
 def run_demo(args: argparse.Namespace) -> int:
-    """CLI entry: build settings from flags, run, print the table; exit 1 on a verification failure."""
+    """CLI entry: build settings from flags, run, print the table; exit 1 on a verification failure.
+
+    Every flag is checked before the run (bad values raise :class:`InvalidArgumentError`). On
+    CPU, torch runs with ``--threads`` intra-op threads (default 1: the engine's gathers and
+    scatters are small, and on a few busy cores more threads only contend).
+    """
     from kvoffload.offload.policies.base import get_policy_class  # validates the policy name up front
 
-    settings = DemoSettings()
     overrides: dict[str, Any] = {"policy": args.policy, "backend": args.backend, "seed": args.seed}
-    for flag, field in (("cpu_blocks", "cpu_blocks"), ("gpu_blocks", "gpu_blocks"), ("conversations", "conversations")):
+    for flag in ("cpu_blocks", "gpu_blocks", "conversations"):
         if getattr(args, flag) is not None:
-            overrides[field] = getattr(args, flag)
-    settings = DemoSettings(**{**settings.__dict__, **overrides})
+            overrides[flag] = getattr(args, flag)
+    settings = DemoSettings(**{**DemoSettings().__dict__, **overrides})
     get_policy_class(settings.policy)
+    cuda = torch.cuda.is_available()
     if args.backend is not None:
         from kvoffload.kernels.registry import get_backend
 
-        get_backend(args.backend, "cuda" if _cuda() else "cpu")
+        get_backend(args.backend, "cuda" if cuda else "cpu")
     if settings.gpu_blocks < 2:
         raise InvalidArgumentError("--gpu-blocks must be at least 2")
-    print(
-        f"kvoffload demo: {settings.conversations} conversations x {settings.turns} turns, "
-        f"GPU {settings.gpu_blocks} blocks of {settings.gpu_block_size} tokens, "
-        f"CPU {settings.cpu_blocks} slots, policy {settings.policy}",
-        flush=True,
-    )
+    json_path = _json_path(args.json)
+    if args.threads is not None or not cuda:
+        torch.set_num_threads(args.threads or 1)
+    print(format_header(settings), flush=True)
     stats, engine = run_chat(settings, progress=not args.no_progress)
     summary = summary_dict(settings, stats, engine)
     print(format_summary(summary))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        print(f"summary written to {args.json}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        print(f"summary written to {json_path}")
     return 1 if stats.verification_failures else 0
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -3,19 +3,21 @@
 Replays a workload (the demo's multi-turn chat, or a JSONL trace) through the reference engine,
 its scheduler and a :class:`~kvoffload.offload.manager.CPUOffloadingManager` for every policy and
 a range of CPU-tier capacities, without moving KV bytes (:class:`NullTransferWorker`, a one-row
-KV). Writes ``hit_rate.png`` (tokens served from the CPU tier vs capacity, one line per policy),
-``results.csv`` and ``results.json`` into the output directory.
+KV). Capacities are reported in bytes of host memory for a stated model shape
+(:class:`ModelShape`; default an 8B-class model) as well as in offloaded blocks. Writes
+``hit_rate.png``, ``results.csv`` and ``results.json`` into the output directory (default
+``./simulate-out``); the report is in :mod:`kvoffload.simulate_report`.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from kvoffload.demo import DemoSettings, drive
 from kvoffload.errors import InvalidArgumentError
@@ -23,29 +25,29 @@ from kvoffload.offload.policies.base import available_policies, get_policy_class
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.null_worker import NullTransferWorker
-from kvoffload.sim.request import SimRequest, hash_blocks
+from kvoffload.sim.request import SimRequest
+from kvoffload.sim.sweep import (
+    DTYPE_BYTES,
+    HASH_BLOCK_TOKENS,
+    MODEL_SHAPES,
+    ModelShape,
+    SimPoint,
+    default_capacities,
+    working_set_blocks,
+)
 from kvoffload.sim.workload import ChatWorkload, TraceRequest, read_trace
 
-__all__ = ["SimPoint", "simulate", "default_capacities", "plot_hit_rates", "run_simulate"]
-
-_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 3 / 4, 1.0, 1.25)
-
-
-@dataclass(frozen=True)
-class SimPoint:
-    """One (policy, capacity) run."""
-
-    policy: str
-    cpu_blocks: int
-    cpu_tokens: int
-    prompt_tokens: int
-    admitted_tokens: int
-    cpu_hit_tokens: int
-    gpu_hit_tokens: int
-    cpu_hit_rate: float
-    hit_rate: float
-    cpu_evictions: int
-    seconds: float
+__all__ = [
+    "DTYPE_BYTES",
+    "MODEL_SHAPES",
+    "ModelShape",
+    "SimPoint",
+    "default_capacities",
+    "parse_capacity",
+    "run_simulate",
+    "simulate",
+    "working_set_blocks",
+]
 
 
 def _to_request(t: TraceRequest) -> SimRequest:
@@ -56,30 +58,58 @@ def _to_request(t: TraceRequest) -> SimRequest:
     )
 
 
-def working_set_blocks(items: list[Any], block_size: int) -> int:
-    """Distinct full prompt blocks of ``block_size`` tokens over all requests."""
-    seen: set[bytes] = set()
-    for it in items:
-        if isinstance(it, TraceRequest) and it.block_hashes is not None:
-            seen.update(it.block_hashes)
-        else:
-            tokens = it.token_ids if isinstance(it, TraceRequest) else it.prompt_token_ids
-            seen.update(hash_blocks(tokens, block_size))
-    return len(seen)
+def parse_capacity(text: str) -> tuple[float, str]:
+    """One ``--capacities`` item: a positive int (offloaded blocks) or a size such as ``2GiB``,
+    ``512MiB``, ``1.5GB``. Returns ``(value, unit)`` with unit ``"blocks"`` or a byte unit."""
+    s = text.strip()
+    for unit, _ in _UNITS:
+        if s.lower().endswith(unit.lower()):
+            try:
+                value = float(s[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value, unit
+            break
+    else:
+        if s.isdigit() and int(s) > 0:
+            return float(int(s)), "blocks"
+    raise argparse.ArgumentTypeError(
+        f"expected a positive integer (offloaded blocks) or a size such as 2GiB or 512MiB, got {text!r}"
+    )
 
 
-def default_capacities(working_set_offloaded_blocks: int) -> list[int]:
-    """Capacities from 1/16 to 1.25x the working set, in offloaded blocks."""
-    w = max(working_set_offloaded_blocks, 16)
-    return sorted({max(1, round(w * f)) for f in _FRACTIONS})
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("GB", 10**9), ("MB", 10**6))
+
+
+def _to_blocks(value: float, unit: str, block_bytes: int) -> int:
+    if unit == "blocks":
+        return int(value)
+    nbytes = value * dict(_UNITS)[unit]
+    blocks = int(nbytes // block_bytes)
+    if blocks < 1:
+        raise InvalidArgumentError(
+            f"--capacities {value:g}{unit} holds no offloaded block of {block_bytes:,} bytes for this model shape"
+        )
+    return blocks
 
 
 def simulate(
-    items: list[Any], settings: DemoSettings, policies: list[str], capacities: list[int], verbose: bool = True
+    items: list[Any],
+    settings: DemoSettings,
+    policies: list[str],
+    capacities: list[int],
+    verbose: bool = True,
+    block_bytes: int = 0,
 ) -> list[SimPoint]:
-    """Run every (policy, capacity) pair; items are chat turns or :class:`SimRequest`s."""
+    """Run every (policy, capacity) pair; items are chat turns or :class:`TraceRequest`\\ s.
+
+    ``block_bytes`` (bytes of one offloaded block for the model shape) only converts capacities
+    to ``cpu_gib``; the simulated engine moves no bytes.
+    """
     group = GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, 1)
     points: list[SimPoint] = []
+    width = max(len(p) for p in policies)
     for policy in policies:
         for cap in capacities:
             config = EngineConfig(
@@ -90,6 +120,7 @@ def simulate(
                 head_dim=4,
                 max_num_seqs=settings.max_concurrent,
                 verify_loads=False,
+                track_stored_keys=True,
                 cache_policy=policy,
                 seed=settings.seed,
                 device="cpu",
@@ -101,107 +132,105 @@ def simulate(
             drive(engine, run_items, settings.max_concurrent)
             engine.shutdown()
             s = engine.stats
+            served = s.served_tokens
             p = SimPoint(
-                policy,
-                cap,
-                cap * group.offloaded_block_size,
-                s.prompt_tokens,
-                s.admitted_tokens,
-                s.loaded_tokens,
-                s.gpu_hit_tokens,
-                s.cpu_hit_rate,
-                s.hit_rate,
-                s.cpu_evictions,
-                time.perf_counter() - t0,
+                policy=policy,
+                cpu_blocks=cap,
+                cpu_gib=cap * block_bytes / 2**30,
+                cpu_tokens=cap * group.offloaded_block_size,
+                prompt_tokens=s.prompt_tokens,
+                served_tokens=served,
+                cpu_hit_tokens=s.prefill_loaded_tokens,
+                gpu_hit_tokens=s.prefill_gpu_hit_tokens,
+                computed_prefill_tokens=s.prefill_computed_tokens,
+                cpu_hit_rate=s.prefill_loaded_tokens / served if served else 0.0,
+                hit_rate=(s.prefill_loaded_tokens + s.prefill_gpu_hit_tokens) / served if served else 0.0,
+                cpu_evictions=s.cpu_evictions,
+                distinct_blocks_stored=s.distinct_blocks_stored,
+                preemptions=s.preemptions,
+                seconds=time.perf_counter() - t0,
             )
             points.append(p)
             if verbose:
+                size = f"{p.cpu_gib:8.2f} GiB " if block_bytes else ""
                 print(
-                    f"  {policy:>8}  {cap:>7} blocks  CPU-tier hit {p.cpu_hit_rate:6.1%}  "
-                    f"total hit {p.hit_rate:6.1%}  evictions {p.cpu_evictions:>6}  ({p.seconds:.1f}s)",
+                    f"  {policy:<{width}}  {size}{cap:>8,} blocks   from CPU tier {p.cpu_hit_rate:6.1%}   "
+                    f"GPU + CPU {p.hit_rate:6.1%}   evicted {p.cpu_evictions:>8,} blocks   ({p.seconds:.1f} s)",
                     flush=True,
                 )
     return points
 
 
-def plot_hit_rates(points: list[SimPoint], path: Path, title: str, tokens_per_block: int) -> Path:
-    """Hit rate vs CPU capacity, one line per policy (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for policy in dict.fromkeys(p.policy for p in points):
-        pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
-        ax.plot([p.cpu_blocks for p in pts], [100 * p.cpu_hit_rate for p in pts], marker="o", label=policy)
-    ax.set_xlabel(f"CPU tier capacity (offloaded blocks of {tokens_per_block} tokens)")
-    ax.set_ylabel("admitted tokens loaded from CPU tier (%)")
-    ax.set_title(title)
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend(title="eviction policy")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def _shape(args: argparse.Namespace) -> ModelShape:
+    base = MODEL_SHAPES[args.model]
+    return ModelShape(
+        args.layers or base.layers,
+        args.kv_heads or base.kv_heads,
+        args.head_dim or base.head_dim,
+        args.dtype or base.dtype,
+    )
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    """CLI entry: validate flags, simulate, write PNG/CSV/JSON."""
+    """CLI entry: validate every flag and the trace, simulate, write PNG/CSV/JSON, print the report."""
+    from kvoffload.simulate_report import SweepReport
+
     policies = available_policies() if not args.policies else [p.strip() for p in args.policies.split(",") if p]
-    for p in policies:
-        get_policy_class(p)
     if not policies:
         raise InvalidArgumentError("--policies must name at least one policy")
-    base = DemoSettings()
-    settings = DemoSettings(
-        **{
-            **asdict(base),
-            "seed": args.seed,
-            **({"gpu_blocks": args.gpu_blocks} if args.gpu_blocks else {}),
-            **({"conversations": args.conversations} if args.conversations else {}),
-        }
-    )
+    for p in policies:
+        get_policy_class(p)
+    if args.block_size % HASH_BLOCK_TOKENS:
+        raise InvalidArgumentError(
+            f"--block-size must be a multiple of the {HASH_BLOCK_TOKENS}-token GPU block, got {args.block_size}"
+        )
+    shape = _shape(args)
+    factor = args.block_size // HASH_BLOCK_TOKENS
+    block_bytes = shape.bytes_per_token * args.block_size
+    overrides: dict[str, Any] = {"seed": args.seed, "gpu_block_size": HASH_BLOCK_TOKENS, "block_size_factor": factor}
+    if args.gpu_blocks:
+        overrides["gpu_blocks"] = args.gpu_blocks
+    if args.conversations:
+        overrides["conversations"] = args.conversations
+    settings = DemoSettings(**{**asdict(DemoSettings()), **overrides})
     if args.trace:
-        items: list[Any] = list(read_trace(args.trace))
-        source = f"trace {args.trace} ({len(items)} requests)"
+        items: list[Any] = list(read_trace(args.trace, HASH_BLOCK_TOKENS))
+        source = f"trace {args.trace} ({len(items):,} requests)"
+        _check_fits(items, settings, args.trace)
     else:
-        items = list(ChatWorkload(conversations=settings.conversations, turns=settings.turns, seed=settings.seed))
+        items = list(
+            ChatWorkload(
+                conversations=settings.conversations,
+                turns=settings.turns,
+                system_prompts=settings.system_prompts,
+                seed=settings.seed,
+            )
+        )
         source = f"chat workload ({settings.conversations} conversations x {settings.turns} turns)"
-    offloaded = settings.gpu_block_size * settings.block_size_factor
-    ws = working_set_blocks(items, settings.gpu_block_size) // settings.block_size_factor
-    capacities = args.capacities or default_capacities(ws)
+    ws = working_set_blocks(items, HASH_BLOCK_TOKENS, factor)
+    if args.capacities:
+        capacities = sorted({_to_blocks(v, unit, block_bytes) for v, unit in args.capacities})
+    else:
+        capacities = default_capacities(ws)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
-    print(
-        f"simulating {source}; working set ~{ws} offloaded blocks of {offloaded} tokens; "
-        f"GPU {settings.gpu_blocks} blocks; policies {','.join(policies)}",
-        flush=True,
-    )
-    points = simulate(items, settings, policies, capacities)
-    rows = [asdict(p) for p in points]
-    with (out / "results.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "results.json").write_text(
-        json.dumps({"source": source, "working_set_blocks": ws, "settings": asdict(settings), "points": rows}, indent=2)
-        + "\n"
-    )
-    png = plot_hit_rates(points, out / "hit_rate.png", f"CPU-tier hit rate vs capacity — {source}", offloaded)
-    top = max(p.cpu_hit_rate for p in points)
-    if top == 0:
-        print(
-            f"no CPU-tier hits at any capacity: the GPU cache ({settings.gpu_blocks} blocks) holds the working "
-            "set; try a smaller --gpu-blocks"
-        )
-    for policy in policies if top > 0 else ():
-        enough = [p for p in points if p.policy == policy and p.cpu_hit_rate >= 0.95 * top]
-        where = f"{min(p.cpu_blocks for p in enough)} blocks" if enough else "no capacity tried"
-        print(f"{policy}: 95% of the best CPU-tier hit rate ({top:.1%}) from {where}")
-    print(f"wrote {png}, {out / 'results.csv'}, {out / 'results.json'}")
+    torch.set_num_threads(1)  # tiny tensors: more threads only contend
+    report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes)
+    print(report.header(), flush=True)
+    points = simulate(items, settings, policies, capacities, block_bytes=block_bytes)
+    print(report.finish(points, out))
     return 0
+
+
+def _check_fits(items: list[TraceRequest], settings: DemoSettings, path: str) -> None:
+    """Every trace request must fit the GPU cache (prompt + max_tokens), checked before the run."""
+    room = (settings.gpu_blocks - 1) * settings.gpu_block_size
+    for it in items:
+        if it.num_tokens + it.max_tokens > room:
+            raise InvalidArgumentError(
+                f"{path}:{it.line}: request_id {it.request_id!r} needs {it.num_tokens + it.max_tokens:,} tokens "
+                f"(num_tokens + max_tokens), the GPU cache holds {room:,}: raise --gpu-blocks"
+            )

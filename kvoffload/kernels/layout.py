@@ -208,10 +208,21 @@ class KVCacheTable:
         alignment: largest power of two <= 16 dividing every view's address, block stride and
             page size (the widest word a kernel may copy on the cache side).
         cache: scratch dict where backends keep per-table derived state (e.g. device tables).
+        block_pools: per group, the index of the first group whose memory it shares (its own
+            index when it shares none): groups with the same value name blocks of the same
+            tensors, so block id ``b`` is the same memory in each of them. Give the scheduler the
+            same pools (``GroupOffloadConfig.block_pool``).
     """
 
-    def __init__(self, groups: Sequence[GroupTable], device: torch.device, tensors: Sequence[torch.Tensor]) -> None:
+    def __init__(
+        self,
+        groups: Sequence[GroupTable],
+        device: torch.device,
+        tensors: Sequence[torch.Tensor],
+        block_pools: Sequence[int] | None = None,
+    ) -> None:
         self.groups: tuple[GroupTable, ...] = tuple(groups)
+        self.block_pools: tuple[int, ...] = tuple(range(len(self.groups)) if block_pools is None else block_pools)
         self.device: torch.device = device
         self.tensors: tuple[torch.Tensor, ...] = tuple(tensors)
         vals: list[int] = []
@@ -226,13 +237,25 @@ class KVCacheTable:
         cls,
         groups: Sequence[Sequence[torch.Tensor]],
         layouts: LayoutSpec | Sequence[LayoutSpec] = "flash_attn",
+        *,
+        shared_tensors: bool = False,
     ) -> KVCacheTable:
         """Canonicalise ``groups[g]`` (per-layer tensors of group ``g``; may be empty).
 
-        ``layouts`` is one layout for every group or one per group. Raises
+        ``layouts`` is one layout for every group or one per group.
+
+        ``shared_tensors``: whether a tensor (any memory) may back layers of several groups, as
+        in an engine whose groups allocate from one block pool (vLLM's hybrid allocator: each
+        tensor is shared by one layer of every group). Then block id ``b`` of those groups is
+        one physical block, and the scheduler must know it: every group left at the default
+        ``GroupOffloadConfig.block_pool`` (0) shares one pool; :attr:`block_pools` says which
+        groups share memory. False (the default): memory shared across groups is an error.
+
+        Raises
         :class:`InvalidArgumentError`/:class:`InvalidTypeError` for tensors on different devices,
         mismatched ``num_blocks`` inside a group, a non-contiguous page, an unknown layout, a wrong
-        ndim, or pages of different tensors of one group that partially overlap.
+        ndim, pages of different tensors of one group that partially overlap, or (without
+        ``shared_tensors``) memory shared by two groups.
         """
         if isinstance(groups, (torch.Tensor, str, bytes)) or not isinstance(groups, Sequence):
             raise InvalidTypeError(f"groups must be a sequence of sequences of tensors, got {type(groups).__name__}")
@@ -247,6 +270,7 @@ class KVCacheTable:
         device: torch.device | None = None
         tables: list[GroupTable] = []
         kept: list[torch.Tensor] = []
+        pools = list(range(len(groups)))
         for g, tensors in enumerate(groups):
             if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence):
                 raise InvalidTypeError(f"groups[{g}] must be a sequence of tensors, got {type(tensors).__name__}")
@@ -272,6 +296,15 @@ class KVCacheTable:
                             raise InvalidArgumentError(
                                 f"{where} partially overlaps the memory of another tensor of group {g}"
                             )
+                    for h in range(g):
+                        if pools[g] != pools[h] and any(_pages_may_overlap(v, w) for w in tables[h].views):
+                            if not shared_tensors:
+                                raise InvalidArgumentError(
+                                    f"{where} shares memory with group {h}: memory backing layers of two groups is "
+                                    "only accepted with shared_tensors=True (their block ids then name one pool)"
+                                )
+                            lo, hi = sorted((pools[g], pools[h]))
+                            pools = [lo if p == hi else p for p in pools]
                     seen.add(key)
                     views.append(v)
                 kept.append(t)
@@ -283,7 +316,7 @@ class KVCacheTable:
             tables.append(GroupTable(tuple(placed), offset, num_blocks or 0))
         if device is None:
             raise InvalidArgumentError("groups holds no tensor: at least one group needs a KV-cache tensor")
-        return cls(tables, device, kept)
+        return cls(tables, device, kept, pools)
 
     @property
     def num_groups(self) -> int:

@@ -1,6 +1,6 @@
 """The host pool: one page-locked CPU buffer holding ``num_slots`` offloaded blocks.
 
-Layout (SPEC §4)::
+Layout (docs/contract.md §4)::
 
     buffer: 1-D torch.uint8, exactly num_slots * slot_bytes bytes
     slot s  = buffer[s * slot_bytes : (s + 1) * slot_bytes]

@@ -1,4 +1,4 @@
-"""The CPU offloading manager: which offloaded blocks live in the host pool (SPEC §2, §3).
+"""The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
 
 :class:`CPUOffloadingManager` keeps its per-slot state in flat arrays
 (:class:`~kvoffload.offload.keytable.SlotTable`) and delegates ordering to a pluggable
@@ -51,7 +51,7 @@ _CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=
 
 
 class CPUOffloadingManager(ManagerState, OffloadingManager):
-    """Offloading manager for a pool of ``num_blocks`` CPU slots, vLLM semantics (SPEC §2).
+    """Offloading manager for a pool of ``num_blocks`` CPU slots, vLLM semantics (docs/contract.md §2).
 
     States: a key is absent, *pending* (store in flight: not loadable, not evictable) or
     *ready*; a ready block with ref count > 0 is *pinned* by loads. Slot ids returned in

@@ -127,7 +127,7 @@ class ManagerState:
     def reset_cache(self) -> None:
         """Drop every block (pending and pinned ones too) and the policy's history.
 
-        Slot allocation restarts from slot 0. No event is emitted (SPEC §2 defines events
+        Slot allocation restarts from slot 0. No event is emitted (docs/contract.md §2 defines events
         for stores and evictions only); event consumers should treat a reset as "all
         cleared". Statistics counters are kept.
         """

@@ -1,4 +1,4 @@
-"""Reuse filter: store only blocks that were asked for at least ``store_threshold`` times (SPEC §3)."""
+"""Reuse filter: store only blocks that were asked for at least ``store_threshold`` times (docs/contract.md §3)."""
 
 from __future__ import annotations
 

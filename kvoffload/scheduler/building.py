@@ -2,21 +2,25 @@
 
 * :func:`build_store_job`: the newly full offloaded blocks of all groups, one ``prepare_store``.
 * :func:`build_load_job`: the blocks a load offer covers, one ``prepare_load`` (pins them).
+
+GPU blocks the request no longer holds (:data:`~kvoffload.scheduler.state.FREED`: freed by the
+engine, or its null block) are never read nor written.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from kvoffload.errors import KeyStateError
+from kvoffload.errors import InvalidArgumentError, KeyStateError
 from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, OffloadKey
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import TransferJob
-from kvoffload.scheduler.state import LoadOffer, RequestOffloadState
+from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
 
-__all__ = ["build_store_job", "build_load_job", "trusted_gpu_spec"]
+__all__ = ["build_store_job", "build_load_job", "load_targets", "trusted_gpu_spec"]
 
 
 def trusted_gpu_spec(block_ids: np.ndarray, group_sizes: np.ndarray, block_indices: np.ndarray) -> GPULoadStoreSpec:
@@ -57,17 +61,23 @@ def build_store_job(
     st.update_keys(tokens)
     groups = config.groups
     full = [tokens // g.offloaded_block_size for g in groups]
+    # offloaded block indices offered per group: a block with a freed (or null) GPU block is
+    # skipped -- its bytes are gone, it is simply not offloaded
+    candidates: list[range | list[int]] = []
     keys: list[OffloadKey] = []
-    for gs, n in zip(st.groups, full, strict=False):
-        if n > gs.next_store_block:
-            keys.extend(gs.keys[gs.next_store_block : n])
+    for gcfg, gs, n in zip(groups, st.groups, full, strict=False):
+        cand: range | list[int] = range(gs.next_store_block, n) if n > gs.next_store_block else range(0)
+        if gs.has_holes and cand:
+            f, t = gcfg.block_size_factor, gs.block_ids
+            cand = [i for i in cand if FREED not in t[i * f : (i + 1) * f]]
+        candidates.append(cand)
+        keys.extend(gs.keys[cand.start : cand.stop] if isinstance(cand, range) else [gs.keys[i] for i in cand])
     if not keys:
         st.advance_store_progress(full)
         return None
     out = manager.prepare_store(keys, st.req_context)
     if out is None:
         return None
-    first_blocks = [gs.next_store_block for gs in st.groups]
     st.advance_store_progress(full)
     to_store = list(out.keys_to_store)
     if not to_store:
@@ -77,12 +87,13 @@ def build_store_job(
             f"manager.prepare_store returned {len(out.store_spec.block_ids)} slots for {len(to_store)} keys"
         )
     # offloaded block indices selected per group
+    selected: Sequence[range | list[int]]
     if len(to_store) == len(keys):
-        selected = [range(b, n) if n > b else range(0) for b, n in zip(first_blocks, full, strict=False)]
+        selected = candidates
     else:
         where: dict[bytes, tuple[int, int]] = {}
-        for g, (gs, b, n) in enumerate(zip(st.groups, first_blocks, full, strict=False)):
-            for i in range(b, n):
+        for g, (gs, cand) in enumerate(zip(st.groups, candidates, strict=False)):
+            for i in cand:
                 where[gs.keys[i]] = (g, i)
         sel: list[list[int]] = [[] for _ in groups]
         for k in to_store:
@@ -113,24 +124,44 @@ def build_store_job(
     return TransferJob(job_id, st.req_id, True, (gpu_spec, out.store_spec), to_store, tuple(offsets))
 
 
+def load_targets(offer: LoadOffer, tables: list[list[int]]) -> tuple[tuple[int, int], ...]:
+    """``offer.gpu_ranges`` without the leading :data:`FREED` entries of each group's range.
+
+    The engine holds no block there (a sliding-window group keeps fewer blocks than the load's
+    window covers), so nothing is loaded there. A hole after a block of the range is an error
+    (the request's blocks are written contiguously).
+    """
+    out = []
+    for g, ((first, last), t) in enumerate(zip(offer.gpu_ranges, tables, strict=False)):
+        while first < last and t[first] == FREED:
+            first += 1
+        if FREED in t[first:last]:
+            raise InvalidArgumentError(
+                f"block_ids_per_group[{g}][{t.index(FREED, first)}] is the null block, but the load of "
+                f"blocks {first}..{last - 1} writes it"
+            )
+        out.append((first, last))
+    return tuple(out)
+
+
 def build_load_job(
     st: RequestOffloadState,
     config: OffloadingSchedulerConfig,
     manager: Any,
-    offer: LoadOffer,
+    ranges: tuple[tuple[int, int], ...],
     tables: list[list[int]],
     job_id: int,
 ) -> TransferJob:
-    """The load job of ``offer``: ``prepare_load`` pins the keys; nothing else changes.
+    """The load job writing GPU blocks ``ranges``: ``prepare_load`` pins the keys; nothing else changes.
 
-    Group g writes GPU blocks ``tables[g][first:last]`` (``offer.gpu_ranges[g]``) from the
-    offloaded blocks ``first // factor .. last // factor``; ``block_indices[g] = first``, so the
-    worker skips ``first % factor`` GPU blocks of the first offloaded block.
+    Group g writes GPU blocks ``tables[g][first:last]`` (``ranges[g]``, see :func:`load_targets`)
+    from the offloaded blocks ``first // factor .. last // factor``; ``block_indices[g] = first``,
+    so the worker skips ``first % factor`` GPU blocks of the first offloaded block.
     """
     keys: list[OffloadKey] = []
     gpu_ids: list[int] = []
     sizes: list[int] = []
-    for gcfg, gs, (first, last), t in zip(config.groups, st.groups, offer.gpu_ranges, tables, strict=False):
+    for gcfg, gs, (first, last), t in zip(config.groups, st.groups, ranges, tables, strict=False):
         f = gcfg.block_size_factor
         if last > first:
             keys.extend(gs.keys[first // f : -(-last // f)])
@@ -139,6 +170,6 @@ def build_load_job(
     cpu_spec = manager.prepare_load(keys, st.req_context)
     if not isinstance(cpu_spec, CPULoadStoreSpec) or len(cpu_spec.block_ids) != len(keys):
         raise KeyStateError(f"manager.prepare_load returned {cpu_spec!r} for {len(keys)} keys")
-    gpu_spec = GPULoadStoreSpec(gpu_ids, sizes, [r[0] for r in offer.gpu_ranges])
-    offsets = tuple(np.arange(first, last, dtype=np.int64) for first, last in offer.gpu_ranges)
+    gpu_spec = GPULoadStoreSpec(gpu_ids, sizes, [r[0] for r in ranges])
+    offsets = tuple(np.arange(first, last, dtype=np.int64) for first, last in ranges)
     return TransferJob(job_id, st.req_id, False, (cpu_spec, gpu_spec), keys, offsets)

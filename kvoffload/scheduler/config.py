@@ -34,12 +34,22 @@ class GroupOffloadConfig:
             ``gpu_block_size``.
         sliding_window_size_in_blocks: None for full attention; for a sliding-window group,
             the number of offloaded blocks a load must bring to cover the attention window.
+        block_pool: which GPU block pool this group's block ids index. Groups with the same
+            ``block_pool`` name the same physical blocks: block id ``b`` is one block of memory
+            whichever of them the engine hands it to (vLLM's hybrid allocator gives every group
+            blocks of one pool, each KV tensor being shared by one layer of every group -- hence
+            the default, 0 for every group). Flushes follow the physical block: a transfer still
+            reading or writing block ``b`` of a pool is waited for before any group writes
+            block ``b`` of that pool. Give groups distinct pools only when their block ids index
+            separate memory (then block ``b`` of one is not block ``b`` of the other);
+            ``KVCacheTable.block_pools`` says which groups share memory.
     """
 
     group_idx: int
     gpu_block_size: int
     offloaded_block_size: int
     sliding_window_size_in_blocks: int | None = None
+    block_pool: int = 0
 
     def __post_init__(self) -> None:
         g = check_int(self.group_idx, "group_idx", 0)
@@ -51,6 +61,7 @@ class GroupOffloadConfig:
             raise InvalidArgumentError(f"offloaded_block_size ({obs}) must be a multiple of gpu_block_size ({bs})")
         if self.sliding_window_size_in_blocks is not None:
             check_int(self.sliding_window_size_in_blocks, "sliding_window_size_in_blocks", 1)
+        check_int(self.block_pool, "block_pool", 0)
 
     @property
     def block_size_factor(self) -> int:
@@ -74,13 +85,19 @@ class OffloadingSchedulerConfig:
         num_workers: transfer workers that each report every job (tensor-parallel ranks); a
             job completes when all of them reported it.
         medium: the manager's medium name (for logs and events only).
+        null_block_id: a GPU block id that stands for "no block" in the engine's block tables
+            (vLLM: 0, its null block, put where a sliding-window group's blocks fell out of the
+            window or were skipped). Never stored from, loaded into, or tracked for flushes;
+            an offloaded block with a null GPU block is not offloaded. None: no such id.
     """
 
     groups: tuple[GroupOffloadConfig, ...]
     hash_block_size: int | None = None
     num_workers: int = 1
     medium: str = "CPU"
+    null_block_id: int | None = None
     _hash_block_size: int = field(init=False, repr=False, compare=False, default=0)
+    _pool_of_group: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
         if isinstance(self.groups, GroupOffloadConfig) or not isinstance(self.groups, Sequence):
@@ -103,6 +120,15 @@ class OffloadingSchedulerConfig:
                     f"hash_block_size ({hbs}) must divide gpu_block_size ({g.gpu_block_size}) of group {g.group_idx}"
                 )
         object.__setattr__(self, "_hash_block_size", hbs)
+        if self.null_block_id is not None:
+            check_int(self.null_block_id, "null_block_id", 0)
+        pools = sorted({g.block_pool for g in groups})
+        object.__setattr__(self, "_pool_of_group", tuple(pools.index(g.block_pool) for g in groups))
+
+    @property
+    def pool_of_group(self) -> tuple[int, ...]:
+        """Per group, the index (``0..num_pools-1``) of its GPU block pool (see ``block_pool``)."""
+        return self._pool_of_group
 
     @property
     def effective_hash_block_size(self) -> int:

@@ -26,7 +26,7 @@ class ScheduledRequest:
     """One request the engine computes this step.
 
     Attributes:
-        request: the engine's request (duck-typed, see SPEC §6).
+        request: the engine's request (duck-typed, see docs/contract.md §6).
         num_computed_tokens: tokens whose KV is in the GPU cache before this step (GPU prefix
             hits and loaded tokens included).
         num_scheduled_tokens: tokens computed this step.

@@ -1,6 +1,6 @@
 """Block lookups over a request's offloaded keys: maximal prefix and sliding window.
 
-Two pure functions define the semantics (SPEC §6); ``lookup(key)`` answers True (stored and
+Two pure functions define the semantics (docs/contract.md §6); ``lookup(key)`` answers True (stored and
 ready), False (absent) or None (present but still being stored: "retry later"):
 
 * :func:`maximal_prefix_lookup` counts the leading hits. A None counts as a hit but marks the

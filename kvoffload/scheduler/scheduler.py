@@ -1,4 +1,4 @@
-"""The offloading scheduler: request lifecycle, lookups, load/store jobs, completion (SPEC §6).
+"""The offloading scheduler: request lifecycle, lookups, load/store jobs, completion (docs/contract.md §6).
 
 Engine-agnostic: it sees duck-typed requests and GPU block ids, asks an
 :class:`~kvoffload.offload.base.OffloadingManager` where blocks live, and emits
@@ -40,11 +40,18 @@ advance) and emits one store job with exactly ``keys_to_store``; its completion 
 ``complete_store`` with exactly those keys. Storing starts at the first offloaded block that was
 not in the GPU cache when the request was (re)admitted, and loaded blocks are never re-stored.
 
-Flushes. A finished or preempted request gives its GPU blocks back at once (no delayed free).
-Blocks that an in-flight job of such a request reads or writes are remembered; when the engine
-hands one of them to another request for writing (a new block of a running request, a block
-past the GPU-computed prefix of a new request, or a load target), the job is returned in
-``flush_job_ids`` and the engine waits for it before writing.
+Flushes. A finished or preempted request gives its GPU blocks back at once (no delayed free),
+and so does a running request whose sliding-window blocks leave the window
+(:meth:`free_blocks`). Blocks that an in-flight job of such a request reads or writes are
+remembered; when the engine hands one of them to another request for writing (a new block of a
+running request, a block past the GPU-computed prefix of a new request, or a load target), the
+job is returned in ``flush_job_ids`` and the engine waits for it before writing. Blocks are
+physical: groups with the same ``GroupOffloadConfig.block_pool`` (by default all of them, as
+with vLLM's hybrid allocator) name the same memory, so a store that read block 3 for group 0 is
+flushed when block 3 is handed to group 1.
+
+Blocks a request does not hold (the configured ``null_block_id`` in a block table, blocks given
+to :meth:`free_blocks`) are never stored from nor loaded into: see :meth:`free_blocks`.
 """
 
 from __future__ import annotations
@@ -55,12 +62,12 @@ from typing import Any
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.offload.base import OffloadingEvent
-from kvoffload.scheduler.building import build_load_job, build_store_job
+from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
-from kvoffload.scheduler.state import LoadOffer, RequestOffloadState
+from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
 from kvoffload.scheduler.validation import (
     check_block_table,
     check_count,
@@ -101,7 +108,7 @@ class OffloadingScheduler:
         self._next_job_id = 0
         self._pending_loads: list[TransferJob] = []
         self._loading_keys: dict[bytes, int] = {}
-        self._flush = FlushTracker(len(config.groups))
+        self._flush = FlushTracker(config.pool_of_group)
 
     # ------------------------------------------------------------------ state
     def _state(self, request: Any) -> RequestOffloadState:
@@ -133,6 +140,10 @@ class OffloadingScheduler:
             num_computed_tokens: tokens the engine already holds in its GPU cache for this
                 request (a multiple of every group's GPU block size).
 
+        The keys follow ``request.block_hashes`` as they are now: an engine may call again for
+        the same request id with other hashes (a changed prompt, a resumed session) and gets
+        the answer for those (a running request's hashes may only grow).
+
         Returns:
             ``(n, True)`` when ``n > 0`` tokens can be loaded asynchronously; ``(0, False)``
             when nothing is worth loading (less than one offloaded block of the largest group);
@@ -142,7 +153,7 @@ class OffloadingScheduler:
             ``max(0, hit_blocks - window)`` on) unless deferred.
         """
         n_comp = check_count(num_computed_tokens, "num_computed_tokens")
-        num_tokens = check_request(request, "request", self._states, self.config)
+        num_tokens = check_request(request, "request")
         if n_comp > num_tokens:
             raise InvalidArgumentError(f"num_computed_tokens ({n_comp}) exceeds request.num_tokens ({num_tokens})")
         for g in self._groups:
@@ -155,6 +166,7 @@ class OffloadingScheduler:
         if st.load_job_id is not None:
             return None, False  # its own load is still in flight
         st.offer = None
+        st.sync_keys()
         hbs = self.config.effective_hash_block_size
         max_end = min(num_tokens - 1 if self.config.has_sliding_window else num_tokens, len(request.block_hashes) * hbs)
         st.update_keys(num_tokens)
@@ -194,10 +206,11 @@ class OffloadingScheduler:
         The load job pins its blocks (``prepare_load``) and is returned by the next
         :meth:`build_step`. The loaded blocks are never stored again by this request.
         """
-        check_request(request, "request", self._states, self.config)
+        check_request(request, "request")
         n_ext = check_count(num_external_tokens, "num_external_tokens")
         tables = check_block_table(block_ids_per_group, len(self._groups), "block_ids_per_group")
         st = self._state(request)
+        st.mark_null(tables)
         if n_ext == 0:
             st.set_block_ids(tables)
             st.offer = None
@@ -213,7 +226,8 @@ class OffloadingScheduler:
                 raise InvalidArgumentError(
                     f"block_ids_per_group[{g}] has {len(t)} blocks, the load needs at least {last}"
                 )
-        job = build_load_job(st, self.config, self.manager, offer, tables, self._next_job_id)
+        ranges = load_targets(offer, tables)
+        job = build_load_job(st, self.config, self.manager, ranges, tables, self._next_job_id)
         self._next_job_id += 1
         st.set_block_ids(tables)
         self._jobs[job.job_id] = JobRecord(job, st.req_context)
@@ -257,6 +271,7 @@ class OffloadingScheduler:
         for sr, blocks, _ in new_checked:
             st = self._state(sr.request)
             st.set_block_ids(blocks)
+            st.sync_keys()
             st.reset_store_progress(sr.num_computed_tokens)
             if written is not None:
                 for g, t in enumerate(blocks):
@@ -275,6 +290,7 @@ class OffloadingScheduler:
                     written[g].update(job.gpu_spec.group_block_ids(g).tolist())
             flush: set[int] = set()
             for g in range(num_groups):
+                written[g].discard(FREED)
                 self._flush.collect(g, written[g], flush)
             out.flush_job_ids = sorted(flush)
             for jid in out.flush_job_ids:
@@ -323,6 +339,35 @@ class OffloadingScheduler:
                 lk[k] = c
             else:
                 del lk[k]
+
+    def free_blocks(self, request: Any, block_ids_per_group: Sequence[Sequence[int]]) -> None:
+        """The engine freed some GPU blocks of a running request (they may go to another request at once).
+
+        Call it when a sliding-window group's blocks leave the attention window (vLLM replaces
+        them with its null block and frees them), before the next :meth:`build_step`.
+
+        Args:
+            request: the request (or its id).
+            block_ids_per_group: per group, the GPU block ids freed (may be empty); each must be
+                in the request's block table for that group (the null block id is ignored).
+
+        Afterwards nothing of those blocks is stored: offloaded blocks that were not stored in
+        time (a ``prepare_store`` that returned None is retried without them) are simply not
+        offloaded. The configured ``null_block_id`` in a block table means the same (no block
+        there); a load skips the leading null blocks of a sliding-window group's range (the
+        engine keeps fewer blocks than the loaded window covers). In-flight jobs of the request
+        that use the freed blocks are flushed before another request writes them. Raises
+        :class:`~kvoffload.errors.InvalidArgumentError` (nothing changed) for an unknown request
+        or a block the request does not hold.
+        """
+        rid = request if isinstance(request, str) else request.request_id
+        st = self._states.get(rid)
+        if st is None:
+            raise InvalidArgumentError(f"request: {rid!r} is not running (free_blocks needs a scheduled request)")
+        tables = check_block_table(block_ids_per_group, len(self._groups), "block_ids_per_group")
+        positions = st.table_positions(tables, "block_ids_per_group")
+        freed = st.free_positions(positions)
+        self._flush.add_users([self._jobs[jid].job for jid in st.in_flight], freed)
 
     # ------------------------------------------------------------------ completion
     def complete_jobs(self, results: Iterable[Any]) -> list[FinishedJob]:

@@ -101,8 +101,8 @@ def check_request_id(request: object, name: str) -> str:
 
 
 def keyed_hashes(st: Any, config: OffloadingSchedulerConfig) -> int:
-    """How many of the request's block hashes the scheduler has turned into keys in every group
-    (it never reads those again)."""
+    """How many of a running request's block hashes the scheduler has turned into keys in every
+    group (its hashes only grow while it runs: a store never reads those again)."""
     tokens = -1
     for gs, g in zip(st.groups, config.groups, strict=True):
         t = len(gs.keys) * g.offloaded_block_size
@@ -119,18 +119,12 @@ def _hashes_ok(hashes: object, start: int) -> bool:
     return not tail or set(map(type, tail)) == {bytes}
 
 
-def check_request(
-    request: object,
-    name: str,
-    states: Mapping[str, Any] | None = None,
-    config: OffloadingSchedulerConfig | None = None,
-) -> int:
+def check_request(request: object, name: str) -> int:
     """Check what the scheduler reads from a request; return its ``num_tokens``.
 
     A request needs ``request_id`` (str), ``num_tokens`` (int >= 0) and ``block_hashes`` (see
-    :func:`check_block_hashes`); a missing one is an :class:`InvalidTypeError` naming it. With
-    ``states`` and ``config``, the hashes a known request (the same object) already turned into
-    keys are not checked again.
+    :func:`check_block_hashes`; all of them: a re-admitted request's keys follow its current
+    hashes); a missing one is an :class:`InvalidTypeError` naming it.
     """
     for attr in _REQUEST_ATTRS:
         if not hasattr(request, attr):
@@ -138,16 +132,11 @@ def check_request(
                 f"{name} has no attribute {attr!r}: a request needs {', '.join(_REQUEST_ATTRS)} "
                 f"(got {type(request).__name__})"
             )
-    rid = check_request_id(request, name)
+    check_request_id(request, name)
     num_tokens = check_count(request.num_tokens, f"{name}.num_tokens")  # type: ignore[attr-defined]
-    start = 0
-    if states is not None and config is not None:
-        st = states.get(rid)
-        if st is not None and st.request is request:
-            start = keyed_hashes(st, config)
     hashes = request.block_hashes  # type: ignore[attr-defined]
-    if not _hashes_ok(hashes, start):
-        check_block_hashes(hashes, f"{name}.block_hashes", start)
+    if not _hashes_ok(hashes, 0):
+        check_block_hashes(hashes, f"{name}.block_hashes")
     return num_tokens
 
 
@@ -222,7 +211,7 @@ def check_scheduled(
         where = f"new_requests[{i}]"
         if type(sr) is not ScheduledRequest:
             raise InvalidTypeError(f"{where} must be a ScheduledRequest, got {type(sr).__name__}")
-        check_request(sr.request, f"{where}.request", states, config)
+        check_request(sr.request, f"{where}.request")
         tokens = _check_tokens(sr, where)
         blocks = check_block_table(sr.block_ids, num_groups, f"{where}.block_ids")
         for g, gcfg in enumerate(groups):

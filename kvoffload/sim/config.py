@@ -64,6 +64,9 @@ class EngineConfig:
         verify_loads: check every loaded block against the KV it should hold.
         verify_gpu_hits: also check the blocks of every GPU prefix-cache hit (tests).
         record_transfers: keep a :class:`~kvoffload.sim.stats.TransferRecord` per job.
+        track_stored_keys: keep the set of keys ever stored (``Engine.stored_keys``,
+            ``EngineStats.distinct_blocks_stored``); needs a manager with events enabled (the
+            default manager has them).
         cache_policy: policy of the default manager.
         seed: seeds the KV content constants.
     """
@@ -84,6 +87,7 @@ class EngineConfig:
     verify_loads: bool = True
     verify_gpu_hits: bool = False
     record_transfers: bool = False
+    track_stored_keys: bool = False
     cache_policy: str = "lru"
     seed: int = 0
 

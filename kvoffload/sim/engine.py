@@ -57,6 +57,8 @@ class Engine(TransferHandling):
         stats: cumulative :class:`EngineStats`.
         transfer_log: :class:`TransferRecord` per submitted job (``record_transfers=True``).
         flush_log: ``(step, job_id)`` per flushed job (``record_transfers=True``).
+        stored_keys: every key that became ready in the CPU tier (``track_stored_keys=True``,
+            from the manager's events; else None).
         scheduler / manager / worker / kv: the parts, for inspection.
     """
 
@@ -123,6 +125,7 @@ class Engine(TransferHandling):
         self.stats = EngineStats()
         self.transfer_log: list[TransferRecord] = []
         self.flush_log: list[tuple[int, int]] = []
+        self.stored_keys: set[bytes] | None = set() if cfg.track_stored_keys else None
         self._step = 0
         self._idle_steps = 0
 
@@ -186,6 +189,9 @@ class Engine(TransferHandling):
         for ev in self.scheduler.take_events():
             if ev.removed:
                 self.stats.cpu_evictions += len(ev.keys)
+            elif self.stored_keys is not None:
+                self.stored_keys.update(ev.keys)
+                self.stats.distinct_blocks_stored = len(self.stored_keys)
         self.stats.gpu_evictions = self.gpu.num_evicted
         st.num_running, st.num_waiting, st.num_loading = len(self.running), len(self.waiting), len(self.loading)
         st.seconds = time.perf_counter() - t0
@@ -293,7 +299,8 @@ class Engine(TransferHandling):
                 self.waiting.appendleft(seq)
                 break
             self.scheduler.update_state_after_alloc(req, seq.tables, ext)
-            seq.hit, seq.ext, seq.num_computed = hit, ext, hit
+            seq.admit(req.num_tokens, hit, ext)
+            seq.num_computed = hit
             self.stats.admitted_tokens += req.num_tokens
             self.stats.gpu_hit_tokens += hit
             st.admitted.append(req.request_id)
@@ -309,6 +316,7 @@ class Engine(TransferHandling):
         return budget
 
     def _preempt(self, seq: Seq) -> None:
+        self.stats.discarded_tokens += seq.prefill + seq.decode
         self.gpu.free(seq.tables)
         seq.num_computed = 0
         seq.status = WAITING
@@ -338,6 +346,9 @@ class Engine(TransferHandling):
             c0 = seq.num_computed
             seq.num_computed = c0 + sr.num_scheduled_tokens
             self.stats.computed_tokens += sr.num_scheduled_tokens
+            prefill = max(0, min(seq.num_computed, seq.admit_len) - c0)
+            seq.prefill += prefill
+            seq.decode += sr.num_scheduled_tokens - prefill
             for g, gc in enumerate(self.groups):
                 bs = gc.gpu_block_size
                 self.gpu.cache_blocks(req, seq.tables, g, c0 // bs, seq.num_computed // bs)
@@ -355,4 +366,10 @@ class Engine(TransferHandling):
         self.gpu.free(seq.tables)
         seq.status = FINISHED
         st.finished.append(seq.req.request_id)
-        self.stats.requests_finished += 1
+        s = self.stats
+        s.requests_finished += 1
+        s.prefill_gpu_hit_tokens += seq.hit
+        s.prefill_loaded_tokens += seq.loaded
+        s.prefill_computed_tokens += seq.prefill
+        s.decode_tokens += seq.decode
+        s.readmitted_output_tokens += seq.admit_len - seq.req.num_prompt_tokens

@@ -143,8 +143,8 @@ class SimKVCache:
             return
         vt = torch.from_numpy(vals).to(self.device, non_blocking=True)
         rt = torch.from_numpy(rows).to(self.device)
-        for layer, flat in enumerate(self._flat[group]):
-            flat.index_copy_(0, rt, vt[layer].view(rows.size, flat.shape[1]))
+        for layer, tensor in enumerate(self._flat[group]):
+            tensor.index_copy_(0, rt, vt[layer].view(rows.size, tensor.shape[1]))
 
     def write_tokens(self, items: Sequence[tuple[Sequence[Sequence[int]], np.ndarray, int, int]]) -> None:
         """Write the KV of tokens ``[start, start + n)`` of several requests, one batch per group.

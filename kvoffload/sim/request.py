@@ -82,7 +82,7 @@ def _h64(h: bytes) -> int:
 
 
 class SimRequest:
-    """A request of the reference engine (duck-types the request SPEC §6 expects).
+    """A request of the reference engine (duck-types the request of docs/contract.md §6).
 
     Args:
         request_id: unique id.

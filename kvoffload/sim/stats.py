@@ -32,15 +32,32 @@ class StepStats:
 class EngineStats:
     """Cumulative counters of an engine.
 
-    Token counters: ``prompt_tokens`` (each request's prompt once), ``admitted_tokens`` (tokens of
-    every admission, re-admissions after preemption included), ``gpu_hit_tokens`` (found in the
-    GPU prefix cache), ``loaded_tokens`` (loaded from the CPU tier instead of recomputed),
-    ``computed_tokens`` (prefill and decode tokens the engine computed), ``generated_tokens``.
+    Token counters at admission: ``prompt_tokens`` (each request's prompt once, when added),
+    ``admitted_tokens`` (tokens of every admission, re-admissions after preemption included),
+    ``gpu_hit_tokens`` (found in the GPU prefix cache), ``loaded_tokens`` (offered by the CPU tier
+    and loaded), ``computed_tokens`` (every token the engine computed: prefill, decode, and work
+    lost to preemptions), ``generated_tokens`` (sampled).
+
+    How finished requests were served, counted over each request's last admission (the one that
+    ran to completion), so that they add up::
+
+        prompt_tokens + readmitted_output_tokens
+            == prefill_gpu_hit_tokens + prefill_loaded_tokens + prefill_computed_tokens
+        computed_tokens == prefill_computed_tokens + decode_tokens + discarded_tokens
+
+    (once every added request finished). ``prefill_loaded_tokens`` counts loaded tokens that
+    were not recomputed (a load that reaches the last token of the request leaves that one
+    token to compute); ``readmitted_output_tokens`` are generated tokens that a request
+    re-admitted after a preemption had to prefill again; ``discarded_tokens`` were computed by
+    admissions that a preemption then threw away.
+
     Transfer counters come from the workers' results: jobs, offloaded blocks, bytes and seconds
-    each way. ``verified_blocks`` counts GPU blocks checked after a load (per group block, every
-    layer), ``verified_gpu_hit_blocks`` GPU prefix-cache blocks checked at admission (with
-    ``verify_gpu_hits``), ``verification_failures`` the checked blocks whose bytes differed from
-    the computed KV.
+    each way. ``cpu_evictions`` counts offloaded blocks evicted from the CPU tier,
+    ``distinct_blocks_stored`` distinct offloaded blocks ever stored (only with
+    ``EngineConfig.track_stored_keys``). ``verified_blocks`` counts GPU blocks checked after a
+    load (per group block, every layer), ``verified_gpu_hit_blocks`` GPU prefix-cache blocks
+    checked at admission (with ``verify_gpu_hits``), ``verification_failures`` the checked
+    blocks whose bytes differed from the computed KV.
     """
 
     steps: int = 0
@@ -52,6 +69,12 @@ class EngineStats:
     loaded_tokens: int = 0
     computed_tokens: int = 0
     generated_tokens: int = 0
+    prefill_gpu_hit_tokens: int = 0
+    prefill_loaded_tokens: int = 0
+    prefill_computed_tokens: int = 0
+    decode_tokens: int = 0
+    readmitted_output_tokens: int = 0
+    discarded_tokens: int = 0
     preemptions: int = 0
     deferrals: int = 0
     store_jobs: int = 0
@@ -66,6 +89,7 @@ class EngineStats:
     store_seconds: float = 0.0
     load_seconds: float = 0.0
     cpu_evictions: int = 0
+    distinct_blocks_stored: int = 0
     gpu_evictions: int = 0
     verified_blocks: int = 0
     verified_gpu_hit_blocks: int = 0
@@ -87,9 +111,19 @@ class EngineStats:
         """Tokens not recomputed at admission (GPU hits + CPU loads) / admitted tokens."""
         return (self.gpu_hit_tokens + self.loaded_tokens) / self.admitted_tokens if self.admitted_tokens else 0.0
 
+    @property
+    def served_tokens(self) -> int:
+        """Tokens the finished requests' last admissions covered (prompts + re-admitted outputs)."""
+        return self.prefill_gpu_hit_tokens + self.prefill_loaded_tokens + self.prefill_computed_tokens
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(cpu_hit_rate=self.cpu_hit_rate, gpu_hit_rate=self.gpu_hit_rate, hit_rate=self.hit_rate)
+        d.update(
+            cpu_hit_rate=self.cpu_hit_rate,
+            gpu_hit_rate=self.gpu_hit_rate,
+            hit_rate=self.hit_rate,
+            served_tokens=self.served_tokens,
+        )
         return d
 
 

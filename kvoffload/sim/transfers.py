@@ -93,6 +93,7 @@ class TransferHandling:
             self.stats.blocks_loaded += len(fj.keys)
             self.stats.loaded_tokens += seq.ext
             seq.num_computed = min(seq.hit + seq.ext, req.num_tokens - 1)
+            seq.loaded = seq.num_computed - seq.hit
         else:
             self.stats.failed_loads += 1
             seq.num_computed = seq.hit

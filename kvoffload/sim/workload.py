@@ -13,8 +13,9 @@ Trace format (JSONL, one request per line, in arrival order)::
     {"token_ids": [1, 2, 3, ...]}                         # hashed into blocks by the reader
     {"block_hashes": ["9f2c...", "77ab..."], "num_tokens": 48}   # hex chained hashes, one per block
 
-Optional fields: ``"request_id"`` (string), ``"max_tokens"`` (int, decode length, default 0).
-Blank lines and lines starting with ``#`` are skipped.
+Optional fields: ``"request_id"`` (a string unique in the trace; default ``"r<line>"``),
+``"max_tokens"`` (int, decode length, default 0). ``block_hashes`` holds one hash per full block
+of 16 tokens (``num_tokens // 16`` of them). Blank lines and lines starting with ``#`` are skipped.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from kvoffload.errors import InvalidArgumentError
 
-__all__ = ["ChatTurn", "ChatWorkload", "TraceRequest", "read_trace", "write_trace"]
+__all__ = ["ChatTurn", "ChatWorkload", "TraceRequest", "TRACE_FIELDS", "read_trace", "write_trace"]
 
 
 @dataclass(frozen=True)
@@ -123,49 +124,81 @@ class ChatWorkload:
 
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request of a JSONL trace: either token ids or precomputed block hashes."""
+    """One request of a JSONL trace: either token ids or precomputed block hashes.
+
+    ``line`` is the request's line in the trace file (for messages).
+    """
 
     request_id: str
     token_ids: tuple[int, ...] | None
     block_hashes: tuple[bytes, ...] | None
     num_tokens: int
     max_tokens: int = 0
+    line: int = 0
 
 
-def _parse_line(obj: object, lineno: int, path: Path) -> TraceRequest:
+TRACE_FIELDS = ("request_id", "token_ids", "block_hashes", "num_tokens", "max_tokens")
+
+
+def _non_negative_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _parse_line(obj: object, lineno: int, path: Path, hash_block_size: int) -> TraceRequest:
     where = f"{path}:{lineno}"
     if not isinstance(obj, dict):
         raise InvalidArgumentError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(TRACE_FIELDS))
+    if unknown:
+        raise InvalidArgumentError(f"{where}: unknown field {unknown[0]!r} (fields: {', '.join(TRACE_FIELDS)})")
     rid = obj.get("request_id", f"r{lineno}")
+    if not isinstance(rid, str) or not rid:
+        raise InvalidArgumentError(f"{where}: request_id must be a non-empty string, got {rid!r}")
     max_tokens = obj.get("max_tokens", 0)
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+    if not _non_negative_int(max_tokens):
         raise InvalidArgumentError(f"{where}: max_tokens must be a non-negative int, got {max_tokens!r}")
+    if "token_ids" in obj and "block_hashes" in obj:
+        raise InvalidArgumentError(f"{where}: give token_ids or block_hashes, not both")
     if "token_ids" in obj:
         ids = obj["token_ids"]
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise InvalidArgumentError(f"{where}: token_ids must be a list of ints")
-        return TraceRequest(str(rid), tuple(ids), None, len(ids), max_tokens)
+        if "num_tokens" in obj:
+            raise InvalidArgumentError(f"{where}: num_tokens goes with block_hashes (token_ids count themselves)")
+        if not isinstance(ids, list) or not all(_non_negative_int(t) for t in ids):
+            raise InvalidArgumentError(f"{where}: token_ids must be a list of non-negative ints")
+        if not ids:
+            raise InvalidArgumentError(f"{where}: token_ids is empty")
+        return TraceRequest(rid, tuple(ids), None, len(ids), max_tokens, lineno)
     if "block_hashes" in obj:
         hashes = obj["block_hashes"]
         num_tokens = obj.get("num_tokens")
-        if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+        if not isinstance(hashes, list) or not all(isinstance(h, str) and h for h in hashes):
             raise InvalidArgumentError(f"{where}: block_hashes must be a list of hex strings")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise InvalidArgumentError(f"{where}: num_tokens must be a non-negative int with block_hashes")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+            raise InvalidArgumentError(f"{where}: block_hashes needs num_tokens, a positive int, got {num_tokens!r}")
+        if len(hashes) != num_tokens // hash_block_size:
+            raise InvalidArgumentError(
+                f"{where}: block_hashes has {len(hashes)} entries, num_tokens {num_tokens} needs "
+                f"{num_tokens // hash_block_size} (one per full block of {hash_block_size} tokens)"
+            )
         try:
             decoded = tuple(bytes.fromhex(h) for h in hashes)
         except ValueError as exc:
             raise InvalidArgumentError(f"{where}: block_hashes must be hex strings ({exc})") from None
-        return TraceRequest(str(rid), None, decoded, num_tokens, max_tokens)
-    raise InvalidArgumentError(f"{where}: each line needs 'token_ids' or 'block_hashes'")
+        return TraceRequest(rid, None, decoded, num_tokens, max_tokens, lineno)
+    raise InvalidArgumentError(f"{where}: each line needs token_ids or block_hashes")
 
 
-def read_trace(path: str | Path) -> list[TraceRequest]:
-    """Read a JSONL trace (format in the module docstring).
+def read_trace(path: str | Path, hash_block_size: int = 16) -> list[TraceRequest]:
+    """Read a JSONL trace (format in the module docstring); ``block_hashes`` are per
+    ``hash_block_size`` tokens.
+
+    Every line is checked before anything runs: a line that is not JSON, an unknown or malformed
+    field, empty ``token_ids``, both ``token_ids`` and ``block_hashes``, a ``block_hashes`` count
+    that does not match ``num_tokens``, or a ``request_id`` used twice.
 
     Raises:
-        InvalidArgumentError: the file cannot be read, a line is not JSON, or a field is malformed
-            (the message names the file and line).
+        InvalidArgumentError: the file cannot be read, or the first bad line (the message names
+            the file and line, and the field as the trace spells it).
     """
     p = Path(path)
     try:
@@ -173,6 +206,7 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"trace {p} cannot be read: {exc}") from None
     out: list[TraceRequest] = []
+    first_line: dict[str, int] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -181,7 +215,13 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InvalidArgumentError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
-        out.append(_parse_line(obj, lineno, p))
+        req = _parse_line(obj, lineno, p, hash_block_size)
+        if req.request_id in first_line:
+            raise InvalidArgumentError(
+                f"{p}:{lineno}: request_id {req.request_id!r} is already used on line {first_line[req.request_id]}"
+            )
+        first_line[req.request_id] = lineno
+        out.append(req)
     if not out:
         raise InvalidArgumentError(f"trace {p} holds no request")
     return out

@@ -105,7 +105,7 @@ def _duplicate_block(args: Args, table: KVCacheTable) -> Args:
 
 
 def bad_input_cases() -> list[BadInput]:
-    """Every bad-input scenario of the contract (SPEC section 7)."""
+    """Every bad-input scenario of the contract (docs/contract.md §7)."""
     return [
         BadInput("block_id_out_of_range", _block_out_of_range, InvalidArgumentError),
         BadInput("negative_block_id", _negative_block, InvalidArgumentError),

@@ -57,7 +57,7 @@ def test_aliases_moved_once_and_block_major_kv_interleaving_accepted() -> None:
 
 def test_empty_group_and_cross_group_sharing() -> None:
     t = torch.zeros(2, 4, 2, 1, 4)
-    table = KVCacheTable.from_tensors([[t], [], [t]])
+    table = KVCacheTable.from_tensors([[t], [], [t]], shared_tensors=True)
     assert table.groups[1].views == () and table.groups[1].record_bytes == 0
     assert table.groups[1].num_blocks == 0
     assert table.groups[2].views[0].ptr == table.groups[0].views[0].ptr

@@ -1,6 +1,6 @@
 """Plain-Python reference model of the CPU offloading manager (OrderedDict per list, one object per block).
 
-Written independently of kvoffload.offload.manager, straight from SPEC §2/§3 and the policy
+Written independently of kvoffload.offload.manager, straight from docs/contract.md §2/§3 and the policy
 docstrings, one key at a time. The property tests drive both with the same operations and
 compare every output and the full internal order.
 """
@@ -241,7 +241,7 @@ POLICIES = {"lru": RefLRU, "arc": RefARC, "s3fifo": RefS3FIFO}
 
 
 class RefManager:
-    """The manager contract of SPEC §2, one key at a time."""
+    """The manager contract of docs/contract.md §2, one key at a time."""
 
     def __init__(self, num_blocks: int, policy: str) -> None:
         self.num_blocks = num_blocks

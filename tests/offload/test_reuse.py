@@ -1,4 +1,4 @@
-"""FilteredReuseManager: vLLM's reuse counting plus the per-request counting fix (SPEC §3)."""
+"""FilteredReuseManager: vLLM's reuse counting plus the per-request counting fix (docs/contract.md §3)."""
 
 from __future__ import annotations
 

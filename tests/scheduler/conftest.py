@@ -14,7 +14,7 @@ from kvoffload.offload.manager import CPUOffloadingManager
 
 @dataclass
 class Req:
-    """The minimum a request must have (SPEC §6)."""
+    """The minimum a request must have (docs/contract.md §6)."""
 
     request_id: str
     block_hashes: list[bytes]

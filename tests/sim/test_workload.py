@@ -62,7 +62,7 @@ def test_trace_with_block_hashes(tmp_path: Path) -> None:
         ("[1,2]\n", "JSON object"),
         ('{"foo": 1}\n', "token_ids"),
         ('{"token_ids": [1, "a"]}\n', "token_ids"),
-        ('{"block_hashes": ["zz"], "num_tokens": 3}\n', "hex"),
+        ('{"block_hashes": ["zz"], "num_tokens": 16}\n', "hex"),
         ('{"block_hashes": ["00"]}\n', "num_tokens"),
         ('{"token_ids": [1], "max_tokens": -2}\n', "max_tokens"),
         ("\n", "no request"),

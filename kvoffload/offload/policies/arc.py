@@ -1,4 +1,4 @@
-"""Adaptive Replacement Cache with vLLM's semantics (SPEC §3), on numpy slot lists."""
+"""Adaptive Replacement Cache with vLLM's semantics (docs/contract.md §3), on numpy slot lists."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class ARCPolicy(CachePolicy):
     below its target, vLLM gives up (the store fails although T1 holds evictable blocks,
     and a pool full of T1 blocks with a high target can then refuse every multi-block
     store for good). Here the remaining victims come from T1, so ``prepare_store`` fails
-    only when room really cannot be made (SPEC §2).
+    only when room really cannot be made (docs/contract.md §2).
 
     Storage: two :class:`~kvoffload.offload.policies.order.SlotOrder` lists sharing one
     ``int8`` membership and one ``int64`` position array; ghosts are ``OrderedDict`` s of

@@ -1,0 +1,58 @@
+"""How finished requests were served adds up: prompt = GPU hits + CPU loads + prefill computed.
+
+The references are independent of the engine's counters: prompt lengths and decode lengths come
+from the workload itself (a request decoding ``m`` tokens computes ``m - 1`` of them in decode
+steps: the first is sampled at the end of its prefill, the last is never fed back).
+"""
+
+from __future__ import annotations
+
+from kvoffload.sim.config import GroupConfig
+from kvoffload.sim.stats import EngineStats
+from kvoffload.sim.workload import ChatWorkload
+from tests.sim.helpers import make_engine
+from tests.sim.test_engine import drive_chat
+
+
+def _check_sums(s: EngineStats, wl: ChatWorkload) -> None:
+    prompt = sum(len(t.prompt_token_ids) for t in wl)
+    assert s.requests_finished == len(wl)
+    assert s.prompt_tokens == prompt
+    assert s.prefill_gpu_hit_tokens + s.prefill_loaded_tokens + s.prefill_computed_tokens == (
+        prompt + s.readmitted_output_tokens
+    )
+    assert s.served_tokens == prompt + s.readmitted_output_tokens
+    assert s.decode_tokens + s.readmitted_output_tokens == sum(t.max_tokens - 1 for t in wl)
+    assert s.computed_tokens == s.prefill_computed_tokens + s.decode_tokens + s.discarded_tokens
+    assert s.generated_tokens >= sum(t.max_tokens for t in wl)
+    assert 0 < s.prefill_loaded_tokens <= s.loaded_tokens
+
+
+def test_rows_add_up_without_preemption() -> None:
+    wl = ChatWorkload(conversations=12, turns=3, system_prompts=2, system_tokens=40, seed=3)
+    eng = make_engine(
+        [GroupConfig(8, 2)], num_gpu_blocks=80, num_cpu_blocks=300, max_num_batched_tokens=64, max_num_seqs=2
+    )
+    drive_chat(eng, wl)
+    s = eng.stats
+    assert s.preemptions == 0 and s.readmitted_output_tokens == 0 and s.discarded_tokens == 0
+    assert s.prefill_gpu_hit_tokens > 0
+    _check_sums(s, wl)
+
+
+def test_rows_add_up_with_preemptions() -> None:
+    wl = ChatWorkload(
+        conversations=6, turns=2, system_prompts=1, system_tokens=48, user_tokens=(8, 16), reply_tokens=(16, 24), seed=1
+    )
+    eng = make_engine(
+        [GroupConfig(4, 2)],
+        num_gpu_blocks=40,
+        num_cpu_blocks=200,
+        max_num_batched_tokens=48,
+        max_num_seqs=6,
+        transfer_latency_steps=2,
+    )
+    drive_chat(eng, wl)
+    s = eng.stats
+    assert s.preemptions > 0 and s.discarded_tokens > 0
+    _check_sums(s, wl)

@@ -1,0 +1,431 @@
+"""The soak engine: drives the scheduler, a checked manager and real transfer workers like an engine.
+
+Geometry (vLLM-like hybrid model): three KV-cache groups -- full attention (2 GPU blocks per
+offloaded block) and two sliding-window groups (windows of 10 and 13 tokens, factors 1 and 2) --
+sharing ONE GPU block pool (block 0 is the null block) and one set of KV tensors per rank
+(``KVCacheTable.from_tensors(..., shared_tensors=True)``); or, for some seeds, one pool and one
+set of tensors per group (``GroupOffloadConfig.block_pool`` distinct: block ids collide across
+groups, memory does not). ``num_ranks`` tensor-parallel workers each report every job, and the
+CPU tier is far smaller than the traffic.
+
+Each step, as an engine does it: collect the workers' reports (``complete_jobs``; a finished load
+is byte-checked), random events (arrivals, aborts in any state, ``reset_cache``, preemptions),
+scheduling (running requests first, preempting from the back when blocks run out; loaded
+requests; waiting requests through ``get_num_new_matched_tokens`` / ``update_state_after_alloc``),
+``build_step``, wait for the flush jobs, submit loads, compute (write every scheduled token's KV),
+submit stores, then sample/finish and free the sliding-window blocks that left the window
+(``free_blocks``, the table entry becoming the null block).
+
+Checks (a failure raises :class:`SoakFailure`):
+
+* every block a finished load wrote holds the KV of its token prefix (all ranks);
+* before each compute, every block of every scheduled request holds its tokens' KV;
+* every ready key's CPU slot holds the KV of its prefix (all ranks), every step;
+* no job submitted reads or writes the null block or a block its request does not hold, and
+  no block is written (compute or load) while a not-yet-executed job still uses it;
+* the manager never breaks its contract (:class:`~tests.soak.checked_manager.CheckedManager`:
+  nothing pinned or pending evicted, slots never shared...);
+* at quiescence nothing is in flight, pending or pinned, and usage equals the stored keys.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from typing import Any
+
+from kvoffload.kernels.layout import KVCacheTable
+from kvoffload.offload.manager import CPUOffloadingManager
+from kvoffload.offload.worker import TransferWorker
+from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
+from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
+from kvoffload.scheduler.scheduler import OffloadingScheduler
+from tests.soak.checked_manager import CheckedManager
+from tests.soak.checks import EngineChecks
+from tests.soak.faulty import FaultyWorker
+from tests.soak.kv import BLOCK, ROOT, GPUCaches, chain_hash
+from tests.soak.model import GROUPS, NULL, Seq, SoakConfig, SoakRequest
+
+
+class SoakEngine(EngineChecks):
+    """One seeded soak run (see the module docstring); :meth:`run` returns the counts."""
+
+    def __init__(self, seed: int, cfg: SoakConfig | None = None) -> None:
+        self.seed = seed
+        self.cfg = cfg = cfg or SoakConfig()
+        self.rng = random.Random(seed)
+        self.counts: dict[str, int] = {}
+        self.step_no = 0
+        shared = cfg.shared_pool if cfg.shared_pool is not None else self.rng.random() < 0.7
+        self.pool_of = tuple(0 if shared else g for g in range(len(GROUPS)))
+        num_pools = max(self.pool_of) + 1
+        self._count("seeds_one_shared_pool" if shared else "seeds_pool_per_group")
+        groups = []
+        for g, (f, window) in enumerate(GROUPS):
+            wb = None if window is None else math.ceil((window - 1) / (BLOCK * f)) + 1
+            groups.append(GroupOffloadConfig(g, BLOCK, BLOCK * f, wb, block_pool=self.pool_of[g]))
+        self.sched_cfg = OffloadingSchedulerConfig(tuple(groups), num_workers=cfg.num_ranks, null_block_id=NULL)
+        self.gpu = GPUCaches(cfg.num_gpu_blocks, cfg.num_ranks, num_pools)
+        policy = self.rng.choice(["lru", "arc", "s3fifo"])
+        num_cpu = cfg.num_cpu_blocks or self.rng.choice([20, 32, 48])
+        self.manager = CheckedManager(CPUOffloadingManager(num_cpu, policy, enable_events=True), self.counts)
+        self.workers: list[FaultyWorker] = []
+        for r in range(cfg.num_ranks):
+            tensors = [self.gpu.layer_tensors(r, p) for p in self.pool_of]
+            table = KVCacheTable.from_tensors(tensors, "flash_attn", shared_tensors=shared)
+            if table.block_pools != self.pool_of:
+                self._fail(f"KVCacheTable.block_pools {table.block_pools} != {self.pool_of}")
+            inner = TransferWorker(table, num_cpu, [f for f, _ in GROUPS], backend="torch")
+            w = FaultyWorker(inner, r, random.Random(seed * 1000 + r), cfg.rates, self.counts)
+            w.on_garbage_gpu = self._garbage_gpu
+            self.workers.append(w)
+        self.sched = OffloadingScheduler(self.sched_cfg, self.manager)
+        # per pool, a stack: freed blocks are reused first
+        self.free: list[list[int]] = [list(range(cfg.num_gpu_blocks - 1, 0, -1)) for _ in range(num_pools)]
+        self.parent: dict[bytes, tuple[bytes, tuple[int, ...]]] = {}
+        self.prefixes = [[self.rng.randrange(50) for _ in range(self.rng.randint(16, 48))] for _ in range(3)]
+        self.seqs: dict[str, Seq] = {}
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.ready: list[Seq] = []
+        self.jobs: dict[int, TransferJob] = {}
+        self.all_ids: list[str] = []
+        self._next_id = 0
+        self.arrivals = True
+
+    # ------------------------------------------------------------------ helpers
+    def _extend_hashes(self, req: SoakRequest) -> None:
+        while (len(req.block_hashes) + 1) * BLOCK <= len(req.tokens):
+            j = len(req.block_hashes)
+            prev = ROOT if j == 0 else req.block_hashes[-1]
+            toks = tuple(req.tokens[j * BLOCK : (j + 1) * BLOCK])
+            h = chain_hash(prev, toks)
+            self.parent[h] = (prev, toks)
+            req.block_hashes.append(h)
+
+    def _garbage_gpu(self, rank: int, spec: Any) -> None:
+        for g, pool in enumerate(self.pool_of):
+            self.gpu.garbage(rank, pool, spec.group_block_ids(g).tolist())
+
+    def _alloc(self, g: int, n: int) -> list[int]:
+        free = self.free[self.pool_of[g]]
+        return [free.pop() for _ in range(n)]
+
+    def _fits(self, need: list[int]) -> bool:
+        """Whether group g can get ``need[g]`` more blocks, for every group."""
+        per_pool = [0] * len(self.free)
+        for g, n in enumerate(need):
+            per_pool[self.pool_of[g]] += n
+        return all(n <= len(f) for n, f in zip(per_pool, self.free, strict=True))
+
+    def _release(self, seq: Seq) -> None:
+        for g, t in enumerate(seq.tables):
+            self.free[self.pool_of[g]].extend(b for b in t if b != NULL)
+        seq.tables = [[] for _ in GROUPS]
+
+    def _live(self) -> list[Seq]:
+        return [s for s in self.seqs.values() if s.status != "done"]
+
+    def _tables_for(self, tokens: int, computed: int) -> list[list[int]] | None:
+        """Block tables covering ``tokens`` tokens of a request with ``computed`` tokens on the GPU:
+        sliding-window blocks wholly before the window are the null block."""
+        nb = -(-tokens // BLOCK)
+        nulls = []
+        for _f, w in GROUPS:
+            nulls.append(0 if w is None else max(0, min(nb, (computed - w + 1) // BLOCK)))
+        if not self._fits([nb - n for n in nulls]):
+            return None
+        return [[NULL] * n + self._alloc(g, nb - n) for g, n in enumerate(nulls)]
+
+    # ------------------------------------------------------------------ requests
+    def _arrive(self) -> None:
+        rng = self.rng
+        toks = list(rng.choice(self.prefixes)) if rng.random() < 0.8 else []
+        toks += [rng.randrange(50) for _ in range(rng.randint(0 if toks else 1, 24))]
+        params = {"max_offload_tokens": rng.choice([0, 8, 17, 40])} if rng.random() < 0.15 else None
+        rid = f"r{self._next_id}"
+        self._next_id += 1
+        req = SoakRequest(rid, toks, len(toks), rng.randint(1, 12), params)
+        self._extend_hashes(req)
+        seq = Seq(req, tables=[[] for _ in GROUPS])
+        self.seqs[rid] = seq
+        self.all_ids.append(rid)
+        self.waiting.append(seq)
+        self._count("requests")
+
+    def _end(self, seq: Seq, why: str) -> None:
+        st = self.sched.get_request_state(seq.req.request_id)
+        if st is not None and st.in_flight:
+            self._count(f"{why}_with_jobs_in_flight")
+        if st is not None:  # aborted before the scheduler ever saw it: nothing to finish there
+            self.sched.request_finished(seq.req)
+        self._release(seq)
+        for lst in (self.running, self.ready):
+            if seq in lst:
+                lst.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self._count(f"{why}_{seq.status}")
+        seq.status = "done"
+
+    def _change_prompt(self, seq: Seq) -> None:
+        """The engine re-submits a waiting request (known to the scheduler) with another prompt."""
+        req = seq.req
+        keep = self.rng.randint(0, len(req.tokens))
+        req.tokens[keep:] = [self.rng.randrange(50) for _ in range(self.rng.randint(0 if keep else 1, 24))]
+        req.num_prompt_tokens = len(req.tokens)
+        del req.block_hashes[keep // BLOCK :]
+        self._extend_hashes(req)
+        seq.generated = 0
+        self._count("prompt_changed")
+
+    def _preempt(self, seq: Seq, preempted: list[str]) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.ready:
+            self.ready.remove(seq)
+        if seq.status != "failed_load":
+            self._count(f"preempt_{seq.status}")
+        self._release(seq)
+        seq.status, seq.num_computed, seq.load_job = "waiting", 0, None
+        self.waiting.appendleft(seq)
+        preempted.append(seq.req.request_id)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> None:
+        self.step_no += 1
+        for w in self.workers:
+            w.tick()
+        self._complete([res for w in self.workers for res in w.get_finished()])
+        self._random_events()
+        new, running, preempted, scheduled = self._schedule()
+        out = self.sched.build_step(new, running, preempted)
+        if out.flush_job_ids:
+            self._count("flush_jobs", len(out.flush_job_ids))
+            for w in self.workers:
+                w.wait(out.flush_job_ids)
+        for job in out.load_jobs:
+            self._submit(job)
+        self._verify_running(scheduled)
+        self._compute(scheduled)
+        for job in out.store_jobs:
+            self._submit(job)
+        self._after_compute(scheduled)
+        self.sched.take_events()
+        self._check_cpu_tier()
+        self._count("steps")
+
+    def _complete(self, results: list[Any]) -> None:
+        for fj in self.sched.complete_jobs(results):
+            job = self.jobs.pop(fj.job_id)
+            kind = "store" if fj.is_store else "load"
+            self._count(f"{kind}_jobs_{'ok' if fj.success else 'failed'}")
+            if fj.is_store:
+                continue
+            seq = self.seqs.get(fj.req_id)
+            if seq is None or seq.status != "loading" or seq.load_job != fj.job_id:
+                continue
+            seq.load_job = None
+            if not fj.success:
+                seq.status = "failed_load"
+                continue
+            self._verify_load(seq, job)
+            seq.num_computed = seq.load_end
+            seq.status = "ready"
+            self.ready.append(seq)
+
+    def _random_events(self) -> None:
+        rng, cfg = self.rng, self.cfg
+        while self.arrivals and len(self._live()) < cfg.max_live and rng.random() < cfg.p_arrive:
+            self._arrive()
+        live = self._live()
+        if live and rng.random() < cfg.p_abort:
+            loading = [s for s in live if s.status == "loading"]
+            self._end(rng.choice(loading if loading and rng.random() < 0.5 else live), "abort")
+        known = [s for s in self.waiting if self.sched.get_request_state(s.req.request_id) is not None]
+        if known and rng.random() < cfg.p_change:
+            self._change_prompt(rng.choice(known))
+        if rng.random() < cfg.p_reset:
+            busy = self.sched.num_in_flight_jobs > 0
+            ok = self.sched.reset_cache()
+            if ok == busy:
+                self._fail(f"reset_cache returned {ok} with {self.sched.num_in_flight_jobs} jobs in flight")
+            self._count("reset_done" if ok else "reset_refused_in_flight")
+            if ok and self.manager.model:
+                self._fail("reset_cache left keys behind")
+
+    def _schedule(self) -> tuple[list[ScheduledRequest], list[ScheduledRequest], list[str], list[tuple[Seq, int]]]:
+        rng, cfg = self.rng, self.cfg
+        new: list[ScheduledRequest] = []
+        running: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        scheduled: list[tuple[Seq, int]] = []
+        budget = cfg.token_budget
+        for seq in [s for s in self.seqs.values() if s.status == "failed_load"]:
+            self._count("recompute_after_failed_load")
+            self._preempt(seq, preempted)  # gives its blocks back, to be admitted (and recomputed) again
+        if self.running and rng.random() < cfg.p_preempt:
+            self._preempt(rng.choice(self.running), preempted)
+        for seq in list(self.running):
+            if seq not in self.running or budget <= 0:
+                continue
+            left = seq.req.num_tokens - seq.num_computed
+            n = min(left, rng.randint(1, 24), budget)
+            nb = -(-(seq.num_computed + n) // BLOCK)
+            need = [nb - len(t) for t in seq.tables]
+            while not self._fits(need) and self.running[-1] is not seq:
+                self._preempt(self.running[-1], preempted)
+            if not self._fits(need):
+                self._preempt(seq, preempted)
+                continue
+            appended = [self._alloc(g, nb - len(t)) for g, t in enumerate(seq.tables)]
+            for t, a in zip(seq.tables, appended, strict=True):
+                t.extend(a)
+            running.append(ScheduledRequest(seq.req, seq.num_computed, n, appended))
+            scheduled.append((seq, n))
+            budget -= n
+        for seq in list(self.ready):
+            if budget <= 0 or len(self.running) >= cfg.max_running:
+                break
+            n = min(seq.req.num_tokens - seq.num_computed, rng.randint(1, 24), budget)
+            nb = -(-(seq.num_computed + n) // BLOCK)
+            if not self._fits([nb - len(t) for t in seq.tables]):
+                break
+            for g, t in enumerate(seq.tables):
+                t.extend(self._alloc(g, nb - len(t)))
+            new.append(ScheduledRequest(seq.req, seq.num_computed, n, [list(t) for t in seq.tables]))
+            scheduled.append((seq, n))
+            self.ready.remove(seq)
+            self.running.append(seq)
+            seq.status = "running"
+            budget -= n
+        for _ in range(len(self.waiting)):
+            if budget <= 0 or len(self.running) >= cfg.max_running or not self.waiting:
+                break
+            seq = self.waiting.popleft()
+            if seq.req.request_id in preempted:
+                self.waiting.append(seq)
+                continue
+            got, _ = self.sched.get_num_new_matched_tokens(seq.req, 0)
+            if got is None:
+                self._count("lookup_deferred")
+                self.waiting.append(seq)
+                continue
+            if got > 0:
+                tables = self._tables_for(got, got)
+                if tables is None:
+                    self.waiting.appendleft(seq)
+                    break
+                self.sched.update_state_after_alloc(seq.req, tables, got)
+                seq.tables, seq.status, seq.load_end = tables, "loading", got
+                self._count("loads_admitted")
+                continue
+            n = min(seq.req.num_tokens, rng.randint(1, 24), budget)
+            tables = self._tables_for(n, 0)
+            if tables is None:
+                self.waiting.appendleft(seq)
+                break
+            self.sched.update_state_after_alloc(seq.req, tables, 0)
+            seq.tables, seq.status = tables, "running"
+            self.running.append(seq)
+            new.append(ScheduledRequest(seq.req, 0, n, [list(t) for t in tables]))
+            scheduled.append((seq, n))
+            budget -= n
+        return new, running, preempted, scheduled
+
+    # ------------------------------------------------------------------ transfers
+    def _submit(self, job: TransferJob) -> None:
+        seq = self.seqs[job.req_id]
+        spec = job.gpu_spec
+        for g in range(len(GROUPS)):
+            for b, idx in zip(spec.group_block_ids(g).tolist(), job.block_offsets[g].tolist(), strict=True):
+                if b == NULL or seq.status == "done" or idx >= len(seq.tables[g]) or seq.tables[g][idx] != b:
+                    self._fail(f"job {job.job_id} of {job.req_id} uses block {b} (group {g}, #{idx}) it does not hold")
+                self._count("job_blocks_checked")
+        if job.is_store:
+            self._count("store_jobs")
+        else:
+            self._count("load_jobs")
+            seq.load_job = job.job_id
+            clash = self._queued_blocks(job.job_id) & self._job_blocks(job)
+            if clash:
+                self._fail(f"load job {job.job_id} writes blocks {sorted(clash)} that queued jobs still use")
+        self.jobs[job.job_id] = job
+        for w in self.workers:
+            w.transfer_async(job.job_id, job.spec)
+
+    # ------------------------------------------------------------------ compute
+    def _compute(self, scheduled: list[tuple[Seq, int]]) -> None:
+        queued = self._queued_blocks(-1)
+        for seq, n in scheduled:
+            start, end = seq.num_computed, seq.num_computed + n
+            for g, t in enumerate(seq.tables):
+                for idx in range(start // BLOCK, -(-end // BLOCK)):
+                    b = t[idx]
+                    if b == NULL or (self.pool_of[g], b) in queued:
+                        self._fail(f"{seq.req.request_id} computes into block {b} (null or used by a queued job)")
+                    parent, toks = self._block_tokens(seq.req, idx, end)
+                    self.gpu.write(self.pool_of[g], b, max(start - idx * BLOCK, 0), parent, toks, g)
+
+    def _after_compute(self, scheduled: list[tuple[Seq, int]]) -> None:
+        for seq, n in scheduled:
+            if seq.status != "running":
+                continue
+            seq.num_computed += n
+            req = seq.req
+            if seq.num_computed == req.num_tokens:
+                if seq.generated >= req.max_tokens:
+                    self._end(seq, "finish")
+                    continue
+                req.tokens.append(
+                    int.from_bytes(chain_hash(req.request_id.encode(), (len(req.tokens),))[:2], "big") % 50
+                )
+                seq.generated += 1
+                self._extend_hashes(req)
+            freed: list[list[int]] = []
+            for (_f, w), t in zip(GROUPS, seq.tables, strict=True):
+                out = []
+                if w is not None:
+                    for idx in range(max(0, (seq.num_computed - w + 1) // BLOCK)):
+                        if t[idx] != NULL:
+                            out.append(t[idx])
+                            t[idx] = NULL
+                freed.append(out)
+            if any(freed):
+                self._count("window_blocks_freed", sum(map(len, freed)))
+                st = self.sched.get_request_state(req.request_id)
+                if st is not None and st.in_flight:
+                    self._count("window_freed_with_jobs_in_flight")
+                self.sched.free_blocks(req, freed)
+                for g, out in enumerate(freed):
+                    self.free[self.pool_of[g]].extend(out)
+
+    # ------------------------------------------------------------------ checks
+    def quiesce(self, max_steps: int = 2000) -> None:
+        """Stop arrivals, run until every request ended, drain the workers, check the idle state."""
+        self.arrivals = False
+        for _ in range(max_steps):
+            if not self._live():
+                break
+            self.step()
+        else:
+            self._fail("requests did not finish while quiescing")
+        for _ in range(10):
+            if self.sched.num_in_flight_jobs == 0:
+                break
+            self._complete([res for w in self.workers for res in w.drain()])
+        self._check_idle()
+        if self.rng.random() < 0.3:
+            if not self.sched.reset_cache() or self.manager.model:
+                self._fail("reset_cache refused or incomplete at quiescence")
+            self._count("reset_done")
+        self.arrivals = True
+
+    def run(self, steps: int) -> dict[str, int]:
+        while self.counts.get("steps", 0) < steps:
+            self.step()
+            if self.step_no % self.cfg.quiesce_every == 0:
+                self.quiesce()
+        self.quiesce()
+        return self.counts
