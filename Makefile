@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo simulate test test-interpret test-gpu bench lint clean
+.PHONY: install demo simulate test test-interpret test-gpu gpu-check bench lint clean
 
 install: $(STAMP)
 
@@ -39,6 +39,14 @@ test-interpret: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+# First run on a lent GPU machine (Python, torch, triton, pytest preinstalled, no network): no venv,
+# no pip, the checkout on PYTHONPATH. Logs and results (8 files at most) go to OUT; on a machine
+# without a GPU it says so and runs only the CPU-runnable steps. See bench/gpu_check.py.
+OUT ?= gpu-check-out
+GPU_CHECK_BUDGET ?= 480
+gpu-check:
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) bench/gpu_check.py --out "$(OUT)" --budget-s $(GPU_CHECK_BUDGET)
 
 bench: $(STAMP)
 	$(PY) -m kvoffload bench $(ARGS)

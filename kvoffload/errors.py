@@ -20,6 +20,7 @@ __all__ = [
     "ReadOnlyError",
     "BackendUnavailableError",
     "TransferError",
+    "StreamCaptureError",
     "check_int",
 ]
 
@@ -71,3 +72,7 @@ def check_int(value: object, name: str, minimum: int | None = None) -> int:
     if minimum is not None and v < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {v}")
     return v
+
+
+class StreamCaptureError(TransferError):
+    """A transfer was submitted while the current CUDA stream was capturing a CUDA graph."""

@@ -9,9 +9,13 @@ ids, not keys. Importing this package does not import triton (backends load lazi
 * :class:`KernelBackend` -- ``pack`` (GPU pages -> packed host records) and ``unpack`` (reverse),
   one launch per job; :func:`get_backend` picks ``triton``/``torch``/``dma``/``module:Class``
   (env ``KVOFFLOAD_BACKEND``).
+* :class:`DataPath` -- per job, the ``direct`` path (the kernel reads/writes the pinned pool), the
+  ``staged`` path (copy engines + a bounded GPU staging ring + the kernel inside GPU memory) or the
+  copy-engine-only ``dma`` path, chosen from the per-GPU config (``configs/*.json``).
 """
 
 from kvoffload.kernels.layout import GenericLayout, GroupTable, KVCacheTable, LayoutSpec, PageView
+from kvoffload.kernels.paths import DataPath
 from kvoffload.kernels.registry import (
     ENV_BACKEND,
     KernelBackend,
@@ -29,6 +33,7 @@ __all__ = [
     "PageView",
     "GroupTable",
     "KernelBackend",
+    "DataPath",
     "get_backend",
     "register_backend",
     "available_backends",

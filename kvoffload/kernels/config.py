@@ -26,28 +26,59 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LaunchConfig", "CONFIG_DIR", "load_tables", "launch_config", "resolve_config"]
+__all__ = ["LaunchConfig", "CONFIG_DIR", "PATH_NAMES", "load_tables", "launch_config", "resolve_config"]
 
 CONFIG_DIR = Path(__file__).with_name("configs")
-_FIELDS = ("num_programs", "block_bytes", "num_warps")
+_FIELDS = (
+    "num_programs",
+    "block_bytes",
+    "num_warps",
+    "pack_path",
+    "unpack_path",
+    "pack_staged_min_bytes",
+    "unpack_staged_min_bytes",
+    "staging_bytes",
+    "staging_segments",
+)
+_POSITIVE = ("num_programs", "block_bytes", "num_warps", "staging_bytes", "staging_segments")
+#: Data paths (see :mod:`kvoffload.kernels.paths`); "auto" picks by the crossover fields.
+PATH_NAMES = ("auto", "direct", "staged", "dma")
 _SECTIONS = ("default", "interpreter", "compute_capability", "device_name")
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Launch parameters: grid cap, bytes per program iteration, warps per program."""
+    """Launch parameters and data-path choice for one device.
+
+    Kernel: ``num_programs`` (grid cap, the SM budget), ``block_bytes`` (bytes a program keeps in
+    flight per loop step, power of two), ``num_warps`` (cap on warps per program).
+    Paths (:mod:`kvoffload.kernels.paths`): ``pack_path``/``unpack_path`` one of
+    :data:`PATH_NAMES`; with ``"auto"`` a job takes the staged copy-engine path when it moves at
+    least ``*_staged_min_bytes`` bytes (``-1``: never), else the direct path. ``staging_bytes``:
+    size of the GPU staging ring, split into ``staging_segments`` segments.
+    """
 
     num_programs: int = 16
     block_bytes: int = 16384
     num_warps: int = 8
+    pack_path: str = "auto"
+    unpack_path: str = "auto"
+    pack_staged_min_bytes: int = -1
+    unpack_staged_min_bytes: int = -1
+    staging_bytes: int = 1 << 20
+    staging_segments: int = 2
 
     def __post_init__(self) -> None:
         for f in _FIELDS:
             v = getattr(self, f)
+            if f.endswith("_path"):
+                if v not in PATH_NAMES:
+                    raise InvalidArgumentError(f"LaunchConfig.{f} must be one of {list(PATH_NAMES)}, got {v!r}")
+                continue
             if type(v) is not int:
                 raise InvalidTypeError(f"LaunchConfig.{f} must be an int, got {type(v).__name__}")
-            if v < 1:
-                raise InvalidArgumentError(f"LaunchConfig.{f} must be >= 1, got {v}")
+            if v < (1 if f in _POSITIVE else -1):
+                raise InvalidArgumentError(f"LaunchConfig.{f} must be >= {1 if f in _POSITIVE else -1}, got {v}")
         if self.block_bytes & (self.block_bytes - 1) or self.block_bytes < 16:
             raise InvalidArgumentError(f"LaunchConfig.block_bytes must be a power of two >= 16, got {self.block_bytes}")
         if self.num_warps & (self.num_warps - 1) or self.num_warps > 32:

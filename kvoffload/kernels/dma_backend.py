@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.job import TransferJob
-from kvoffload.kernels.registry import KernelBackend
 
 __all__ = ["DmaBackend"]
 

@@ -100,11 +100,14 @@ class GroupTable:
     ``record_bytes`` = sum of the views' ``page_bytes`` = bytes of one GPU block's packed record.
     An empty group (no tensors, e.g. none of its layers live on this rank) has no views,
     ``record_bytes == 0`` and ``num_blocks == 0``; its blocks move no bytes.
+    ``tokens_per_block``: the GPU block size in tokens where the layout says it (the dimension
+    after the block dimension of flash-attn, flashinfer and MLA tensors), else None.
     """
 
     views: tuple[PageView, ...]
     record_bytes: int
     num_blocks: int
+    tokens_per_block: int | None = None
 
 
 def _resolve_layout(layout: Any, where: str) -> tuple[int, int | None, dict[int, int], str]:
@@ -277,6 +280,7 @@ class KVCacheTable:
             views: list[PageView] = []
             seen: set[tuple[int, int, int, int]] = set()
             num_blocks: int | None = None
+            tokens: set[int | None] = set()
             for layer, t in enumerate(tensors):
                 where = f"groups[{g}][{layer}]"
                 for v in canonical_views(t, per_group[g], where):
@@ -308,12 +312,16 @@ class KVCacheTable:
                     seen.add(key)
                     views.append(v)
                 kept.append(t)
+                lay = per_group[g]  # validated by canonical_views above
+                named = isinstance(lay, str) and lay in _NAMED
+                tokens.add(int(t.shape[_NAMED[lay][0] + 1 + (lay == "flashinfer")]) if named else None)
             offset = 0
             placed: list[PageView] = []
             for v in views:
                 placed.append(PageView(v.ptr, v.block_stride, v.page_bytes, v.num_blocks, offset, v.pages))
                 offset += v.page_bytes
-            tables.append(GroupTable(tuple(placed), offset, num_blocks or 0))
+            block_tokens = tokens.pop() if len(tokens) == 1 else None
+            tables.append(GroupTable(tuple(placed), offset, num_blocks or 0, block_tokens))
         if device is None:
             raise InvalidArgumentError("groups holds no tensor: at least one group needs a KV-cache tensor")
         return cls(tables, device, kept, pools)

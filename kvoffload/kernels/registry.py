@@ -19,15 +19,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
-import numpy as np
 import torch
 
 from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
-from kvoffload.kernels.job import TransferJob, validate_job
-from kvoffload.kernels.layout import KVCacheTable
+from kvoffload.kernels.backend import KernelBackend
+from kvoffload.kernels.triton_support import interpreter_problem
 
 logger = logging.getLogger(__name__)
 
@@ -38,75 +36,11 @@ __all__ = [
     "available_backends",
     "registered_backends",
     "kernel_mode",
+    "backend_class",
     "ENV_BACKEND",
 ]
 
 ENV_BACKEND = "KVOFFLOAD_BACKEND"
-
-
-class KernelBackend(ABC):
-    """Moves packed block records between a :class:`KVCacheTable` and a host buffer.
-
-    Subclasses set ``name``, implement :meth:`is_available` and :meth:`_copy` (which receives an
-    already validated :class:`TransferJob`); :meth:`pack`/:meth:`unpack` validate first, so a
-    subclass never sees bad input. Out-of-tree backends may also override ``pack``/``unpack``
-    entirely; the conformance suite (:mod:`kvoffload.testing`) checks the contract either way.
-    """
-
-    name: ClassVar[str] = ""
-
-    @classmethod
-    @abstractmethod
-    def is_available(cls, device: torch.device) -> bool:
-        """Whether this backend can move a KV cache that lives on ``device``."""
-
-    def pack(
-        self,
-        table: KVCacheTable,
-        host: torch.Tensor,
-        block_ids: np.ndarray,
-        group_ids: np.ndarray,
-        host_offsets: np.ndarray,
-    ) -> None:
-        """GPU pages -> host records.
-
-        For each ``i``: the record of GPU block ``block_ids[i]`` of group ``group_ids[i]`` (all its
-        views' pages, each at its ``record_offset``) is written to
-        ``host[host_offsets[i] : host_offsets[i] + table.groups[group_ids[i]].record_bytes]``.
-        ``host`` is a 1-D ``torch.uint8`` CPU tensor (pinned when ``table.device`` is CUDA);
-        ``block_ids``/``host_offsets`` int64, ``group_ids`` int32 (numpy, same length).
-        Enqueued on the current CUDA stream of ``table.device`` (no host sync); synchronous on
-        CPU. Everything is validated first: typed errors before any byte is written.
-        """
-        job = validate_job(table, host, block_ids, group_ids, host_offsets, to_host=True)
-        self._check_device(table.device)
-        if job.total_bytes:
-            self._copy(job, to_host=True)
-
-    def unpack(
-        self,
-        table: KVCacheTable,
-        host: torch.Tensor,
-        block_ids: np.ndarray,
-        group_ids: np.ndarray,
-        host_offsets: np.ndarray,
-    ) -> None:
-        """Host records -> GPU pages; same arguments as :meth:`pack`, reverse direction."""
-        job = validate_job(table, host, block_ids, group_ids, host_offsets, to_host=False)
-        self._check_device(table.device)
-        if job.total_bytes:
-            self._copy(job, to_host=False)
-
-    def _check_device(self, device: torch.device) -> None:
-        if not type(self).is_available(device):
-            raise BackendUnavailableError(f"kernel backend {self.name!r} cannot run on {device}")
-
-    @abstractmethod
-    def _copy(self, job: TransferJob, to_host: bool) -> None:
-        """Move the bytes of a validated, non-empty job (``to_host``: pack, else unpack)."""
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r})"
 
 
 # name -> class, or "module:Class" for built-ins imported on first use
@@ -157,6 +91,15 @@ def _resolve(name: str) -> type[KernelBackend]:
     raise InvalidArgumentError(
         f"unknown kernel backend {name!r}; registered: {sorted(_REGISTRY)} (or pass 'module:Class')"
     )
+
+
+def backend_class(name: str) -> type[KernelBackend]:
+    """The class registered under ``name`` (or ``"module:Class"``), imported if needed.
+
+    Raises :class:`InvalidArgumentError` for an unknown name, :class:`BackendUnavailableError`
+    when its module cannot be imported.
+    """
+    return _resolve(_check_name(name))
 
 
 def register_backend(name: str, cls: type[KernelBackend], *, replace: bool = False) -> None:
@@ -253,7 +196,5 @@ def kernel_mode() -> str:
         return "unavailable"
     if torch.cuda.is_available():
         return "compiled"
-    from kvoffload.kernels.triton_backend import interpreter_problem  # noqa: PLC0415
-
     problem = interpreter_problem()
     return "interpreted" if problem is None else f"unavailable: {problem}"

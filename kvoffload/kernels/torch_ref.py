@@ -21,9 +21,10 @@ import contextlib
 import numpy as np
 import torch
 
+from kvoffload.kernels.backend import KernelBackend
+from kvoffload.kernels.device import upload
 from kvoffload.kernels.job import TransferJob
 from kvoffload.kernels.layout import GroupTable
-from kvoffload.kernels.registry import KernelBackend
 
 __all__ = ["TorchBackend"]
 
@@ -49,13 +50,6 @@ def _typed(
     out = torch.empty(0, dtype=_WORD_DTYPES[w], device=t.device)
     out.set_(storage, byte_offset // w, shape, tuple(s // w for s in byte_strides))
     return out
-
-
-def _to_device(arr: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(arr))
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 class TorchBackend(KernelBackend):
@@ -101,7 +95,7 @@ class TorchBackend(KernelBackend):
             )
             for v in group.views
         ]
-        ids = _to_device(job.block_ids[sel], dev)
+        ids = upload(job.block_ids[sel], dev)
         n, rw = len(sel), rb // w
         if on_cuda:
             host_w = host.view(torch.uint8)

@@ -1,19 +1,20 @@
-"""``"triton"`` backend: validate, build the launch, run :func:`copy_records_kernel` once per job.
+"""``"triton"`` backend: one :func:`~kvoffload.kernels.triton_kernels.copy_pages_kernel` launch per job.
 
 On CUDA the kernel is compiled and enqueued on the current stream of the cache's device; the
-pinned host buffer is read/written by the GPU directly. The per-job arrays (block ids, group ids,
-host offsets: three int64 per block) go through PyTorch's pinned caching allocator and a
-non-blocking copy, so nothing waits on the device. On CPU tensors the *same* raw kernel runs
-through :class:`triton.runtime.interpreter.InterpretedFunction` (no global ``TRITON_INTERPRET``
-needed), which is how CI tests it.
+buffer is the pinned host pool (read/written by the SMs directly) or a GPU staging buffer. The
+per-table device tables are built once (:meth:`TritonBackend.prepare`, called by the transfer
+worker at construction; else on first use), through pinned memory and non-blocking copies; the
+per-job arrays (three int64 per block) the same way, so nothing on the submit path waits for the
+device. On CPU tensors the *same* raw kernel runs through Triton's interpreter, which is how CI
+tests it.
 
-Word size: the widest of 16/8/4/2/1 bytes that divides every view address, block stride, page
-size, the host buffer address and every host offset of the job.
+Word size: the widest of 16/8/4/2/1 bytes dividing every view address, block stride, page size,
+the buffer address and every buffer offset of the job. Launch geometry (:func:`tile_geometry`):
+tiles of several pages per program iteration, warps sized so that each thread moves >= 16 bytes.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -22,77 +23,73 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvoffload.errors import InvalidArgumentError
+from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import LaunchConfig, launch_config
+from kvoffload.kernels.device import upload
 from kvoffload.kernels.job import TransferJob
 from kvoffload.kernels.layout import KVCacheTable
-from kvoffload.kernels.registry import KernelBackend
+from kvoffload.kernels.triton_support import interpreter_problem, kernels, triton_module
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TritonBackend", "job_alignment", "interpreter_problem"]
+__all__ = ["TritonBackend", "TileGeometry", "job_alignment", "tile_geometry", "word_type", "interpreter_problem"]
 
 _interp_lock = threading.Lock()
+_BYTES_PER_THREAD = 16
 
 
-@functools.lru_cache(maxsize=1)
-def _triton() -> Any:
-    import triton  # noqa: PLC0415 - imported lazily: slow, and optional on some platforms
-
-    return triton
+def word_type(alignment: int) -> tuple[str, int]:
+    """(triton element type name, VEC words per alignment unit) for an alignment in bytes."""
+    return {16: ("int64", 2), 8: ("int64", 1), 4: ("int32", 1), 2: ("int16", 1), 1: ("int8", 1)}[alignment]
 
 
-@functools.lru_cache(maxsize=1)
-def _kernels() -> tuple[Any, Any]:
-    """(compiled JITFunction, interpreted twin) of the raw kernel."""
-    from triton.runtime.interpreter import InterpretedFunction  # noqa: PLC0415
-
-    from kvoffload.kernels.triton_kernels import copy_records_kernel  # noqa: PLC0415
-
-    return copy_records_kernel, InterpretedFunction(copy_records_kernel.fn)
-
-
-@functools.lru_cache(maxsize=1)
-def interpreter_problem() -> str | None:
-    """Why Triton's interpreter cannot run the kernel here, or None if it can.
-
-    Runs a tiny kernel with a run-time loop bound through the interpreter once per process:
-    Triton <= 3.6's interpreter converts such bounds with ``int()`` on a 1-element array, which
-    NumPy >= 2.4 refuses, so the CPU path needs a newer Triton or an older NumPy.
-    """
-    try:
-        from triton.runtime.interpreter import InterpretedFunction  # noqa: PLC0415
-
-        from kvoffload.kernels.triton_kernels import interpreter_probe_kernel  # noqa: PLC0415
-
-        out = torch.zeros(1, dtype=torch.int64)
-        InterpretedFunction(interpreter_probe_kernel.fn)[(1,)](out, 3)
-        if int(out.item()) != 3:
-            return f"the interpreter computed {int(out.item())} instead of 3"
-    except Exception as exc:  # noqa: BLE001 - any failure means the interpreter cannot be used
-        import numpy  # noqa: PLC0415
-
-        return (
-            f"triton {_triton().__version__} interpreter fails with numpy {numpy.__version__} "
-            f"({type(exc).__name__}: {str(exc)[:120]}); use triton >= 3.7 or numpy < 2.4"
-        )
-    return None
-
-
-def _word(alignment: int) -> tuple[Any, int]:
-    """(triton element type, VEC words per alignment unit) for an alignment in bytes."""
-    tl = _triton().language
-    return {16: (tl.int64, 2), 8: (tl.int64, 1), 4: (tl.int32, 1), 2: (tl.int16, 1), 1: (tl.int8, 1)}[alignment]
-
-
-def job_alignment(table: KVCacheTable, host: torch.Tensor, host_offsets: np.ndarray) -> int:
-    """Largest power of two <= 16 dividing the table's views, the host address and every offset."""
-    bits = int(np.bitwise_or.reduce(host_offsets)) if len(host_offsets) else 0
-    bits |= host.data_ptr() | table.alignment
+def _pow2_alignment(bits: int) -> int:
     a = 16
     while bits % a:
         a //= 2
     return a
+
+
+def job_alignment(table: KVCacheTable, host: torch.Tensor, host_offsets: np.ndarray) -> int:
+    """Largest power of two <= 16 dividing the table's views, the buffer address and every offset."""
+    bits = int(np.bitwise_or.reduce(host_offsets)) if len(host_offsets) else 0
+    return _pow2_alignment(bits | host.data_ptr() | table.alignment)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class TileGeometry:
+    """How one launch moves pages: ``pages`` x ``chunk`` words of ``esize`` bytes per step."""
+
+    vec: int
+    esize: int
+    pages: int
+    chunk: int
+    num_warps: int
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.pages * self.chunk * self.esize
+
+
+def tile_geometry(max_page_bytes: int, alignment: int, cfg: LaunchConfig) -> TileGeometry:
+    """Tile shape for pages of up to ``max_page_bytes`` at ``alignment`` (see the module docstring).
+
+    ``chunk`` covers a whole page when it fits in ``cfg.block_bytes`` (else the page takes several
+    steps); ``pages = block_bytes / chunk`` pages share one step, so a program keeps about
+    ``block_bytes`` in flight whatever the page size; warps = tile bytes / (16 B x 32 threads),
+    capped by ``cfg.num_warps``, so every thread moves at least 16 bytes per step.
+    """
+    _, vec = word_type(alignment)
+    esize = alignment // vec
+    block_words = max(vec, cfg.block_bytes // esize)
+    chunk = max(vec, min(_next_pow2(max(1, max_page_bytes // esize)), block_words))
+    pages = max(1, block_words // chunk)
+    warps = max(1, min(cfg.num_warps, pages * chunk * esize // (_BYTES_PER_THREAD * 32)))
+    return TileGeometry(vec, esize, pages, chunk, 1 << (warps.bit_length() - 1))
 
 
 @dataclass(frozen=True)
@@ -110,27 +107,22 @@ def _device_tables(table: KVCacheTable, unit: int) -> _DeviceTables:
         return cached
     views = [v for g in table.groups for v in g.views]
     anchor = views[0]
-    rows = []
-    for v in views:
-        delta = v.ptr - anchor.ptr
-        rows.append([delta // unit, v.block_stride // unit, v.page_bytes // unit, v.record_offset // unit])
+    rows = [
+        [(v.ptr - anchor.ptr) // unit, v.block_stride // unit, v.page_bytes // unit, v.record_offset // unit]
+        for v in views
+    ]
     groups, first = [], 0
     for g in table.groups:
         groups.append([first, len(g.views)])
         first += len(g.views)
-    dev = table.device
     out = _DeviceTables(
         anchor=anchor.pages,
-        views=torch.tensor(rows, dtype=torch.int64).to(dev),
-        groups=torch.tensor(groups, dtype=torch.int64).to(dev),
+        views=upload(np.array(rows, dtype=np.int64), table.device),
+        groups=upload(np.array(groups, dtype=np.int64), table.device),
         max_page_bytes=max(v.page_bytes for v in views),
     )
     table.cache[key] = out
     return out
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
 
 
 class TritonBackend(KernelBackend):
@@ -138,8 +130,8 @@ class TritonBackend(KernelBackend):
 
     Args (all optional; default from :func:`kvoffload.kernels.config.launch_config`):
         num_programs: cap on the persistent grid (SM budget left to the model).
-        block_bytes: bytes one program moves per loop iteration (power of two >= 16).
-        num_warps: warps per program (compiled only).
+        block_bytes: bytes one program keeps in flight per loop step (power of two >= 16).
+        num_warps: cap on warps per program (compiled only; fewer for small tiles).
     """
 
     name = "triton"
@@ -162,7 +154,7 @@ class TritonBackend(KernelBackend):
         if device.type not in ("cpu", "cuda"):
             return False
         try:
-            _kernels()
+            kernels()
         except Exception as exc:  # noqa: BLE001 - any import problem means "cannot run"
             logger.debug("triton backend unavailable: %s", exc)
             return False
@@ -177,58 +169,84 @@ class TritonBackend(KernelBackend):
         """Effective launch parameters for ``device``."""
         return launch_config(device).merged(self._overrides, "TritonBackend")
 
-    def _copy(self, job: TransferJob, to_host: bool) -> None:
-        table, host = job.table, job.host
+    def prepare(self, table: KVCacheTable, host_alignment: int = 1) -> None:
+        """Build the device tables for jobs at ``host_alignment`` and, on CUDA, compile the kernel
+        for both directions and both buffer kinds (host pool, GPU staging) with an empty launch."""
         if not any(g.views for g in table.groups):
             return
-        unit = job_alignment(table, host, job.host_offsets)
+        unit = _pow2_alignment(table.alignment | host_alignment)
+        table.cache["triton_unit"] = unit  # jobs at least this aligned use exactly this variant
         tables = _device_tables(table, unit)
-        wtype, vec = _word(unit)
-        esize = unit // vec
+        if table.device.type != "cuda":
+            return
+        geo = tile_geometry(tables.max_page_bytes, unit, self.config(table.device))
+        with torch.cuda.device(table.device):
+            job = torch.zeros(3, dtype=torch.int64, device=table.device)
+            staging = torch.empty(16 * unit, dtype=torch.uint8, device=table.device)
+            host = torch.empty(16 * unit, dtype=torch.uint8, pin_memory=True)
+            for buf in (host, staging):
+                for to_buf in (True, False):
+                    self._launch(table, tables, buf, job, 0, to_buf, unit, geo, grid=1)
+
+    def _copy(self, job: TransferJob, to_host: bool) -> None:
+        table, buf = job.table, job.host
+        if not any(g.views for g in table.groups):
+            return
+        unit = job_alignment(table, buf, job.host_offsets)
+        prepared = table.cache.get("triton_unit")
+        if prepared is not None and unit >= prepared:
+            unit = prepared  # a narrower word is always correct: no new tables, no compile at submit
+        tables = _device_tables(table, unit)
         dev = table.device
         cfg = self.config(dev)
-        block = max(vec, min(cfg.block_bytes, _next_pow2(tables.max_page_bytes)) // esize)
+        geo = tile_geometry(tables.max_page_bytes, unit, cfg)
         n = job.n
         arr = np.empty((3, n), dtype=np.int64)
         arr[0] = job.block_ids
         arr[1] = job.group_ids
         np.floor_divide(job.host_offsets, unit, out=arr[2])
-        units = n * table.max_views
-        grid = (max(1, min(cfg.num_programs, units)),)
-        triton = _triton()
-        cache_arg = triton.reinterpret(tables.anchor, wtype)
-        host_arg = triton.reinterpret(host, wtype)
-        compiled, interpreted = _kernels()
+        tiles = -(-(n * table.max_views) // geo.pages)
+        grid = max(1, min(cfg.num_programs, tiles))
         if dev.type == "cuda":
             with torch.cuda.device(dev):
-                job_t = torch.from_numpy(arr).pin_memory().to(dev, non_blocking=True)
-                compiled[grid](
-                    cache_arg,
-                    host_arg,
-                    tables.views,
-                    tables.groups,
-                    job_t,
-                    n,
-                    table.max_views,
-                    TO_HOST=to_host,
-                    VEC=vec,
-                    BLOCK=block,
-                    num_warps=cfg.num_warps,
-                )
-        elif dev.type == "cpu":
-            job_t = torch.from_numpy(arr)
+                self._launch(table, tables, buf, upload(arr, dev), n, to_host, unit, geo, grid)
+        else:
+            self._launch(table, tables, buf, torch.from_numpy(arr), n, to_host, unit, geo, grid)
+
+    @staticmethod
+    def _launch(
+        table: KVCacheTable,
+        tables: _DeviceTables,
+        buf: torch.Tensor,
+        job: torch.Tensor,
+        n: int,
+        to_buf: bool,
+        unit: int,
+        geo: TileGeometry,
+        grid: int,
+    ) -> None:
+        triton = triton_module()
+        wtype = getattr(triton.language, word_type(unit)[0])
+        args = (
+            triton.reinterpret(tables.anchor, wtype),
+            triton.reinterpret(buf, wtype),
+            tables.views,
+            tables.groups,
+            job,
+            n,
+            table.max_views,
+            tables.max_page_bytes // unit,
+        )
+        consts: dict[str, Any] = {
+            "TO_BUF": to_buf,
+            "BUF_ON_HOST": buf.device.type == "cpu",
+            "VEC": geo.vec,
+            "PAGES": geo.pages,
+            "CHUNK": geo.chunk,
+        }
+        compiled, interpreted = kernels()
+        if table.device.type == "cuda":
+            compiled[(grid,)](*args, **consts, num_warps=geo.num_warps)
+        else:
             with _interp_lock:
-                interpreted[grid](
-                    cache_arg,
-                    host_arg,
-                    tables.views,
-                    tables.groups,
-                    job_t,
-                    n,
-                    table.max_views,
-                    TO_HOST=to_host,
-                    VEC=vec,
-                    BLOCK=block,
-                )
-        else:  # pragma: no cover - is_available rejects other devices first
-            raise InvalidArgumentError(f"triton backend cannot run on {dev}")
+                interpreted[(grid,)](*args, **consts)

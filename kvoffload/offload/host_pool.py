@@ -7,11 +7,15 @@ Layout (docs/contract.md §4)::
             = block_size_factor GPU-block *records* back to back (a record = every page of its
               KV-cache group, packed), zero-padded up to slot_bytes for the smaller groups
 
-The bytes are allocated exactly (no power-of-two rounding, which ``torch.empty(...,
-pin_memory=True)`` does through its caching host allocator) and then page-locked with
-``cudaHostRegister`` in bounded chunks (:data:`REGISTER_CHUNK_BYTES`), so a pool of hundreds of GiB
-neither doubles its footprint nor needs one giant registration. With UVA the GPU addresses the
-registered memory directly, so kernels read and write the pool without a bounce buffer.
+The bytes come from an anonymous ``mmap`` (page aligned, the size rounded up to whole OS pages;
+no power-of-two rounding, which ``torch.empty(..., pin_memory=True)`` does through its caching
+host allocator; transparent huge pages requested for large pools) and are then page-locked with
+``cudaHostRegister`` in bounded chunks (:data:`REGISTER_CHUNK_BYTES`, chunk boundaries on page
+boundaries), so a pool of hundreds of GiB neither doubles its footprint nor needs one giant
+registration. The kernels address the pool with its host pointer (unified virtual addressing), so
+each chunk's device pointer is checked to equal its host pointer (``cudaHostGetDevicePointer``,
+when ``cuda.bindings`` or the CUDA runtime library can be reached); a mismatch is an error. A
+record may cross a chunk boundary: the chunks are one contiguous range of addresses.
 
 Without CUDA there is nothing to pin: the pool falls back to pageable memory and logs ONE warning
 per process.
@@ -19,7 +23,10 @@ per process.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
+import os
 import threading
 import weakref
 from typing import Any
@@ -36,7 +43,8 @@ __all__ = ["HostPool", "REGISTER_CHUNK_BYTES"]
 #: registrations never share a page.
 REGISTER_CHUNK_BYTES = 1 << 30
 
-_OS_PAGE = 4096
+_OS_PAGE = mmap.PAGESIZE
+_HUGEPAGE_MIN_BYTES = 1 << 30
 # cudaHostRegisterPortable | cudaHostRegisterMapped: usable from every CUDA context, and mapped into
 # the device address space (with UVA the device address equals the host address).
 _REGISTER_FLAGS = 0x01 | 0x02
@@ -75,11 +83,48 @@ def _cuda_ok(rc: Any) -> bool:
         return str(rc).rsplit(".", 1)[-1].lower() == "success"
 
 
+def _cudart() -> Any:
+    return torch.cuda.cudart()
+
+
+def _device_pointer(ptr: int) -> int | None:
+    """``cudaHostGetDevicePointer`` of a registered host address, or None when it cannot be asked."""
+    try:
+        from cuda.bindings import runtime  # noqa: PLC0415 - optional
+
+        err, dptr = runtime.cudaHostGetDevicePointer(ptr, 0)
+        return int(dptr) if int(err) == 0 else None
+    except Exception:  # noqa: BLE001 - try the runtime library torch loaded
+        pass
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            lib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+        except OSError:
+            continue
+        out = ctypes.c_void_p()
+        if lib.cudaHostGetDevicePointer(ctypes.byref(out), ctypes.c_void_p(ptr), 0) == 0:
+            return int(out.value or 0)
+        return None
+    return None
+
+
+def _allocate(nbytes: int) -> tuple[torch.Tensor, mmap.mmap]:
+    """``nbytes`` bytes of page-aligned anonymous memory (mapping rounded up to whole pages)."""
+    size = -(-nbytes // _OS_PAGE) * _OS_PAGE
+    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if size >= _HUGEPAGE_MIN_BYTES and hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return torch.frombuffer(mm, dtype=torch.uint8, count=nbytes), mm
+
+
 def _unregister(ptrs: list[int]) -> None:
     """Unregister every chunk start in ``ptrs`` (idempotent: empties the list)."""
     if not ptrs:
         return
-    cudart = torch.cuda.cudart()
+    cudart = _cudart()
     while ptrs:
         ptr = ptrs.pop()
         rc = cudart.cudaHostUnregister(ptr)
@@ -100,7 +145,8 @@ class HostPool:
             available, else pageable with one warning per process.
 
     Attributes:
-        buffer: 1-D ``torch.uint8`` CPU tensor of ``num_slots * slot_bytes`` bytes.
+        buffer: 1-D ``torch.uint8`` CPU tensor of ``num_slots * slot_bytes`` bytes, page aligned.
+        mapped_bytes: bytes actually mapped (and registered): ``nbytes`` rounded up to the OS page.
         pinned: whether ``buffer`` is page-locked (registered with CUDA).
         num_slots, slot_bytes, nbytes, device: as given / derived.
 
@@ -149,7 +195,8 @@ class HostPool:
         want_pin = must_pin or (pin is None and cuda)
 
         self._registered: list[int] = []
-        buf = torch.empty(self.nbytes, dtype=torch.uint8)
+        buf, self._mapping = _allocate(self.nbytes)
+        self.mapped_bytes = len(self._mapping)
         self.pinned = False
         if want_pin:
             err = self._register(buf)
@@ -163,20 +210,32 @@ class HostPool:
             _warn_pageable_once("CUDA is not available, nothing to pin")
         self._buffer: torch.Tensor | None = buf
         # Unregister even if the owner forgets shutdown(); holds the buffer, never self.
-        self._finalizer = weakref.finalize(self, _release, self._registered, [buf])
+        self._finalizer = weakref.finalize(self, _release, self._registered, [buf, self._mapping])
 
     def _register(self, buf: torch.Tensor) -> str | None:
         """Page-lock ``buf`` in bounded chunks; on failure undo what was done and return why."""
         try:
-            cudart = torch.cuda.cudart()
+            cudart = _cudart()
         except Exception as exc:  # noqa: BLE001 - no usable CUDA runtime
             return f"CUDA runtime unavailable: {exc}"
-        for ptr, size in _chunk_ranges(buf.data_ptr(), self.nbytes, REGISTER_CHUNK_BYTES):
+        unchecked = 0
+        for ptr, size in _chunk_ranges(buf.data_ptr(), self.mapped_bytes, REGISTER_CHUNK_BYTES):
             rc = cudart.cudaHostRegister(ptr, size, _REGISTER_FLAGS)
             if not _cuda_ok(rc):
                 _unregister(self._registered)
                 return f"cudaHostRegister(0x{ptr:x}, {size}) returned {rc}"
             self._registered.append(ptr)
+            dptr = _device_pointer(ptr)
+            if dptr is None:
+                unchecked += 1
+            elif dptr != ptr:
+                _unregister(self._registered)
+                return (
+                    f"the chunk at host 0x{ptr:x} maps to device address 0x{dptr:x}; the kernels need "
+                    "them equal (unified virtual addressing)"
+                )
+        if unchecked:
+            logger.debug("host pool: device pointers of %d chunks not checked (no cudaHostGetDevicePointer)", unchecked)
         return None
 
     @property
@@ -217,7 +276,7 @@ class HostPool:
         return f"HostPool(num_slots={self.num_slots}, slot_bytes={self.slot_bytes}, {state})"
 
 
-def _release(registered: list[int], holder: list[torch.Tensor]) -> None:
+def _release(registered: list[int], holder: list[Any]) -> None:
     """Finalizer: unregister chunks, then let the buffer go."""
     try:
         _unregister(registered)

@@ -13,10 +13,12 @@ How a job maps blocks to host bytes is documented in :mod:`kvoffload.offload.job
 
 Ordering and completion on CUDA:
 
-* every job runs on the worker's own CUDA stream, after the work already enqueued on the engine's
-  *current* stream at submit time (an event recorded there, waited on by the worker stream; no
-  host sync). Stores therefore read the KV cache only once the forward pass that wrote it is done;
-  loads overwrite GPU blocks only once earlier kernels that might still read them are done.
+* every job runs on the worker's own high-priority CUDA stream, after what ``transfer_async``'s
+  ``after`` names (events or streams of the engine), by default the work already enqueued on the
+  calling thread's *current* stream at submit time (an event recorded there, waited on by the
+  worker stream; no host sync). Stores therefore read the KV cache only once the forward pass that
+  wrote it is done; loads overwrite GPU blocks only once earlier kernels that might still read them
+  are done. Submitting while the current stream captures a CUDA graph raises StreamCaptureError.
 * jobs run in submission order (one stream), so a load never overtakes an earlier store.
 * completion is an event per job, polled with ``event.query()`` in :meth:`get_finished`.
 * **the engine must not read GPU blocks written by a load (nor reuse GPU blocks read by a store)
@@ -30,7 +32,7 @@ Not thread-safe: call it from the engine worker's loop.
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import logging
 import time
 from collections.abc import Collection, Sequence
@@ -40,9 +42,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.kernels.backend import KernelBackend
+from kvoffload.kernels.config import launch_config
+from kvoffload.kernels.device import check_not_capturing
 from kvoffload.kernels.layout import KVCacheTable
-from kvoffload.kernels.registry import KernelBackend, get_backend
+from kvoffload.kernels.paths import DataPath
+from kvoffload.offload import worker_args
 from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
 from kvoffload.offload.host_pool import HostPool
 from kvoffload.offload.job_mapping import GroupGeometry, JobArrays, map_job
@@ -50,6 +56,10 @@ from kvoffload.offload.job_mapping import GroupGeometry, JobArrays, map_job
 logger = logging.getLogger(__name__)
 
 __all__ = ["TransferResult", "TransferWorker", "STORE", "LOAD"]
+
+#: Priority of the worker's CUDA stream (lower is higher; CUDA clamps to the device's range): KV
+#: transfers are latency-critical for the requests waiting on them.
+STREAM_PRIORITY = -1
 
 #: ``transfer_type`` of a store (GPU -> CPU) and of a load (CPU -> GPU).
 STORE: tuple[str, str] = ("GPU", "CPU")
@@ -94,19 +104,32 @@ class TransferWorker:
     Args:
         table: the engine's KV cache, from :meth:`KVCacheTable.from_tensors`.
         num_cpu_blocks: host pool slots (offloaded blocks), ``>= 1``.
-        block_size_factors: GPU blocks per offloaded block, one int for all groups or one per
-            group (``>= 1``).
+        block_size_factors: per group, GPU blocks per offloaded block -- it must equal the
+            group's offloaded block size / GPU block size (in tokens). One int for all groups, or
+            one entry per group: an int, or an object with ``gpu_block_size`` and
+            ``offloaded_block_size`` (e.g. the scheduler's ``GroupOffloadConfig``) from which the
+            factor is computed and checked here (whole quotient; the GPU block size must match
+            the tensors' where the layout tells it) -- not at the first transfer.
         backend: kernel backend name (``"triton"``, ``"torch"``, ``"dma"``, ``"module:Class"``),
             an instance, or None (``KVOFFLOAD_BACKEND``, else the device's default).
         max_programs: cap on the kernel's concurrent programs (SM budget) for a backend chosen by
             name whose constructor takes ``num_programs`` (``triton``); ignored by backends that
             launch no programs (``torch``, ``dma``); None keeps the backend's default. An error
             together with a backend instance (configure the instance instead).
+        path: data path of every job: ``"auto"`` (per device and job size from the per-GPU
+            config), ``"direct"`` (the kernel reads/writes the pinned pool), ``"staged"`` (copy
+            engines + a GPU staging ring) or ``"dma"`` (copy engines only: no SM used, for
+            engines that cannot spare any). See :mod:`kvoffload.kernels.paths`.
+        staging_bytes: size of the GPU staging ring (default: the per-GPU config).
+
+    At construction the backend builds its device tables and compiles both directions
+    (:meth:`KernelBackend.prepare`), so :meth:`transfer_async` neither compiles nor waits.
 
     Attributes:
         host_pool: the :class:`HostPool`, ``num_cpu_blocks`` slots of
             ``slot_bytes = max_g(factor_g * record_bytes_g)`` bytes (sized for the largest group).
         backend: the :class:`KernelBackend` in use.
+        paths: the :class:`~kvoffload.kernels.paths.DataPath` choosing and running each job's path.
         factors: ``int64[G]`` block size factor per group.
 
     Raises:
@@ -118,30 +141,23 @@ class TransferWorker:
         self,
         table: KVCacheTable,
         num_cpu_blocks: int,
-        block_size_factors: int | Sequence[int] = 1,
+        block_size_factors: int | Sequence[Any] = 1,
         backend: str | KernelBackend | None = None,
         max_programs: int | None = None,
+        path: str = "auto",
+        staging_bytes: int | None = None,
     ) -> None:
         if not isinstance(table, KVCacheTable):
             raise InvalidTypeError(f"table must be a KVCacheTable, got {type(table).__name__}")
         num_slots = check_int(num_cpu_blocks, "num_cpu_blocks", 1)
-        G = len(table.groups)
-        if G == 0:
+        if len(table.groups) == 0:
             raise InvalidArgumentError("table has no KV-cache group")
-        if isinstance(block_size_factors, (int, np.integer)) and not isinstance(block_size_factors, bool):
-            factors = [check_int(block_size_factors, "block_size_factors", 1)] * G
-        elif isinstance(block_size_factors, Sequence) and not isinstance(block_size_factors, (str, bytes)):
-            if len(block_size_factors) != G:
-                raise InvalidArgumentError(
-                    f"block_size_factors must have one entry per group ({G}), got {len(block_size_factors)}"
-                )
-            factors = [check_int(f, f"block_size_factors[{i}]", 1) for i, f in enumerate(block_size_factors)]
-        else:
-            raise InvalidTypeError(
-                f"block_size_factors must be an int or a sequence of ints, got {type(block_size_factors).__name__}"
-            )
+        factors = worker_args.block_size_factors(table, block_size_factors)
         if max_programs is not None:
             max_programs = check_int(max_programs, "max_programs", 1)
+        config = launch_config(table.device)
+        if staging_bytes is not None:
+            config = config.merged({"staging_bytes": check_int(staging_bytes, "staging_bytes", 1)}, "staging_bytes")
 
         record_bytes = np.array([grp.record_bytes for grp in table.groups], dtype=np.int64)
         self.factors = np.array(factors, dtype=np.int64)
@@ -149,7 +165,7 @@ class TransferWorker:
         if slot_bytes <= 0:
             raise InvalidArgumentError("table has no pages in any group: nothing to offload")
 
-        self.backend = self._resolve_backend(backend, table.device, max_programs)
+        self.backend = worker_args.resolve_backend(backend, table.device, max_programs)
         self.table = table
         self.device: torch.device = table.device
         self._cuda = self.device.type == "cuda"
@@ -160,46 +176,28 @@ class TransferWorker:
             slot_bytes=slot_bytes,
             num_slots=num_slots,
         )
+        self.paths = DataPath(self.backend, table, path, config=config)
         self.host_pool = HostPool(num_slots, slot_bytes, device=self.device)
         self._stream: Any = None
         if self._cuda:
-            self._stream = torch.cuda.Stream(device=self.device)
+            self._stream = torch.cuda.Stream(device=self.device, priority=STREAM_PRIORITY)
+        # every host offset is slot * slot_bytes + k * record_bytes_g: one alignment for all jobs
+        host_bits = self.host_pool.buffer.data_ptr() | slot_bytes | int(np.bitwise_or.reduce(record_bytes))
+        stream_ctx = torch.cuda.stream(self._stream) if self._cuda else contextlib.nullcontext()
+        with stream_ctx:
+            self.backend.prepare(table, host_bits & -host_bits)  # device tables + both directions compiled
         self._inflight: dict[int, _InFlight] = {}
         self._finished: list[TransferResult] = []
         self._closed = False
         logger.info(
-            "transfer worker: %d slots x %d bytes (%s), backend %s, factors %s, device %s",
+            "transfer worker: %d slots x %d bytes (%s), backend %s, factors %s, device %s, data path %s",
             num_slots,
             slot_bytes,
             "pinned" if self.host_pool.pinned else "pageable",
             type(self.backend).__name__,
             factors,
             self.device,
-        )
-
-    @staticmethod
-    def _resolve_backend(
-        backend: str | KernelBackend | None, device: torch.device, max_programs: int | None
-    ) -> KernelBackend:
-        if backend is None or isinstance(backend, str):
-            be = get_backend(backend, device)
-            if max_programs is not None:
-                if "num_programs" in inspect.signature(type(be).__init__).parameters:
-                    be = type(be)(num_programs=max_programs)  # type: ignore[call-arg]
-                else:
-                    logger.debug("backend %s launches no programs; max_programs ignored", type(be).__name__)
-            return be
-        if isinstance(backend, KernelBackend):
-            if max_programs is not None:
-                raise InvalidArgumentError(
-                    "max_programs applies to a backend chosen by name; configure a backend instance "
-                    "yourself (e.g. TritonBackend(num_programs=...))"
-                )
-            if not type(backend).is_available(device):
-                raise BackendUnavailableError(f"backend {type(backend).__name__} cannot run on device {device}")
-            return backend
-        raise InvalidTypeError(
-            f"backend must be a name, a KernelBackend instance or None, got {type(backend).__name__}"
+            self.paths.describe(),
         )
 
     # ------------------------------------------------------------------ submit
@@ -223,13 +221,18 @@ class TransferWorker:
             f"GPULoadStoreSpec) for a load, got ({type(src).__name__}, {type(dst).__name__})"
         )
 
-    def transfer_async(self, job_id: int, spec: tuple[LoadStoreSpec, LoadStoreSpec]) -> bool:
-        """Submit one job.
+    def transfer_async(self, job_id: int, spec: tuple[LoadStoreSpec, LoadStoreSpec], *, after: Any = None) -> bool:
+        """Submit one job. Never waits for the device.
 
         Args:
             job_id: an int, unique among the jobs not yet reported by :meth:`get_finished`.
             spec: ``(GPULoadStoreSpec, CPULoadStoreSpec)`` stores GPU -> CPU;
                 ``(CPULoadStoreSpec, GPULoadStoreSpec)`` loads CPU -> GPU.
+            after: what the job must wait for on the GPU before it touches the KV cache: a
+                ``torch.cuda.Event`` (e.g. recorded by the engine after the forward pass that
+                wrote the KV a store reads), a ``torch.cuda.Stream`` (everything enqueued on it so
+                far), or a sequence of them. None (default): the calling thread's current stream
+                of the cache's device. Must be None without CUDA.
 
         Returns:
             True: the job was accepted and exactly one :class:`TransferResult` will be reported
@@ -237,27 +240,30 @@ class TransferWorker:
             shut down; nothing was done and no result will come.
 
         Raises:
-            InvalidTypeError / InvalidArgumentError: bad id or specs (wrong pair of types,
-                lengths that disagree, slot or block ids out of range, duplicate destinations).
-                Raised before anything is moved.
+            InvalidTypeError / InvalidArgumentError: bad id, specs (wrong pair of types,
+                lengths that disagree, slot or block ids out of range, duplicate destinations)
+                or ``after``. Raised before anything is moved.
+            StreamCaptureError: called while the current CUDA stream captures a CUDA graph.
         """
         if self._closed:
             logger.error("transfer_async(job %r) after shutdown: not submitted", job_id)
             return False
+        check_not_capturing(self.device, "TransferWorker.transfer_async")
+        producers = worker_args.producer_events(after, self._cuda)
         jid, arrays, store = self._parse(job_id, spec)
         kind = STORE if store else LOAD
         if len(arrays) == 0:
             self._finished.append(TransferResult(jid, True, 0, 0.0, kind))
             return True
         if self._cuda:
-            self._submit_cuda(jid, arrays, store, kind)
+            self._submit_cuda(jid, arrays, store, kind, producers)
         else:
             self._run_sync(jid, arrays, store, kind)
         return True
 
     def _launch(self, arrays: JobArrays, store: bool) -> None:
-        fn = self.backend.pack if store else self.backend.unpack
-        fn(self.table, self.host_pool.buffer, arrays.block_ids, arrays.group_ids, arrays.host_offsets)
+        fn = self.paths.pack if store else self.paths.unpack
+        fn(self.host_pool.buffer, arrays.block_ids, arrays.group_ids, arrays.host_offsets)
 
     def _run_sync(self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str]) -> None:
         t0 = time.perf_counter()
@@ -269,14 +275,20 @@ class TransferWorker:
             return
         self._finished.append(TransferResult(jid, True, arrays.transfer_size, time.perf_counter() - t0, kind))
 
-    def _submit_cuda(self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str]) -> None:
+    def _submit_cuda(
+        self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str], producers: list[Any]
+    ) -> None:
         stream = self._stream
         ok = True
         try:
             with torch.cuda.device(self.device):
-                ready = torch.cuda.Event()
-                ready.record(torch.cuda.current_stream(self.device))
-                stream.wait_event(ready)
+                for p in producers or [torch.cuda.current_stream(self.device)]:
+                    if isinstance(p, torch.cuda.Stream):
+                        ready = torch.cuda.Event()
+                        ready.record(p)
+                        stream.wait_event(ready)
+                    else:
+                        stream.wait_event(p)
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 with torch.cuda.stream(stream):

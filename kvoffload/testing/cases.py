@@ -20,7 +20,16 @@ import torch
 
 from kvoffload.kernels.layout import GenericLayout, KVCacheTable, LayoutSpec
 
-__all__ = ["Case", "CASE_BUILDERS", "DTYPES", "build_case", "expected_pages", "case_names"]
+__all__ = [
+    "Case",
+    "CASE_BUILDERS",
+    "DTYPES",
+    "PAGE_LAYOUTS",
+    "build_case",
+    "build_page_case",
+    "expected_pages",
+    "case_names",
+]
 
 DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
@@ -195,3 +204,44 @@ def build_case(
     groups, layouts = CASE_BUILDERS[kind](a, dt, num_blocks)
     dname = dtype if isinstance(dtype, str) else str(dtype).split(".")[-1]
     return Case(f"{kind}-{dname}", groups, layouts, a.buffers)
+
+
+PAGE_LAYOUTS = ("flash_attn", "flashinfer", "mla", "generic")
+
+
+def build_page_case(
+    layout: str,
+    dtype: str,
+    page_bytes: int,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    num_blocks: int = 6,
+) -> Case:
+    """Two groups with pages of about ``page_bytes`` bytes (rounded up to whole elements).
+
+    Group 0: two layers of ``layout`` (``"generic"``: block_dim 1 over ``[2, blocks, page]`` with a
+    padded block stride); group 1: one MLA layer with pages of half the size plus one element, so
+    that records of different sizes share a job.
+    """
+    dt = DTYPES[dtype]
+    esize = torch.empty(0, dtype=dt).element_size()
+    n = max(1, -(-page_bytes // esize))
+    a = _Alloc(torch.device(device), seed)
+    nb = num_blocks
+    g0: list[torch.Tensor]
+    if layout == "flash_attn":
+        g0 = [a.tensor((2, nb, 1, 1, n), dt) for _ in range(2)]
+        lay: LayoutSpec = "flash_attn"
+    elif layout == "flashinfer":
+        g0 = [a.tensor((nb, 2, 1, 1, max(1, n // 2)), dt) for _ in range(2)]
+        lay = "flashinfer"
+    elif layout == "mla":
+        g0 = [a.tensor((nb, 1, n), dt) for _ in range(2)]
+        lay = "mla"
+    elif layout == "generic":
+        g0 = [a.tensor((2, nb, n + 3), dt)[:, :, :n] for _ in range(2)]
+        lay = GenericLayout(1)
+    else:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {PAGE_LAYOUTS}")
+    g1 = [a.tensor((nb + 1, 1, n // 2 + 1), dt)]
+    return Case(f"{layout}-{dtype}-{page_bytes}B", [g0, g1], [lay, "mla"], a.buffers)

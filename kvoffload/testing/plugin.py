@@ -14,6 +14,23 @@ from __future__ import annotations
 
 import pytest
 
+from kvoffload.errors import KVOffloadError
+from kvoffload.kernels.registry import backend_class
+
+__all__ = ["check_backend_names"]
+
+
+def check_backend_names(names: list[str], source: str) -> None:
+    """Raise ONE :class:`pytest.UsageError` naming every backend that cannot be resolved."""
+    bad = []
+    for name in names:
+        try:
+            backend_class(name)
+        except KVOffloadError as exc:
+            bad.append(f"{name!r}: {exc}")
+    if bad:
+        raise pytest.UsageError(f"{source}: unusable kernel backend(s): " + "; ".join(bad))
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kvoffload", "kvoffload backend conformance suite")
@@ -31,3 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DEVICE",
         help="device of the KV cache (repeatable; default: cpu and cuda)",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    names = config.getoption("--kvoffload-backend")
+    if names:
+        check_backend_names([n for n in names if n], "--kvoffload-backend")

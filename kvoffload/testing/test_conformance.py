@@ -19,6 +19,7 @@ from kvoffload.kernels.registry import KernelBackend, get_backend
 from kvoffload.testing.bad_inputs import bad_input_cases, check_bad_input
 from kvoffload.testing.cases import DTYPES, build_case, case_names
 from kvoffload.testing.checks import check_pack, check_roundtrip, check_unpack, make_host, make_job
+from kvoffload.testing.plugin import check_backend_names
 
 BAD = bad_input_cases()
 BUILTIN_BACKENDS = ("torch", "triton", "dma")
@@ -40,6 +41,7 @@ def _choice(config: pytest.Config, option: str, env: str, default: tuple[str, ..
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend_name" in metafunc.fixturenames:
         names = _choice(metafunc.config, "--kvoffload-backend", "KVOFFLOAD_BACKEND", BUILTIN_BACKENDS)
+        check_backend_names(names, "--kvoffload-backend / KVOFFLOAD_BACKEND")  # one error, not one per test
         metafunc.parametrize("backend_name", names, scope="module")
     if "device" in metafunc.fixturenames:
         no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

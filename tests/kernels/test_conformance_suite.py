@@ -61,3 +61,14 @@ def test_suite_fails_broken_backends() -> None:
     failed = [line for line in out.splitlines() if line.startswith("FAILED")]
     for cls in BROKEN:
         assert sum(f":{cls}-" in line for line in failed) >= 4, (cls, out[-3000:])
+
+
+@pytest.mark.parametrize("form", ["option", "env"])
+def test_unknown_backend_is_one_usage_error(form: str) -> None:
+    if form == "option":
+        rc, out = _run_suite("-p", "kvoffload.testing.plugin", "--kvoffload-backend=nope", "--kvoffload-device=cpu")
+    else:
+        rc, out = _run_suite(env={"KVOFFLOAD_BACKEND": "nope", "KVOFFLOAD_TEST_DEVICE": "cpu"})
+    assert rc in (2, 4), out[-3000:]  # interrupted by a collection error / usage error
+    assert "unusable kernel backend(s): 'nope'" in out, out[-3000:]
+    assert _count(out, "passed") == 0 and _count(out, "errors?") <= 1 and "setup" not in out.lower()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import mmap
 
 import pytest
 import torch
@@ -148,7 +149,8 @@ def test_register_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = HostPool(10, 5000, pin=True)
     regs = [c for c in calls if c[0] == "reg"]
     assert pool.pinned and len(regs) >= 6
-    assert sum(c[2] for c in regs) == 50000 and regs[0][1] == pool.buffer.data_ptr()
+    assert pool.buffer.data_ptr() % mmap.PAGESIZE == 0 and pool.mapped_bytes % mmap.PAGESIZE == 0
+    assert sum(c[2] for c in regs) == pool.mapped_bytes >= 50000 and regs[0][1] == pool.buffer.data_ptr()
     calls.clear()
     pool.shutdown()
     assert sorted(c[1] for c in calls if c[0] == "unreg") == sorted(r[1] for r in regs)
@@ -174,7 +176,7 @@ def test_register_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_pinned_on_cuda() -> None:
     pool = HostPool(5, 3 * 4096 + 12, device="cuda")
     assert pool.pinned and pool.buffer.is_pinned()
-    assert pool.buffer.untyped_storage().nbytes() == pool.nbytes
+    assert pool.buffer.numel() == pool.nbytes and pool.mapped_bytes == -(-pool.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
     assert pool.slot_view(4).is_pinned()
     # the GPU reaches the pool directly: a copy to and from the device round-trips
     src = torch.randint(0, 256, (pool.slot_bytes,), dtype=torch.uint8, device="cuda")
@@ -190,4 +192,60 @@ def test_cuda_device_needs_pinning_large_chunked(monkeypatch: pytest.MonkeyPatch
     pool = HostPool(100, 40_000, device=torch.device("cuda", 0))
     assert pool.pinned and len(pool._registered) > 1
     assert pool.buffer[-1:].is_pinned() and pool.buffer[:1].is_pinned()
+    pool.shutdown()
+
+
+class _RecordingCudart:
+    def __init__(self) -> None:
+        self.registered: list[tuple[int, int]] = []
+        self.unregistered: list[int] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+        self.registered.append((ptr, size))
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        self.unregistered.append(ptr)
+        return 0
+
+
+def test_device_pointer_checked_per_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _RecordingCudart()
+    asked: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(hp, "REGISTER_CHUNK_BYTES", 2 * mmap.PAGESIZE)
+    monkeypatch.setattr(hp, "_device_pointer", lambda ptr: asked.append(ptr) or ptr)
+    pool = HostPool(7, 3000, pin=True)
+    assert pool.pinned and asked == [p for p, _ in fake.registered] and len(asked) >= 3
+    pool.shutdown()
+    # a chunk whose device address differs from its host address: refused, everything undone
+    fake2 = _RecordingCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake2)
+    monkeypatch.setattr(hp, "_device_pointer", lambda ptr: ptr + (4096 if len(fake2.registered) == 2 else 0))
+    with pytest.raises(TransferError, match="device address"):
+        HostPool(7, 3000, pin=True)
+    assert sorted(fake2.unregistered) == sorted(p for p, _ in fake2.registered)
+
+
+def test_record_crossing_a_registration_chunk_round_trips(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of one page and slots that are not page multiples: records straddle chunk
+    boundaries; a store/load round trip through the worker is still byte-exact."""
+    from tests.offload.test_worker import run_round_trip
+
+    fake = _RecordingCudart()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(hp, "REGISTER_CHUNK_BYTES", mmap.PAGESIZE)
+    monkeypatch.setattr(hp, "_device_pointer", lambda ptr: ptr)
+    run_round_trip("torch", [3, 3, 3], "flashinfer", [7, 5, 4], [1, 2, 0], seed=4, num_slots=40)
+    # every pool registered whole pages, chunk by chunk, and the slots crossed chunk boundaries
+    assert fake.registered and all(size == mmap.PAGESIZE for _, size in fake.registered)
+    pool = HostPool(40, 1000, pin=True)
+    bounds = {p for p, _ in fake.registered}
+    assert any(
+        pool.buffer.data_ptr() + s * 1000 < b < pool.buffer.data_ptr() + (s + 1) * 1000
+        for s in range(40)
+        for b in bounds
+    )
     pool.shutdown()

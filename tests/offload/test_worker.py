@@ -188,13 +188,16 @@ def run_round_trip(
     seed: int,
     device: str = "cpu",
     num_slots: int = 12,
+    path: str = "auto",
+    staging_bytes: int | None = None,
 ) -> None:
     rng = np.random.default_rng(seed)
     nb = (9, 7, 5)
     src = Cache(groups_three(nb, third), seed, device)
     dst = Cache(groups_three(nb, third), seed + 1000, device)
-    worker_a = TransferWorker(src.table(), num_slots, factors, backend=backend)
-    worker_b = TransferWorker(dst.table(), num_slots, factors, backend=backend)
+    kw = {"backend": backend, "path": path, "staging_bytes": staging_bytes}
+    worker_a = TransferWorker(src.table(), num_slots, factors, **kw)  # type: ignore[arg-type]
+    worker_b = TransferWorker(dst.table(), num_slots, factors, **kw)  # type: ignore[arg-type]
     rb = [src.record_bytes(g) for g in range(3)]
     slot_bytes = max(f * r for f, r in zip(factors, rb, strict=True))
     assert worker_a.host_pool.slot_bytes == slot_bytes and worker_a.host_pool.nbytes == num_slots * slot_bytes

@@ -54,12 +54,27 @@ def test_run_tiny_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     bt = _load("bench_transfer")
     monkeypatch.setattr(bt, "_plan", lambda gpu, quick: ([4096], [128]))
     res = bt.run(quick=True, verbose=False)
-    assert res["mode"] == "cpu" and res["backends"] == ["torch"]
-    assert all(all(v.values()) for v in res["verified"].values())
+    assert res["mode"] == "cpu" and res["methods"] == ["direct", "staged", "dma", "loop"]
+    assert res["missing"] == {"batched": "CPU-only machine"}
+    assert all(all(v.values()) for v in res["verified"].values()) and len(res["verified"]) == 2
     methods = {(r["shape"], r["direction"], r["method"]) for r in res["rows"]}
-    assert methods == {(s, d, m) for s in ("llama8b", "mla") for d in ("pack", "unpack") for m in ("memcpy", "torch")}
+    names = ("memcpy", "direct", "staged", "dma", "loop")
+    assert methods == {(s, d, m) for s in ("llama8b", "mla") for d in ("pack", "unpack") for m in names}
     for r in res["rows"]:
         assert r["gbps"] > 0 and r["bytes"] == r["pages"] * r["page_bytes"]
-    assert set(res["summary"]) == {"pack_torch_vs_memcpy", "unpack_torch_vs_memcpy"}
+        assert r["vs_batched"] is None and r["vs_loop"] > 0
+        if r["method"] == "memcpy":
+            assert r["ratio_to_peak"] == 1.0
+    assert {"pack_P_at_4k", "unpack_vs_loop_4_24k"} <= set(res["summary"])
+    assert all(v["target"] is None for v in res["summary"].values())  # no target claimed on CPU
     path = bt.common.write_section("transfer", res, tmp_path / "x.json")
     assert json.loads(path.read_text())["sections"]["transfer"]["results"]["mode"] == "cpu"
+    png = bt.plot(res, tmp_path / "x.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_budget_truncates(monkeypatch: pytest.MonkeyPatch) -> None:
+    bt = _load("bench_transfer")
+    monkeypatch.setattr(bt, "_plan", lambda gpu, quick: ([4096, 8192], [64]))
+    res = bt.run(quick=True, verbose=False, budget_s=0.0)
+    assert res["truncated"] and res["rows"] == []

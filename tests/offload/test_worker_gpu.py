@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvoffload.errors import InvalidTypeError, StreamCaptureError
 from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.offload.worker import STORE, TransferWorker
 from tests.offload.test_worker import Cache, RaisingBackend, _backend_or_skip, groups_three, run_round_trip
@@ -104,3 +105,75 @@ def test_max_programs_on_cuda() -> None:
     w = TransferWorker(cache.table(), 4, backend="triton", max_programs=2)
     assert w.backend.config(torch.device("cuda")).num_programs == 2  # type: ignore[attr-defined]
     run_round_trip("triton", [1, 1, 1], "flashinfer", [3, 3, 3], [0, 0, 0], seed=3, device="cuda")
+
+
+# ----------------------------------------------------------------------------- data path v2 on CUDA
+
+
+@pytest.mark.parametrize("path", ["direct", "staged", "dma"])
+def test_round_trip_every_path_cuda(path: str) -> None:
+    run_round_trip("triton", [3, 1, 2], "flashinfer", [7, 3, 2], [1, 5, 3], seed=21, device="cuda", path=path)
+    # a staging ring smaller than the job: pieces through reused segments, copy/compute streams
+    run_round_trip(
+        "triton", [2, 2, 2], "flashinfer", [5, 4, 3], [0, 1, 0], seed=22, device="cuda", path=path, staging_bytes=512
+    )
+
+
+@pytest.mark.parametrize("path", ["direct", "staged", "dma"])
+def test_submit_path_does_not_synchronize_cuda(path: str) -> None:
+    """torch's sync debug mode raises on any synchronising CUDA call made while submitting."""
+    cache = Cache(groups_three((9, 7, 5), "flashinfer"), 31, "cuda")
+    w = TransferWorker(cache.table(), 6, [2, 1, 1], backend="triton", path=path)
+    store = (GPULoadStoreSpec([3, 1, 4, 0, 2, 4, 1], [3, 2, 2]), CPULoadStoreSpec([0, 1, 2, 3, 4, 5]))
+    load = (CPULoadStoreSpec([0, 1, 2, 3, 4, 5]), GPULoadStoreSpec([6, 7, 5, 3, 1, 0, 4], [3, 2, 2]))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        assert w.transfer_async(1, store) and w.transfer_async(2, load)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    w.wait([1, 2])
+    assert [r.success for r in w.get_finished()] == [True, True]
+    w.shutdown()
+
+
+def test_worker_stream_has_high_priority() -> None:
+    cache = Cache(groups_three((9, 7, 5), "flashinfer"), 32, "cuda")
+    w = TransferWorker(cache.table(), 4, backend="triton")
+    assert w._stream.priority < torch.cuda.Stream().priority
+    w.shutdown()
+
+
+def test_after_event_orders_a_store_behind_the_producer() -> None:
+    """The engine names the event after the forward pass that wrote the KV; the caller's current
+    stream has nothing to do with it."""
+    cache = Cache(groups_three((9, 7, 5), "flashinfer"), 33, "cuda")
+    w = TransferWorker(cache.table(), 4, backend="triton")
+    k = cache.tensors[0][0]
+    producer = torch.cuda.Stream()
+    with torch.cuda.stream(producer):
+        torch.cuda._sleep(_SLEEP_CYCLES)
+        k[0, 3].fill_(2.5)
+        done = torch.cuda.Event()
+        done.record(producer)
+    assert w.transfer_async(1, _store_spec(), after=done)  # submitted from the default stream
+    w.wait([1])
+    assert [r.success for r in w.get_finished()] == [True]
+    page = w.host_pool.slot_view(0)[: k[0, 3].numel() * 2].view(torch.float16)
+    assert torch.equal(page, torch.full_like(page, 2.5))
+    with pytest.raises(InvalidTypeError, match="after"):
+        w.transfer_async(2, _store_spec(), after="stream")
+    w.shutdown()
+
+
+def test_submit_during_graph_capture_is_a_typed_error() -> None:
+    cache = Cache(groups_three((9, 7, 5), "flashinfer"), 34, "cuda")
+    w = TransferWorker(cache.table(), 4, backend="triton")
+    x = torch.zeros(4, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        x.add_(1)
+        with pytest.raises(StreamCaptureError, match="CUDA graph"):
+            w.transfer_async(1, _store_spec())
+    assert w.num_in_flight == 0
+    w.shutdown()
