@@ -24,6 +24,7 @@ from kvoffload.errors import (
     InvalidTypeError,
     KeyStateError,
     KVOffloadError,
+    ReadOnlyError,
     TransferError,
 )
 from kvoffload.kernels import (
@@ -82,6 +83,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "KeyStateError",
+    "ReadOnlyError",
     "BackendUnavailableError",
     "TransferError",
     "OffloadKey",

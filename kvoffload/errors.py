@@ -17,6 +17,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTypeError",
     "KeyStateError",
+    "ReadOnlyError",
     "BackendUnavailableError",
     "TransferError",
     "StreamCaptureError",
@@ -38,6 +39,13 @@ class InvalidTypeError(KVOffloadError, TypeError):
 
 class KeyStateError(KVOffloadError, ValueError):
     """A key is not in the state the call requires (absent, pending, not pinned...)."""
+
+
+class ReadOnlyError(InvalidTypeError, AttributeError):
+    """An attribute of an immutable object (e.g. a load/store spec) was assigned or deleted.
+
+    Also an ``AttributeError``, what Python raises for read-only attributes.
+    """
 
 
 class BackendUnavailableError(KVOffloadError, RuntimeError):

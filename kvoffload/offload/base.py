@@ -20,7 +20,8 @@ from typing import Any, NewType
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError, check_int
+from kvoffload.offload.ids import as_id_array
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ __all__ = [
     "get_offload_group_idx",
     "validate_keys",
     "ReqContext",
+    "check_req_context",
     "LoadStoreSpec",
     "BlockIDsLoadStoreSpec",
     "CPULoadStoreSpec",
@@ -65,17 +67,44 @@ def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
     Returns:
         ``block_hash + group_idx.to_bytes(4, "big")``.
     """
-    if not isinstance(block_hash, bytes):
-        raise InvalidTypeError(f"block_hash must be bytes, got {type(block_hash).__name__}")
+    if block_hash.__class__ is not bytes:
+        raise InvalidTypeError(_not_bytes("block_hash", block_hash))
     g = check_int(group_idx, "group_idx")
     if not 0 <= g <= _MAX_GROUP_IDX:
         raise InvalidArgumentError(f"group_idx must be in [0, 2**32 - 1], got {g}")
     return OffloadKey(block_hash + g.to_bytes(_GROUP_IDX_BYTES, "big", signed=False))
 
 
+def _not_bytes(name: str, value: object) -> str:
+    """The message for ``value`` that is not exactly ``bytes``."""
+    if isinstance(value, np.bytes_):
+        return (
+            f"{name} must be bytes, got numpy.bytes_ {value!r}: numpy's fixed-width bytes drop trailing NUL "
+            "bytes (every group-0 key ends in four), so it may not be the same key; pass plain bytes objects"
+        )
+    if isinstance(value, bytes):
+        return f"{name} must be exactly bytes, got the bytes subclass {type(value).__name__}"
+    return f"{name} must be bytes (an OffloadKey), got {type(value).__name__}"
+
+
+def check_key_batch(keys: object, name: str = "keys") -> None:
+    """Reject what cannot be a batch of keys: a single key or str, and numpy bytes/str arrays.
+
+    A numpy ``S``-dtype array (what ``np.array(list_of_keys)`` makes) drops the trailing NUL
+    bytes of its items, so its keys are not the caller's keys.
+    """
+    if isinstance(keys, (bytes, str, bytearray, memoryview)):
+        raise InvalidTypeError(f"{name} must be a collection of bytes keys, not a single {type(keys).__name__}")
+    if isinstance(keys, np.ndarray) and keys.dtype.kind in "SU":
+        raise InvalidTypeError(
+            f"{name} must be a collection of bytes keys, got a numpy array of dtype {keys.dtype}: numpy's "
+            "fixed-width bytes drop trailing NUL bytes (every group-0 key ends in four); pass a list of bytes"
+        )
+
+
 def _check_key(key: object) -> bytes:
-    if not isinstance(key, bytes):
-        raise InvalidTypeError(f"key must be bytes (an OffloadKey), got {type(key).__name__}")
+    if key.__class__ is not bytes:
+        raise InvalidTypeError(_not_bytes("key", key))
     if len(key) < _GROUP_IDX_BYTES:
         raise InvalidArgumentError(f"key must be at least {_GROUP_IDX_BYTES} bytes long, got {len(key)}")
     return key
@@ -97,16 +126,19 @@ def validate_keys(
     """Check a batch of keys before any state changes and return it as a list.
 
     Raises:
-        InvalidTypeError: ``keys`` is a bare ``bytes``/``str`` (a single key, not a batch) or
-            one of its items is not ``bytes``.
+        InvalidTypeError: ``keys`` is a bare ``bytes``/``str`` (a single key, not a batch), a
+            numpy bytes array, not iterable, or one of its items is not exactly ``bytes`` (a
+            ``bytes`` subclass such as ``numpy.bytes_`` is refused: numpy drops trailing NULs).
         InvalidArgumentError: a key appears twice and ``allow_duplicates`` is False.
     """
-    if isinstance(keys, (bytes, str, bytearray)):
-        raise InvalidTypeError(f"{name} must be a collection of bytes keys, not a single {type(keys).__name__}")
-    out = list(keys)
+    check_key_batch(keys, name)
+    try:
+        out = list(keys)
+    except TypeError as exc:
+        raise InvalidTypeError(f"{name} must be an iterable of bytes keys, got {type(keys).__name__}") from exc
     for i, k in enumerate(out):
-        if not isinstance(k, bytes):
-            raise InvalidTypeError(f"{name}[{i}] must be bytes (an OffloadKey), got {type(k).__name__}")
+        if k.__class__ is not bytes:
+            raise InvalidTypeError(_not_bytes(f"{name}[{i}]", k))
     if not allow_duplicates and len(set(out)) != len(out):
         seen: set[bytes] = set()
         dup = next(k for k in out if k in seen or seen.add(k))  # type: ignore[func-returns-value]
@@ -127,24 +159,20 @@ class ReqContext:
     kv_transfer_params: dict[str, Any] | None = None
 
 
-def _as_id_array(values: object, name: str) -> np.ndarray:
-    """A 1-D int64 copy of ``values``; rejects bools, floats, negatives and >1-D input."""
-    if isinstance(values, np.ndarray):
-        arr = values
-    else:
-        seq = list(values)  # type: ignore[call-overload]
-        if not all(type(v) is int for v in seq):  # slow path only to name the offending item
-            for i, v in enumerate(seq):
-                check_int(v, f"{name}[{i}]")
-        arr = np.array(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)
-    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)):
-        raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise InvalidArgumentError(f"{name} must be 1-D, got shape {arr.shape}")
-    arr = arr.astype(np.int64, copy=True)
-    if arr.size and int(arr.min()) < 0:
-        raise InvalidArgumentError(f"{name} must be non-negative, got {int(arr.min())}")
-    return arr
+def check_req_context(req_context: object) -> None:
+    """Raise :class:`InvalidTypeError` unless ``req_context`` is a request context.
+
+    Accepted: a :class:`ReqContext` (or subclass), or an engine's own context object with a
+    ``str`` ``req_id`` (vLLM's ``ReqContext``, which an engine may pass through unchanged).
+    Hot paths test ``req_context.__class__ is ReqContext`` themselves and call this otherwise.
+    """
+    if isinstance(req_context, ReqContext):
+        return
+    if isinstance(req_context, type) or getattr(req_context, "req_id", None).__class__ is not str:
+        raise InvalidTypeError(
+            f"req_context must be a ReqContext (or an object with a str req_id), "
+            f"got {type(req_context).__name__} {req_context!r:.80}"
+        )
 
 
 class LoadStoreSpec(ABC):
@@ -159,12 +187,28 @@ class LoadStoreSpec(ABC):
 class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """A spec given by block ids on its medium, kept as a 1-D ``np.int64`` array.
 
+    Specs are immutable once built: their arrays are private read-only copies, and an attribute,
+    once set, cannot be replaced or deleted (:class:`~kvoffload.errors.ReadOnlyError`), so what
+    the constructor checked is what a transfer worker reads.
+
     Args:
         block_ids: non-negative integer block ids (any iterable or integer numpy array).
     """
 
     def __init__(self, block_ids: Iterable[int] | np.ndarray) -> None:
-        self.block_ids: np.ndarray = _as_id_array(block_ids, "block_ids")
+        self.block_ids: np.ndarray = as_id_array(block_ids, "block_ids")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in self.__dict__:
+            raise ReadOnlyError(
+                f"{type(self).__name__}.{name} cannot be replaced: load/store specs are immutable (build a new one)"
+            )
+        if isinstance(value, np.ndarray):
+            value.setflags(write=False)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise ReadOnlyError(f"{type(self).__name__}.{name} cannot be deleted: load/store specs are immutable")
 
     def __len__(self) -> int:
         return int(self.block_ids.size)
@@ -202,12 +246,12 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
     ) -> None:
         super().__init__(block_ids)
         n = len(self.block_ids)
-        sizes = _as_id_array([n] if group_sizes is None else group_sizes, "group_sizes")
+        sizes = as_id_array([n] if group_sizes is None else group_sizes, "group_sizes")
         if int(sizes.sum()) != n:
             raise InvalidArgumentError(
                 f"group_sizes must sum to len(block_ids)={n}, got sum {int(sizes.sum())} ({sizes.tolist()})"
             )
-        indices = _as_id_array(
+        indices = as_id_array(
             np.zeros(len(sizes), dtype=np.int64) if block_indices is None else block_indices, "block_indices"
         )
         if len(indices) != len(sizes):

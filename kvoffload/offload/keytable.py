@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.base import OffloadKey, validate_keys
+from kvoffload.offload.base import OffloadKey, check_key_batch, validate_keys
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,11 @@ def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplica
     """Validate a batch of keys with C-speed checks and return it as a new list.
 
     The fast path (every item exactly ``bytes``) costs two C loops; anything else goes
-    through :func:`kvoffload.offload.base.validate_keys`, which accepts ``bytes`` subclasses
-    and raises the typed error naming the bad item.
+    through :func:`kvoffload.offload.base.validate_keys`, which raises the typed error naming
+    the bad item (``bytes`` subclasses such as ``numpy.bytes_`` included).
     """
-    if isinstance(keys, (bytes, str, bytearray, memoryview)):
-        raise InvalidTypeError(f"{name} must be a collection of bytes keys, not a single {type(keys).__name__}")
+    if keys.__class__ is not list:
+        check_key_batch(keys, name)
     try:
         lst = list(keys)
     except TypeError as exc:
@@ -169,9 +169,10 @@ class SlotTable:
         """Validate ``keys`` and translate them to slots (``-1`` = absent).
 
         Type checks: an unhashable item fails the dict probe, an absent item must be exactly
-        ``bytes`` (or go through :func:`validate_keys`, which accepts subclasses); a present
-        item compares equal to a stored ``bytes`` key. Repeats are rejected unless
-        ``allow_duplicates``. Nothing is mutated except the memo.
+        ``bytes`` (a subclass such as ``numpy.bytes_``, whose value numpy may have truncated,
+        is refused by :func:`validate_keys`); a present item compares equal to a stored
+        ``bytes`` key, so it is that key. A numpy bytes array is refused as a whole. Repeats
+        are rejected unless ``allow_duplicates``. Nothing is mutated except the memo.
 
         Returns:
             keys (a private list), slots (a private ``int64`` array), ``unique`` (True when
@@ -179,9 +180,8 @@ class SlotTable:
         """
         if keys.__class__ is list:
             lst: list[OffloadKey] = keys  # type: ignore[assignment]
-        elif isinstance(keys, (bytes, str, bytearray, memoryview)):
-            raise InvalidTypeError(f"{name} must be a collection of bytes keys, not a single {type(keys).__name__}")
         else:
+            check_key_batch(keys, name)
             try:
                 lst = list(keys)
             except TypeError as exc:

@@ -31,6 +31,7 @@ from kvoffload.offload.base import (
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
+    check_req_context,
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING
@@ -59,7 +60,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
 
     Per-slot state is in numpy/``array`` buffers (see :mod:`kvoffload.offload.keytable`);
     the only per-key Python structure is the ``dict`` key -> slot. Every method validates
-    all of its arguments before changing anything; a failing call changes nothing.
+    all of its arguments before changing anything (a ``req_context`` that is not a
+    :class:`ReqContext` is an ``InvalidTypeError``); a failing call changes nothing.
 
     Costs (``k`` = keys in the call): one C-level dict pass over the keys (skipped when the
     keys are a slice of a recently looked-up/touched list: translation memo) plus a fixed
@@ -79,7 +81,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
     costs no more than in a plain ``dict``-based manager. ``lookup_batch`` is the vectorised
     form of ``lookup`` for schedulers that look up a whole prompt at once. A key object that
     is not ``bytes`` but compares equal to a stored key (e.g. a ``memoryview`` of it) is
-    treated as that key by lookups; keys that are stored are always exactly ``bytes``.
+    treated as that key by lookups; keys that are stored are always exactly ``bytes`` (a
+    ``numpy.bytes_`` or a numpy bytes array is refused: numpy drops trailing NUL bytes).
 
     Args:
         num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
@@ -110,6 +113,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
         Raises:
             InvalidTypeError: ``key`` is not ``bytes``.
         """
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         try:
             s = self._index.get(key)
         except TypeError:  # unhashable
@@ -133,6 +138,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
             ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or
             ``LOOKUP_PENDING`` (2) per key, same as calling :meth:`lookup` on each.
         """
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
             out = _small.lookup_batch_small(self, keys)  # type: ignore[arg-type]
             if out is not FALLBACK:
@@ -160,6 +167,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
         Raises:
             KeyStateError: a key is absent or pending (nothing is pinned then).
         """
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
             out = _small.prepare_load_small(self, keys)  # type: ignore[arg-type]
             if out is not FALLBACK:
@@ -190,6 +199,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
             KeyStateError: a key is absent, pending, or not pinned (often enough, counting
                 repeats); nothing is unpinned then.
         """
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
             if _small.complete_load_small(self, keys) is not FALLBACK:  # type: ignore[arg-type]
                 return
@@ -226,6 +237,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
             if _small.touch_small(self, keys) is not FALLBACK:  # type: ignore[arg-type]
                 return
@@ -244,6 +257,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
         Raises:
             InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
         """
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
             out = _small.prepare_store_small(self, keys)  # type: ignore[arg-type]
             if out is not FALLBACK:
@@ -292,6 +307,8 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
 
         Ready keys are untouched and absent keys ignored, in both cases.
         """
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")
         if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:

@@ -31,6 +31,7 @@ from kvoffload.offload.base import (
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
+    check_req_context,
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING
@@ -55,7 +56,8 @@ def cpu_spec(slots: np.ndarray) -> CPULoadStoreSpec:
     constructor (a few microseconds, most of a small call).
     """
     spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
-    spec.block_ids = slots
+    slots.setflags(write=False)  # specs are immutable (see BlockIDsLoadStoreSpec)
+    spec.__dict__["block_ids"] = slots  # the checks of __setattr__ are not needed here
     return spec
 
 
@@ -66,15 +68,19 @@ def make_lookup(
     function that returns and resets its (hits, pending hits, misses) counters.
 
     Same behaviour as :meth:`CPUOffloadingManager.lookup` (True ready, False absent, None
-    pending; a non-``bytes`` key that is absent is an ``InvalidTypeError``). Closure cells
+    pending; a non-``bytes`` key that is absent, or a ``req_context`` that is not a
+    :class:`ReqContext`, is an ``InvalidTypeError``). Closure cells
     instead of attribute loads on ``self`` make a lookup miss cost no more than a bare
     ``dict.get`` plus one call (the type check a miss needs is then paid for).
     """
     hits = pending = misses = 0
     get = index.get
+    context_cls = ReqContext
 
     def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
         nonlocal hits, pending, misses
+        if req_context.__class__ is not context_cls:
+            check_req_context(req_context)
         try:
             s = get(key)
         except TypeError:  # unhashable

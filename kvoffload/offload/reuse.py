@@ -18,6 +18,7 @@ from kvoffload.offload.base import (
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
+    check_req_context,
     validate_keys,
 )
 from kvoffload.offload.keytable import as_key_list
@@ -59,7 +60,9 @@ class FilteredReuseManager(OffloadingManager):
     contexts too); when the tracker is full, keys of the current offer are never the ones
     forgotten to make room (a new key is then simply not tracked).
 
-    Every other method passes through unchanged, with its ``req_context``.
+    Every other method passes through unchanged, with its ``req_context``. Every method checks
+    that ``req_context`` is a :class:`ReqContext`, and counts nothing when it raises (bad
+    input, or a backing manager that refuses the call).
 
     Args:
         backing: the manager that stores the blocks.
@@ -123,7 +126,7 @@ class FilteredReuseManager(OffloadingManager):
             self._num_pairs -= len(old)
 
     def _note(self, req_context: ReqContext, keys: Iterable[bytes]) -> None:
-        req_id = getattr(req_context, "req_id", "")
+        req_id = req_context.req_id
         if not req_id:
             return
         seen = self._seen_set(req_id)
@@ -133,6 +136,8 @@ class FilteredReuseManager(OffloadingManager):
         self._trim_requests()
 
     # ------------------------------------------------------------------ intercepted
+    # Each call validates its arguments, delegates, and counts only once the backing returned:
+    # a call that raises (bad input, a backing that refuses) changes nothing here.
     def _count_offer(self, keys: list[OffloadKey]) -> None:
         counts = self.counts
         offered = set(keys)
@@ -151,56 +156,108 @@ class FilteredReuseManager(OffloadingManager):
                 unprotected -= 1
             counts[k] = 1
 
+    def _offer_eligible(self, keys: list[OffloadKey]) -> list[OffloadKey]:
+        """The distinct ``keys`` whose count reaches the threshold once :meth:`_count_offer` counted them.
+
+        Changes nothing: a tracked key will count one more; a new key is tracked (count 1) while
+        the tracker has room beside the offered keys it already holds, else it stays at 0.
+        """
+        counts = self.counts
+        threshold = self.store_threshold
+        room = self.max_tracker_size - sum(1 for k in keys if k in counts)
+        eligible = []
+        for k in keys:
+            c = counts.get(k)
+            if c is None:
+                if room <= 0:
+                    continue
+                room -= 1
+                c = 0
+            if c + 1 >= threshold:
+                eligible.append(k)
+        return eligible
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """Count ``key`` once (``count_on="lookup"``), then delegate."""
+        """Delegate, then count ``key`` once (``count_on="lookup"``)."""
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         if self.count_on == "offer":
             return self._backing.lookup(key, req_context)
         validate_keys([key], "key")
+        result = self._backing.lookup(key, req_context)
         self._count(key)
         self._note(req_context, (key,))
-        return self._backing.lookup(key, req_context)
+        return result
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
-        """Count every key (each occurrence; ``count_on="lookup"``), then delegate the batch."""
+        """Delegate the batch, then count every key (each occurrence; ``count_on="lookup"``)."""
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         if self.count_on == "offer":
             return self._backing.lookup_batch(keys, req_context)
         keys = as_key_list(keys, "keys", allow_duplicates=True)
+        out = self._backing.lookup_batch(keys, req_context)
         for k in keys:
             self._count(k)
         self._note(req_context, keys)
-        return self._backing.lookup_batch(keys, req_context)
+        return out
 
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        """Count the keys this request has not counted yet, drop those below the threshold, delegate."""
+        """Drop the keys below the threshold (counting the keys this request has not counted yet), delegate.
+
+        The counts are updated once the backing returned; a key counted by this call is eligible
+        when its count including this call reaches the threshold.
+        """
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         keys = as_key_list(keys, "keys", allow_duplicates=False)
-        req_id = getattr(req_context, "req_id", "")
         if self.count_on == "offer":
+            eligible = self._offer_eligible(keys)
+            out = self._backing.prepare_store(eligible, req_context)
             self._count_offer(keys)
-        elif req_id:
-            seen = self._seen_set(req_id)
-            fresh = [k for k in keys if k not in seen]
-            for k in fresh:
-                self._count(k)
-            seen.update(fresh)
-            self._num_pairs += len(fresh)
-            self._trim_requests()
+            self._skipped += len(keys) - len(eligible)
+            return out
+        req_id = req_context.req_id
+        fresh: list[OffloadKey] = []
+        if req_id:
+            seen = self._by_request.get(req_id)
+            fresh = keys if seen is None else [k for k in keys if k not in seen]
         threshold = self.store_threshold
         counts = self.counts
-        eligible = [k for k in keys if counts.get(k, 0) >= threshold]
+        if fresh:
+            fresh_set = set(fresh)
+            eligible = [k for k in keys if counts.get(k, 0) + (k in fresh_set) >= threshold]
+        else:
+            eligible = [k for k in keys if counts.get(k, 0) >= threshold]
+        out = self._backing.prepare_store(eligible, req_context)
+        if req_id:
+            for k in fresh:
+                self._count(k)
+            self._seen_set(req_id).update(fresh)
+            self._num_pairs += len(fresh)
+            self._trim_requests()
         self._skipped += len(keys) - len(eligible)
-        return self._backing.prepare_store(eligible, req_context)  # type: ignore[arg-type]
+        return out
 
     # ------------------------------------------------------------------ delegated
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         return self._backing.prepare_load(keys, req_context)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         self._backing.touch(keys, req_context)
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         self._backing.complete_load(keys, req_context)
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
         self._backing.complete_store(keys, req_context, success)
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -216,7 +273,7 @@ class FilteredReuseManager(OffloadingManager):
         if get is None:
             return None
         stats = get()
-        if dataclasses.is_dataclass(stats) and hasattr(stats, "stores_skipped"):
+        if dataclasses.is_dataclass(stats) and not isinstance(stats, type) and hasattr(stats, "stores_skipped"):
             return dataclasses.replace(stats, stores_skipped=stats.stores_skipped + skipped)
         return stats
 

@@ -345,7 +345,7 @@ class TransferWorker:
         """
         if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Collection):
             raise InvalidTypeError(f"job_ids must be a collection of ints, got {type(job_ids).__name__}")
-        ids = [check_int(j, "job_ids[]") for j in job_ids]
+        ids = [check_int(j, f"job_ids[{i}]") for i, j in enumerate(job_ids)]
         for jid in ids:
             job = self._inflight.get(jid)
             if job is None:

@@ -32,9 +32,9 @@ def trusted_gpu_spec(block_ids: np.ndarray, group_sizes: np.ndarray, block_indic
     per-step cost down (a test checks the result equals the checked constructor's).
     """
     spec = GPULoadStoreSpec.__new__(GPULoadStoreSpec)
-    spec.block_ids = block_ids
-    spec.group_sizes = group_sizes
-    spec.block_indices = block_indices
+    for arr in (block_ids, group_sizes, block_indices):
+        arr.setflags(write=False)  # specs are immutable (BlockIDsLoadStoreSpec)
+    spec.__dict__.update(block_ids=block_ids, group_sizes=group_sizes, block_indices=block_indices)
     return spec
 
 

@@ -156,12 +156,18 @@ class OffloadingSchedulerConfig:
         """Build a config from per-group GPU block sizes and one factor (or one per group).
 
         ``sliding_windows[g]`` is group g's window in offloaded blocks (None: full attention).
+
+        Raises:
+            InvalidTypeError: ``gpu_block_sizes`` (or a per-group ``block_size_factor`` /
+                ``sliding_windows``) is not a sequence, or an entry is not an int.
+            InvalidArgumentError: the per-group sequences differ in length, or a value is out of range.
         """
-        n = len(gpu_block_sizes)
-        factors = (
-            [block_size_factor] * n if isinstance(block_size_factor, (int, np.integer)) else list(block_size_factor)
-        )
-        windows = [None] * n if sliding_windows is None else list(sliding_windows)
+        n = len(_as_sequence(gpu_block_sizes, "gpu_block_sizes"))
+        if isinstance(block_size_factor, (int, np.integer)):
+            factors: list[object] = [block_size_factor] * n
+        else:
+            factors = list(_as_sequence(block_size_factor, "block_size_factor", "an int or "))
+        windows = [None] * n if sliding_windows is None else list(_as_sequence(sliding_windows, "sliding_windows"))
         if len(factors) != n or len(windows) != n:
             raise InvalidArgumentError(
                 f"block_size_factor and sliding_windows need one entry per group ({n}), "
@@ -171,5 +177,17 @@ class OffloadingSchedulerConfig:
         for g in range(n):
             bs = check_int(gpu_block_sizes[g], f"gpu_block_sizes[{g}]", 1)
             f = check_int(factors[g], f"block_size_factor[{g}]", 1)
-            groups.append(GroupOffloadConfig(g, bs, bs * f, windows[g]))
+            w = windows[g]
+            if w is not None:
+                check_int(w, f"sliding_windows[{g}]", 1)
+            groups.append(GroupOffloadConfig(g, bs, bs * f, w))
         return cls(tuple(groups), hash_block_size=hash_block_size, num_workers=num_workers)
+
+
+def _as_sequence(value: object, name: str, alternative: str = "") -> Sequence[object] | np.ndarray:
+    """``value`` if it is a sequence of per-group values (a list, tuple or 1-D array), else a typed error."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise InvalidTypeError(
+            f"{name} must be {alternative}a sequence with one entry per group, got {type(value).__name__} {value!r:.40}"
+        )
+    return value

@@ -68,7 +68,15 @@ from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
 from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
-from kvoffload.scheduler.validation import check_block_table, check_count, check_scheduled, parse_results
+from kvoffload.scheduler.validation import (
+    check_block_table,
+    check_count,
+    check_finished,
+    check_preempted,
+    check_request,
+    check_scheduled,
+    parse_results,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +153,7 @@ class OffloadingScheduler:
             ``max(0, hit_blocks - window)`` on) unless deferred.
         """
         n_comp = check_count(num_computed_tokens, "num_computed_tokens")
-        num_tokens = check_count(request.num_tokens, "request.num_tokens")
+        num_tokens = check_request(request, "request")
         if n_comp > num_tokens:
             raise InvalidArgumentError(f"num_computed_tokens ({n_comp}) exceeds request.num_tokens ({num_tokens})")
         for g in self._groups:
@@ -198,6 +206,7 @@ class OffloadingScheduler:
         The load job pins its blocks (``prepare_load``) and is returned by the next
         :meth:`build_step`. The loaded blocks are never stored again by this request.
         """
+        check_request(request, "request")
         n_ext = check_count(num_external_tokens, "num_external_tokens")
         tables = check_block_table(block_ids_per_group, len(self._groups), "block_ids_per_group")
         st = self._state(request)
@@ -243,15 +252,16 @@ class OffloadingScheduler:
             new_requests: requests computing for the first time since their (re)admission, with
                 their whole block tables.
             running_requests: requests that already ran, with the blocks appended this step.
-            preempted_req_ids: requests preempted this step (their GPU blocks were freed).
+            preempted_req_ids: ids (str) of requests preempted this step (their GPU blocks were
+                freed); each must be known to the scheduler.
 
         Returns:
             flush job ids (wait for them before writing any GPU block this step), the load jobs
             built since the last call, and the store jobs of the blocks that fill up this step.
         """
         num_groups = len(self._groups)
-        preempted = [str(r) for r in preempted_req_ids]
-        new_checked, run_checked = check_scheduled(new_requests, running_requests, self._groups, self._states)
+        preempted = check_preempted(preempted_req_ids, self._states)
+        new_checked, run_checked = check_scheduled(new_requests, running_requests, self.config, self._states)
 
         for rid in preempted:
             st = self._states.get(rid)
@@ -421,11 +431,10 @@ class OffloadingScheduler:
         Its in-flight jobs still complete normally (with its ``ReqContext``); the GPU blocks they
         use are flushed before another request writes them (see :meth:`build_step`).
         ``block_ids`` is accepted for engines that pass it; the scheduler knows its jobs' blocks.
+        ``request`` (a request or its id) must be known: an unknown or already finished one is an
+        ``InvalidArgumentError``.
         """
-        rid = request if isinstance(request, str) else request.request_id
-        st = self._states.pop(rid, None)
-        if st is not None:
-            self._release_blocks(st)
+        self._release_blocks(self._states.pop(check_finished(request, self._states)))
 
     def take_events(self) -> list[OffloadingEvent]:
         """The manager's events since the last call (stores and evictions)."""

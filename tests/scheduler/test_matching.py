@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.offload.base import ReqContext
 from kvoffload.offload.manager import CPUOffloadingManager
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 from kvoffload.scheduler.scheduler import OffloadingScheduler
@@ -51,7 +52,7 @@ def test_pending_key_defers(manager: RecordingManager) -> None:
     put(manager, [key(r.block_hashes[2])])
     put(manager, [key(r.block_hashes[5])], pending=True)
     assert sched.get_num_new_matched_tokens(r, 0) == (None, False)
-    manager.inner.complete_store([key(r.block_hashes[5])], None)
+    manager.inner.complete_store([key(r.block_hashes[5])], ReqContext())
     assert sched.get_num_new_matched_tokens(r, 0) == (24, True)
 
 

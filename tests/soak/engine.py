@@ -158,7 +158,8 @@ class SoakEngine(EngineChecks):
         st = self.sched.get_request_state(seq.req.request_id)
         if st is not None and st.in_flight:
             self._count(f"{why}_with_jobs_in_flight")
-        self.sched.request_finished(seq.req)
+        if st is not None:  # aborted before the scheduler ever saw it: nothing to finish there
+            self.sched.request_finished(seq.req)
         self._release(seq)
         for lst in (self.running, self.ready):
             if seq in lst:

@@ -12,6 +12,7 @@ pass ``"package.module:ClassName"`` as ``cache_policy``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -144,12 +145,45 @@ _BUILTIN_MODULES = {
 }
 
 
-def register_policy(name: str, cls: type[CachePolicy]) -> None:
-    """Make ``cls`` selectable as ``cache_policy=name``."""
+def _check_policy_class(cls: object, what: str) -> type[CachePolicy]:
+    if not (isinstance(cls, type) and issubclass(cls, CachePolicy)):
+        raise InvalidTypeError(f"{what} must be a CachePolicy subclass, got {cls!r}")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise InvalidTypeError(f"{what} {cls.__qualname__} is abstract: it does not implement {missing}")
+    return cls
+
+
+def register_policy(name: str, cls: type[CachePolicy], *, override: bool = False) -> None:
+    """Make ``cls`` selectable as ``cache_policy=name``.
+
+    Args:
+        name: the registry name.
+        cls: a concrete :class:`CachePolicy` subclass (abstract classes are refused here rather
+            than failing when a manager is built).
+        override: replace a name that is already taken -- a built-in (``lru``, ``arc``,
+            ``s3fifo``) or an earlier registration of another class. Without it, that is an
+            :class:`~kvoffload.errors.InvalidArgumentError`; registering the same class again
+            is a no-op.
+
+    Raises:
+        InvalidTypeError: ``name`` not a non-empty str, ``cls`` not a concrete ``CachePolicy``
+            subclass, ``override`` not a bool.
+        InvalidArgumentError: ``name`` is taken and ``override`` is False.
+    """
     if not isinstance(name, str) or not name:
         raise InvalidTypeError(f"policy name must be a non-empty str, got {name!r}")
-    if not (isinstance(cls, type) and issubclass(cls, CachePolicy)):
-        raise InvalidTypeError(f"policy class must be a CachePolicy subclass, got {cls!r}")
+    _check_policy_class(cls, "policy class")
+    if not isinstance(override, bool):
+        raise InvalidTypeError(f"override must be a bool, got {type(override).__name__} {override!r}")
+    current = _REGISTRY.get(name)
+    if current is None and name in _BUILTIN_MODULES:
+        current = get_policy_class(name)
+    if not override and current is not None and current is not cls:
+        what = "a built-in policy" if name in _BUILTIN_MODULES else f"already registered ({current!r})"
+        raise InvalidArgumentError(
+            f"policy name {name!r} is {what}; pass override=True to replace it, or pick another name"
+        )
     _REGISTRY[name] = cls
 
 
@@ -169,7 +203,7 @@ def _load(spec: str) -> type[CachePolicy]:
             raise InvalidArgumentError(f"cache_policy {spec!r}: module has no attribute {attr!r}") from exc
     if not (isinstance(obj, type) and issubclass(obj, CachePolicy)):
         raise InvalidTypeError(f"cache_policy {spec!r} is not a CachePolicy subclass")
-    return obj
+    return _check_policy_class(obj, f"cache_policy {spec!r}:")
 
 
 def get_policy_class(name: str) -> type[CachePolicy]:
