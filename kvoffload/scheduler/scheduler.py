@@ -63,9 +63,10 @@ from typing import Any
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.offload.base import OffloadingEvent
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
+from kvoffload.scheduler.completion import JobCompletion
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.flush import FlushTracker
-from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
+from kvoffload.scheduler.jobs import JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
 from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
 from kvoffload.scheduler.validation import (
@@ -75,7 +76,6 @@ from kvoffload.scheduler.validation import (
     check_preempted,
     check_request,
     check_scheduled,
-    parse_results,
 )
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["OffloadingScheduler"]
 
 
-class OffloadingScheduler:
+class OffloadingScheduler(JobCompletion):
     """Scheduler side of KV offloading for one engine (see the module docstring).
 
     Args:
@@ -331,15 +331,6 @@ class OffloadingScheduler:
         self._unmark_loading(rec.job.keys)
         self.manager.complete_load(rec.job.keys, rec.req_context)
 
-    def _unmark_loading(self, keys: Sequence[bytes]) -> None:
-        lk = self._loading_keys
-        for k in keys:
-            c = lk[k] - 1
-            if c:
-                lk[k] = c
-            else:
-                del lk[k]
-
     def free_blocks(self, request: Any, block_ids_per_group: Sequence[Sequence[int]]) -> None:
         """The engine freed some GPU blocks of a running request (they may go to another request at once).
 
@@ -368,61 +359,6 @@ class OffloadingScheduler:
         positions = st.table_positions(tables, "block_ids_per_group")
         freed = st.free_positions(positions)
         self._flush.add_users([self._jobs[jid].job for jid in st.in_flight], freed)
-
-    # ------------------------------------------------------------------ completion
-    def complete_jobs(self, results: Iterable[Any]) -> list[FinishedJob]:
-        """Count worker reports; complete the jobs every worker reported.
-
-        Args:
-            results: worker results -- objects with ``job_id`` and ``success`` (a
-                ``TransferResult``) or ``(job_id, success)`` pairs; one per worker per job.
-
-        Returns:
-            The jobs completed by these reports, in report order. A store completes with
-            ``complete_store(keys, ctx, success)``; a failed store (any worker failed) removes its
-            still-pending keys. A load completes with ``complete_load`` whatever its outcome;
-            ``success=False`` tells the engine the loaded tokens must be recomputed.
-        """
-        pairs = parse_results(results)
-        counts: dict[int, int] = {}
-        for jid, _ in pairs:
-            counts[jid] = counts.get(jid, 0) + 1
-        unsent = {j.job_id for j in self._pending_loads}
-        for jid, c in counts.items():
-            rec = self._jobs.get(jid)
-            if rec is None or jid in unsent:
-                raise InvalidArgumentError(f"results name job {jid}, which is not in flight")
-            if rec.reports + c > self.config.num_workers:
-                raise InvalidArgumentError(
-                    f"job {jid} reported {rec.reports + c} times, more than num_workers={self.config.num_workers}"
-                )
-        done: list[FinishedJob] = []
-        for jid, ok in pairs:
-            rec = self._jobs[jid]
-            rec.reports += 1
-            rec.failed |= not ok
-            if rec.reports == self.config.num_workers:
-                done.append(self._finish(rec))
-        return done
-
-    def _finish(self, rec: JobRecord) -> FinishedJob:
-        job = rec.job
-        del self._jobs[job.job_id]
-        self._flush.remove(job.job_id)
-        st = self._states.get(job.req_id)
-        if st is not None:
-            st.in_flight.discard(job.job_id)
-        if job.is_store:
-            self.manager.complete_store(job.keys, rec.req_context, success=not rec.failed)
-        else:
-            self._unmark_loading(job.keys)
-            self.manager.complete_load(job.keys, rec.req_context)
-            if st is not None and st.load_job_id == job.job_id:
-                st.load_job_id = None
-        if rec.failed:
-            kind = "store" if job.is_store else "load"
-            logger.warning("%s job %d of request %s failed", kind, job.job_id, job.req_id)
-        return FinishedJob(job.job_id, job.req_id, job.is_store, not rec.failed, job.keys)
 
     # ------------------------------------------------------------------ lifecycle
     def request_finished(self, request: Any, block_ids: Sequence[Sequence[int]] | None = None) -> None:
