@@ -25,6 +25,7 @@ from kvoffload.errors import (
     KeyStateError,
     KVOffloadError,
     ReadOnlyError,
+    StreamCaptureError,
     TransferError,
 )
 from kvoffload.kernels import (
@@ -84,6 +85,7 @@ __all__ = [
     "InvalidTypeError",
     "KeyStateError",
     "ReadOnlyError",
+    "StreamCaptureError",
     "BackendUnavailableError",
     "TransferError",
     "OffloadKey",
