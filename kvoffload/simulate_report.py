@@ -179,6 +179,20 @@ class SweepReport:
         return "\n".join([self.table(points), *self.diagnosis(points), f"wrote {png_path}, {csv_path}, {json_path}"])
 
 
+def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
+    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes' height)."""
+    ax.axvline(x, color="grey", linestyle=linestyle, linewidth=1)
+    ax.annotate(
+        label,
+        (x, y),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        fontsize=8,
+        color="dimgrey",
+    )
+
+
 def plot_hit_rates(points: list[SimPoint], path: Path, report: SweepReport) -> Path:
     """Share of prompt tokens loaded from the CPU tier vs host memory (GiB), one line per policy;
     offloaded blocks on the top axis, the prompts' working set as a dashed line."""
@@ -195,29 +209,12 @@ def plot_hit_rates(points: list[SimPoint], path: Path, report: SweepReport) -> P
             [p.cpu_blocks * gib_per_block for p in pts], [100 * p.cpu_hit_rate for p in pts], marker="o", label=policy
         )
     ws_gib = report.ws * gib_per_block
-    ax.axvline(ws_gib, color="grey", linestyle="--", linewidth=1)
-    ax.annotate(
-        f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB",
-        (ws_gib, 0.45),
-        xycoords=("data", "axes fraction"),
-        xytext=(4, 0),
-        textcoords="offset points",
-        fontsize=8,
-        color="dimgrey",
-    )
+    _mark(ax, ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB")
     top_run = max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
     if top_run.cpu_evictions == 0 and top_run.distinct_blocks_stored > report.ws:
         all_gib = top_run.distinct_blocks_stored * gib_per_block
-        ax.axvline(all_gib, color="grey", linestyle=":", linewidth=1)
-        ax.annotate(
-            f"all stored blocks (prompts + generated)\n{top_run.distinct_blocks_stored:,} blocks = {all_gib:.2f} GiB",
-            (all_gib, 0.6),
-            xycoords=("data", "axes fraction"),
-            xytext=(4, 0),
-            textcoords="offset points",
-            fontsize=8,
-            color="dimgrey",
-        )
+        n_all = top_run.distinct_blocks_stored
+        _mark(ax, all_gib, ":", 0.6, f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:.2f} GiB")
     ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
     ax.set_ylabel("% of prompt tokens loaded from the CPU tier")
 

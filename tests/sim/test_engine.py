@@ -8,6 +8,7 @@ import pytest
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.offload.base import ReqContext
 from kvoffload.sim.config import EngineConfig, GroupConfig
+from kvoffload.sim.engine import Engine
 from kvoffload.sim.request import SimRequest, hash_blocks
 from kvoffload.sim.workload import ChatWorkload
 from tests.sim.helpers import make_engine, records, run, tokens
@@ -72,7 +73,8 @@ def test_chat_workload_every_loaded_block_is_right(groups, latency, cpu_blocks, 
     assert 0.0 < s.hit_rate <= 1.0
 
 
-def test_preemptions_under_gpu_pressure_stay_correct() -> None:
+def run_preempting_chat() -> tuple[Engine, ChatWorkload]:
+    """A small chat workload on a GPU cache small enough to preempt, with transfers in flight."""
     wl = ChatWorkload(
         conversations=6, turns=2, system_prompts=1, system_tokens=48, user_tokens=(8, 16), reply_tokens=(16, 24), seed=1
     )
@@ -85,6 +87,11 @@ def test_preemptions_under_gpu_pressure_stay_correct() -> None:
         transfer_latency_steps=2,
     )
     drive_chat(eng, wl)
+    return eng, wl
+
+
+def test_preemptions_under_gpu_pressure_stay_correct() -> None:
+    eng, _ = run_preempting_chat()
     s = eng.stats
     assert s.preemptions > 0 and s.flushed_jobs > 0
     assert s.verified_blocks > 0 and s.verification_failures == 0

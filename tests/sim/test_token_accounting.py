@@ -11,7 +11,7 @@ from kvoffload.sim.config import GroupConfig
 from kvoffload.sim.stats import EngineStats
 from kvoffload.sim.workload import ChatWorkload
 from tests.sim.helpers import make_engine
-from tests.sim.test_engine import drive_chat
+from tests.sim.test_engine import drive_chat, run_preempting_chat
 
 
 def _check_sums(s: EngineStats, wl: ChatWorkload) -> None:
@@ -41,18 +41,7 @@ def test_rows_add_up_without_preemption() -> None:
 
 
 def test_rows_add_up_with_preemptions() -> None:
-    wl = ChatWorkload(
-        conversations=6, turns=2, system_prompts=1, system_tokens=48, user_tokens=(8, 16), reply_tokens=(16, 24), seed=1
-    )
-    eng = make_engine(
-        [GroupConfig(4, 2)],
-        num_gpu_blocks=40,
-        num_cpu_blocks=200,
-        max_num_batched_tokens=48,
-        max_num_seqs=6,
-        transfer_latency_steps=2,
-    )
-    drive_chat(eng, wl)
+    eng, wl = run_preempting_chat()
     s = eng.stats
     assert s.preemptions > 0 and s.discarded_tokens > 0
     _check_sums(s, wl)
