@@ -72,6 +72,8 @@ def plot_transfer(results: dict[str, Any], path: Path) -> Path:
     from matplotlib.ticker import FuncFormatter
 
     plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    # minor ticks of a log axis labelled at 2 and 5 only (every one would overlap)
+    sparse = FuncFormatter(lambda v, _pos: f"{v:g}" if f"{v:.0e}"[0] in "25" else "")
     rows = results["rows"]
     gpu = results.get("mode") == "gpu"
     peak_methods = {r["method"] for r in rows if r.get("ratio_to_peak") == 1.0}
@@ -103,15 +105,16 @@ def plot_transfer(results: dict[str, Any], path: Path) -> Path:
         if log_y:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(plain)
-            ax.yaxis.set_minor_formatter(plain)
+            ax.yaxis.set_minor_formatter(sparse)
         ax.set_title(titles[direction])
         ax.set_xlabel("page size (KiB)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
     axes[0].set_ylabel("throughput (GB/s" + (", log scale)" if log_y else ")"))
     what = "GPU ↔ pinned host transfers" if gpu else "CPU copies only (no GPU on this machine)"
     fig.suptitle(f"kvoffload transfer throughput — {what} — {results.get('device', '?')}")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()  # both panels plot the same series
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.03 + 0.045 * ((len(labels) + 2) // 3), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
