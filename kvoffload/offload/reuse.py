@@ -138,44 +138,27 @@ class FilteredReuseManager(OffloadingManager):
     # ------------------------------------------------------------------ intercepted
     # Each call validates its arguments, delegates, and counts only once the backing returned:
     # a call that raises (bad input, a backing that refuses) changes nothing here.
-    def _count_offer(self, keys: list[OffloadKey]) -> None:
+    def _offer_new_tracked(self, keys: list[OffloadKey]) -> list[OffloadKey]:
+        """The keys of an offer (distinct) that are not tracked yet and will be: as many as the
+        tracker holds beside the offered keys it already tracks (those are never forgotten to
+        make room), first come first. Changes nothing."""
         counts = self.counts
-        offered = set(keys)
-        for k in keys:
-            if k in counts:
-                counts[k] += 1
-                counts.move_to_end(k)
-        unprotected = len(counts) - sum(1 for k in offered if k in counts)
-        for k in keys:
-            if k in counts:
-                continue
-            if len(counts) >= self.max_tracker_size:
-                if unprotected == 0:
-                    continue
-                counts.popitem(last=False)
-                unprotected -= 1
-            counts[k] = 1
-
-    def _offer_eligible(self, keys: list[OffloadKey]) -> list[OffloadKey]:
-        """The distinct ``keys`` whose count reaches the threshold once :meth:`_count_offer` counted them.
-
-        Changes nothing: a tracked key will count one more; a new key is tracked (count 1) while
-        the tracker has room beside the offered keys it already holds, else it stays at 0.
-        """
-        counts = self.counts
-        threshold = self.store_threshold
         room = self.max_tracker_size - sum(1 for k in keys if k in counts)
-        eligible = []
+        return [k for k in keys if k not in counts][: max(room, 0)]
+
+    def _count_offer(self, keys: list[OffloadKey], new: list[OffloadKey]) -> None:
+        """Count an offer: the tracked keys one more (now most recent), ``new`` (from
+        :meth:`_offer_new_tracked`) at 1, forgetting the least recently counted keys for room."""
+        counts = self.counts
         for k in keys:
             c = counts.get(k)
-            if c is None:
-                if room <= 0:
-                    continue
-                room -= 1
-                c = 0
-            if c + 1 >= threshold:
-                eligible.append(k)
-        return eligible
+            if c is not None:
+                counts[k] = c + 1
+                counts.move_to_end(k)
+        for k in new:
+            if len(counts) >= self.max_tracker_size:
+                counts.popitem(last=False)
+            counts[k] = 1
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """Delegate, then count ``key`` once (``count_on="lookup"``)."""
@@ -212,9 +195,12 @@ class FilteredReuseManager(OffloadingManager):
             check_req_context(req_context)
         keys = as_key_list(keys, "keys", allow_duplicates=False)
         if self.count_on == "offer":
-            eligible = self._offer_eligible(keys)
+            new = self._offer_new_tracked(keys)
+            counts, threshold = self.counts, self.store_threshold
+            new_set = set(new)
+            eligible = [k for k in keys if (counts[k] + 1 if k in counts else int(k in new_set)) >= threshold]
             out = self._backing.prepare_store(eligible, req_context)
-            self._count_offer(keys)
+            self._count_offer(keys, new)
             self._skipped += len(keys) - len(eligible)
             return out
         req_id = req_context.req_id
