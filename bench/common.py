@@ -167,6 +167,7 @@ def write_section(
     doc["sections"][section] = {"provenance": prov, "results": data}
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # world-readable like any written file (mkstemp makes it 0600)
         with os.fdopen(fd, "w") as fh:
             json.dump(doc, fh, indent=1, sort_keys=False, default=str)
             fh.write("\n")

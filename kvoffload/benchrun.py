@@ -163,7 +163,6 @@ def run_bench(args: argparse.Namespace) -> int:
         result = _load(f"bench_{name}", bench_dir).run(quick=args.quick)
         dest = out.with_name(out.stem + "-vllm.json") if name == "vllm" else out  # its own file
         path = common.write_section(name, result, dest)
-        os.chmod(path, 0o644)
         if dest != out:
             print(f"results: {path}")
         if name == "transfer":

@@ -15,7 +15,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -48,6 +48,12 @@ class DemoSettings:
     policy: str = "lru"
     backend: str | None = None
     seed: int = 0
+
+    def workload(self) -> ChatWorkload:
+        """The chat workload these settings describe."""
+        return ChatWorkload(
+            conversations=self.conversations, turns=self.turns, system_prompts=self.system_prompts, seed=self.seed
+        )
 
     @property
     def token_bytes(self) -> int:
@@ -127,12 +133,7 @@ def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats
 
     Returns the engine's cumulative stats and the (shut down) engine.
     """
-    workload = ChatWorkload(
-        conversations=settings.conversations,
-        turns=settings.turns,
-        system_prompts=settings.system_prompts,
-        seed=settings.seed,
-    )
+    workload = settings.workload()
     config = EngineConfig(
         groups=(GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, settings.num_layers),),
         num_gpu_blocks=settings.gpu_blocks,
@@ -154,7 +155,8 @@ def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats
     return engine.stats, engine
 
 
-def _gib(nbytes: int) -> str:
+def gib(nbytes: float) -> str:
+    """``nbytes`` in GiB, two decimals."""
     return f"{nbytes / 2**30:.2f} GiB"
 
 
@@ -233,12 +235,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows += [
         (
             "stores, GPU -> CPU tier",
-            f"{s['blocks_stored']:,} {off} in {s['store_jobs']:,} jobs: {_gib(s['bytes_stored'])}, "
+            f"{s['blocks_stored']:,} {off} in {s['store_jobs']:,} jobs: {gib(s['bytes_stored'])}, "
             f"{_rate(s['bytes_stored'], s['store_seconds'])}",
         ),
         (
             "loads, CPU tier -> GPU",
-            f"{s['blocks_loaded']:,} {off} in {s['load_jobs']:,} jobs: {_gib(s['bytes_loaded'])}, "
+            f"{s['blocks_loaded']:,} {off} in {s['load_jobs']:,} jobs: {gib(s['bytes_loaded'])}, "
             f"{_rate(s['bytes_loaded'], s['load_seconds'])}",
         ),
         ("evicted from the CPU tier", f"{s['cpu_evictions']:,} {off}"),
@@ -295,10 +297,10 @@ def format_header(settings: DemoSettings) -> str:
             f"  KV per token: {settings.num_layers} layers x K,V x {settings.num_heads} heads x {settings.head_dim} "
             f"x fp16 = {_kib(settings.token_bytes)}",
             f"  GPU KV cache: {settings.gpu_blocks:,} GPU blocks of {settings.gpu_block_size} tokens "
-            f"({_kib(gpu_block)} each) = {_gib(settings.gpu_blocks * gpu_block)}",
+            f"({_kib(gpu_block)} each) = {gib(settings.gpu_blocks * gpu_block)}",
             f"  CPU tier:     {settings.cpu_blocks:,} offloaded blocks of {off_tokens} tokens "
             f"({settings.block_size_factor} GPU blocks, {_kib(off_bytes)} each) = host pool of "
-            f"{_gib(settings.cpu_blocks * off_bytes)}",
+            f"{gib(settings.cpu_blocks * off_bytes)}",
         ]
     )
 
@@ -333,7 +335,7 @@ def run_demo(args: argparse.Namespace) -> int:
     for flag in ("cpu_blocks", "gpu_blocks", "conversations"):
         if getattr(args, flag) is not None:
             overrides[flag] = getattr(args, flag)
-    settings = DemoSettings(**{**DemoSettings().__dict__, **overrides})
+    settings = replace(DemoSettings(), **overrides)
     get_policy_class(settings.policy)
     cuda = torch.cuda.is_available()
     if args.backend is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from kvoffload.demo import DemoSettings, drive
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.offload.policies.base import available_policies, get_policy_class
-from kvoffload.sim.config import EngineConfig, GroupConfig
+from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.null_worker import NullTransferWorker
 from kvoffload.sim.request import SimRequest
@@ -35,7 +35,7 @@ from kvoffload.sim.sweep import (
     default_capacities,
     working_set_blocks,
 )
-from kvoffload.sim.workload import ChatWorkload, TraceRequest, read_trace
+from kvoffload.sim.workload import TraceRequest, read_trace
 
 __all__ = [
     "DTYPE_BYTES",
@@ -192,20 +192,13 @@ def run_simulate(args: argparse.Namespace) -> int:
         overrides["gpu_blocks"] = args.gpu_blocks
     if args.conversations:
         overrides["conversations"] = args.conversations
-    settings = DemoSettings(**{**asdict(DemoSettings()), **overrides})
+    settings = replace(DemoSettings(), **overrides)
     if args.trace:
         items: list[Any] = list(read_trace(args.trace, HASH_BLOCK_TOKENS))
         source = f"trace {args.trace} ({len(items):,} requests)"
         _check_fits(items, settings, args.trace)
     else:
-        items = list(
-            ChatWorkload(
-                conversations=settings.conversations,
-                turns=settings.turns,
-                system_prompts=settings.system_prompts,
-                seed=settings.seed,
-            )
-        )
+        items = list(settings.workload())
         source = f"chat workload ({settings.conversations} conversations x {settings.turns} turns)"
     ws = working_set_blocks(items, HASH_BLOCK_TOKENS, factor)
     if args.capacities:
@@ -227,7 +220,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 def _check_fits(items: list[TraceRequest], settings: DemoSettings, path: str) -> None:
     """Every trace request must fit the GPU cache (prompt + max_tokens), checked before the run."""
-    room = (settings.gpu_blocks - 1) * settings.gpu_block_size
+    room = max_request_tokens(settings.gpu_blocks, settings.gpu_block_size)
     for it in items:
         if it.num_tokens + it.max_tokens > room:
             raise InvalidArgumentError(

@@ -14,14 +14,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvoffload.demo import DemoSettings
+from kvoffload.demo import DemoSettings, gib
 from kvoffload.sim.sweep import ModelShape, SimPoint
 
 __all__ = ["SweepReport", "plot_hit_rates"]
-
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"
 
 
 def _size(nbytes: int) -> str:
@@ -59,11 +55,11 @@ class SweepReport:
                 f"simulating {self.source}",
                 f"  model shape:     {shape.describe()} = {_size(shape.bytes_per_token)} of KV per token",
                 f"  offloaded block: {self.block_tokens} tokens = {_size(self.block_bytes)}; GPU KV cache: "
-                f"{s.gpu_blocks:,} GPU blocks of {s.gpu_block_size} tokens = {_gib(gpu_bytes)}",
-                f"  working set:     {self.ws:,} distinct offloaded blocks in the prompts = {_gib(self.ws * bb)} "
+                f"{s.gpu_blocks:,} GPU blocks of {s.gpu_block_size} tokens = {gib(gpu_bytes)}",
+                f"  working set:     {self.ws:,} distinct offloaded blocks in the prompts = {gib(self.ws * bb)} "
                 f"(each full {self.block_tokens}-token block of every prompt, counted once by its chained hash)",
                 f"  sweep:           policies {', '.join(self.policies)}; {len(caps)} capacities from {caps[0]:,} to "
-                f"{caps[-1]:,} offloaded blocks ({_gib(caps[0] * bb)} to {_gib(caps[-1] * bb)})",
+                f"{caps[-1]:,} offloaded blocks ({gib(caps[0] * bb)} to {gib(caps[-1] * bb)})",
             ]
         )
 
@@ -103,7 +99,7 @@ class SweepReport:
     def diagnosis(self, points: list[SimPoint]) -> list[str]:
         """What the sweep says, in sentences that hold for these numbers."""
         bb = self.block_bytes
-        top = max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
+        top = _largest_run(points)
         stored = top.distinct_blocks_stored
         room = (
             "and evicted none: the room to keep everything"
@@ -112,7 +108,7 @@ class SweepReport:
         )
         lines = [
             f"stored: the largest run ({top.cpu_blocks:,} blocks, {top.policy}) stored {stored:,} distinct offloaded "
-            f"blocks ({_gib(stored * bb)}) {room}; at most {self.ws:,} of them hold prompt tokens, the others were "
+            f"blocks ({gib(stored * bb)}) {room}; at most {self.ws:,} of them hold prompt tokens, the others were "
             "filled by generated tokens, which take room too but are reused only if a later prompt repeats them"
         ]
         if any(p.served_tokens != p.prompt_tokens for p in points):
@@ -129,16 +125,16 @@ class SweepReport:
             enough = next(p for p in pts if p.cpu_hit_rate >= 0.95 * best.cpu_hit_rate)
             lines.append(
                 f"{policy}: best {best.cpu_hit_rate:.1%} of prompt tokens at {best.cpu_blocks:,} blocks "
-                f"({_gib(best.cpu_blocks * bb)}); 95% of that from {enough.cpu_blocks:,} blocks "
-                f"({_gib(enough.cpu_blocks * bb)})"
+                f"({gib(best.cpu_blocks * bb)}); 95% of that from {enough.cpu_blocks:,} blocks "
+                f"({gib(enough.cpu_blocks * bb)})"
             )
         if all(p.cpu_hit_rate == 0 for p in points):
             if top.cpu_evictions:
                 lines.append(
                     f"no capacity tried kept a block until a request asked for it again: the largest, "
-                    f"{top.cpu_blocks:,} blocks ({_gib(top.cpu_blocks * bb)}), still evicted {top.cpu_evictions:,}; "
-                    f"try capacities around the prompts' working set ({self.ws:,} blocks, {_gib(self.ws * bb)}) "
-                    f"and up to what was stored ({stored:,} blocks, {_gib(stored * bb)})"
+                    f"{top.cpu_blocks:,} blocks ({gib(top.cpu_blocks * bb)}), still evicted {top.cpu_evictions:,}; "
+                    f"try capacities around the prompts' working set ({self.ws:,} blocks, {gib(self.ws * bb)}) "
+                    f"and up to what was stored ({stored:,} blocks, {gib(stored * bb)})"
                 )
             else:
                 lines.append(
@@ -179,6 +175,11 @@ class SweepReport:
         return "\n".join([self.table(points), *self.diagnosis(points), f"wrote {png_path}, {csv_path}, {json_path}"])
 
 
+def _largest_run(points: list[SimPoint]) -> SimPoint:
+    """The run with the most CPU blocks (of those, the one that stored the most distinct blocks)."""
+    return max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
+
+
 def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
     """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes' height)."""
     ax.axvline(x, color="grey", linestyle=linestyle, linewidth=1)
@@ -210,7 +211,7 @@ def plot_hit_rates(points: list[SimPoint], path: Path, report: SweepReport) -> P
         )
     ws_gib = report.ws * gib_per_block
     _mark(ax, ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB")
-    top_run = max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
+    top_run = _largest_run(points)
     if top_run.cpu_evictions == 0 and top_run.distinct_blocks_stored > report.ws:
         all_gib = top_run.distinct_blocks_stored * gib_per_block
         n_all = top_run.distinct_blocks_stored

@@ -9,7 +9,13 @@ import torch
 from kvoffload.errors import InvalidTypeError, check_int
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 
-__all__ = ["GroupConfig", "EngineConfig"]
+__all__ = ["GroupConfig", "EngineConfig", "max_request_tokens"]
+
+
+def max_request_tokens(num_gpu_blocks: int, gpu_block_size: int) -> int:
+    """The most tokens (prompt + decode) one request may need in a group of ``num_gpu_blocks`` GPU
+    blocks of ``gpu_block_size`` tokens: all of them but the one block the engine keeps free."""
+    return (num_gpu_blocks - 1) * gpu_block_size
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from kvoffload.sim.blocks import GPUBlockCache
-from kvoffload.sim.config import EngineConfig
+from kvoffload.sim.config import EngineConfig, max_request_tokens
 from kvoffload.sim.delayed import DelayedWorker
 from kvoffload.sim.kvcache import GroupKVSpec, SimKVCache
 from kvoffload.sim.request import SimRequest
@@ -139,8 +139,8 @@ class Engine(TransferHandling):
         req.bind(self.hash_block_size)
         total = req.num_prompt_tokens + req.max_tokens
         for g, gc in enumerate(self.groups):
-            need = -(-total // gc.gpu_block_size)
-            if need > self.config.num_gpu_blocks - 1:
+            if total > max_request_tokens(self.config.num_gpu_blocks, gc.gpu_block_size):
+                need = -(-total // gc.gpu_block_size)
                 raise InvalidArgumentError(
                     f"request {req.request_id} needs {need} GPU blocks of group {g}, the engine has "
                     f"{self.config.num_gpu_blocks - 1}"
