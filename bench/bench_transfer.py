@@ -53,11 +53,12 @@ except ImportError:  # pragma: no cover - depends on how the file is launched
     from transfer_report import plot, summary  # type: ignore[no-redef]
 
 from kvoffload.kernels.config import launch_config
-from kvoffload.kernels.copy_engine import BatchedCopies, CopyList, TorchCopies, batched_copy_problem
+from kvoffload.kernels.copy_engine import BatchedCopies, CopyExecutor, TorchCopies, batched_copy_problem
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.paths import DataPath
 from kvoffload.kernels.registry import get_backend
 from kvoffload.offload.host_pool import HostPool
+from kvoffload.offload.worker_args import resolve_backend
 
 __all__ = ["Shape", "SHAPES", "run", "main", "plot"]
 
@@ -116,34 +117,30 @@ def _job(rng: np.random.Generator, num_gpu_blocks: int, blocks: int, record_byte
 # --------------------------------------------------------------------------- methods
 
 
-def _page_copies(table: KVCacheTable, block_ids: np.ndarray, offsets: np.ndarray, to_host: bool) -> tuple:
-    """(spaces, CopyList) of one copy per page, not coalesced: the per-page baselines."""
-    spaces, rows = [], []
-    for k, v in enumerate(table.groups[0].views):
-        storage = v.pages.untyped_storage()
-        flat = torch.empty(0, dtype=torch.uint8, device=v.pages.device)
-        spaces.append(flat.set_(storage, 0, (storage.nbytes(),), (1,)))
-        cache = [np.full_like(block_ids, k + 1), v.ptr - storage.data_ptr() + block_ids * v.block_stride]
-        host = [np.zeros_like(block_ids), offsets + v.record_offset]
-        dst, src = (host, cache) if to_host else (cache, host)
-        rows.append(np.stack([*dst, *src, np.full_like(block_ids, v.page_bytes)]))
-    return spaces, CopyList(np.concatenate(rows, axis=1))
-
-
 def _methods(dev: torch.device, max_programs: int, gpu: bool) -> tuple[dict[str, tuple[Op, Op]], dict[str, str]]:
     """name -> (pack, unpack) callables, and name -> why missing."""
     cfg = launch_config(dev).merged({"staging_bytes": 64 << 20} if gpu else {"staging_bytes": 1 << 20}, "bench")
-    kernel = get_backend("triton" if gpu else "torch", dev)
-    if gpu:
-        kernel = type(kernel)(num_programs=max_programs)  # type: ignore[call-arg]
+    kernel = resolve_backend("triton" if gpu else "torch", dev, max_programs)
     paths: dict[str, tuple[KVCacheTable, DataPath]] = {}  # one DataPath per path, for the current table
+
+    def data_path(path: str, table: KVCacheTable) -> DataPath:
+        if path not in paths or paths[path][0] is not table:
+            paths[path] = (table, DataPath(kernel, table, path, config=cfg))  # staging allocated here
+        return paths[path][1]
 
     def via(path: str, to_host: bool) -> Op:
         def op(table: KVCacheTable, host: torch.Tensor, b: np.ndarray, g: np.ndarray, o: np.ndarray) -> None:
-            if path not in paths or paths[path][0] is not table:
-                paths[path] = (table, DataPath(kernel, table, path, config=cfg))  # staging allocated here
-            dp = paths[path][1]
+            dp = data_path(path, table)
             (dp.pack if to_host else dp.unpack)(host, b, g, o)
+
+        return op
+
+    def per_page(executor: CopyExecutor, to_host: bool) -> Op:
+        """One copy per page through ``executor`` (the page list of the dma path, not coalesced)."""
+
+        def op(table: KVCacheTable, host: torch.Tensor, b: np.ndarray, g: np.ndarray, o: np.ndarray) -> None:
+            dp = data_path("dma", table)
+            executor.run([host, *dp._spaces()[0]], dp.page_copies(b, g, o, to_host))
 
         return op
 
@@ -153,30 +150,14 @@ def _methods(dev: torch.device, max_programs: int, gpu: bool) -> tuple[dict[str,
         loop = get_backend("dma", dev)
         methods["loop"] = (loop.pack, loop.unpack)
     else:
-        methods["loop"] = (_loop_cpu(True), _loop_cpu(False))
+        methods["loop"] = (per_page(TorchCopies(), True), per_page(TorchCopies(), False))
     problem = batched_copy_problem() if gpu else "CPU-only machine"
     if problem is None:
         batched = BatchedCopies()
-
-        def bat(to_host: bool) -> Op:
-            def op(table: KVCacheTable, host: torch.Tensor, b: np.ndarray, g: np.ndarray, o: np.ndarray) -> None:
-                spaces, copies = _page_copies(table, b, o, to_host)
-                batched.run([host, *spaces], copies)
-
-            return op
-
-        methods["batched"] = (bat(True), bat(False))
+        methods["batched"] = (per_page(batched, True), per_page(batched, False))
     else:
         missing["batched"] = problem
     return methods, missing
-
-
-def _loop_cpu(to_host: bool) -> Op:
-    def op(table: KVCacheTable, host: torch.Tensor, b: np.ndarray, g: np.ndarray, o: np.ndarray) -> None:
-        spaces, copies = _page_copies(table, b, o, to_host)
-        TorchCopies().run([host, *spaces], copies)
-
-    return op
 
 
 # --------------------------------------------------------------------------- timing

@@ -35,7 +35,14 @@ import torch
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import PATH_NAMES, LaunchConfig, launch_config
-from kvoffload.kernels.copy_engine import BatchedCopies, CopyExecutor, FallbackCopies, TorchCopies, coalesce
+from kvoffload.kernels.copy_engine import (
+    BatchedCopies,
+    CopyExecutor,
+    CopyList,
+    FallbackCopies,
+    TorchCopies,
+    coalesce,
+)
 from kvoffload.kernels.job import TransferJob, validate_job
 from kvoffload.kernels.layout import KVCacheTable
 
@@ -199,26 +206,30 @@ class DataPath:
             self.table.cache["dma_spaces"] = cached
         return cached
 
-    def _dma(self, job: TransferJob, to_host: bool) -> None:
-        spaces, per_group = self._spaces()
-        parts = []
-        for g in np.unique(job.group_ids).tolist():
+    def page_copies(
+        self, block_ids: np.ndarray, group_ids: np.ndarray, host_offsets: np.ndarray, to_host: bool
+    ) -> CopyList:
+        """One copy per page of a job (validated arrays as in :meth:`pack`), not coalesced, over the
+        spaces ``[host, *self._spaces()[0]]``."""
+        per_group = self._spaces()[1]
+        parts = [np.zeros((5, 0), dtype=np.int64)]
+        for g in np.unique(group_ids).tolist():
             views = per_group[g]
             if not len(views):
                 continue
-            sel = job.group_ids == g
-            bids, offs = job.block_ids[sel], job.host_offsets[sel]
+            sel = group_ids == g
+            bids, offs = block_ids[sel], host_offsets[sel]
             cache_space = np.broadcast_to(views[:, 0], (bids.size, len(views)))
             cache_off = views[None, :, 1] + bids[:, None] * views[None, :, 2]
             host_off = offs[:, None] + views[None, :, 4]
             size = np.broadcast_to(views[:, 3], cache_off.shape)
             parts.append(np.stack([cache_space, cache_off, np.zeros_like(cache_off), host_off, size]).reshape(5, -1))
-        rows = np.concatenate(parts, axis=1)
-        if to_host:
-            copies = coalesce(rows[2], rows[3], rows[0], rows[1], rows[4])
-        else:
-            copies = coalesce(rows[0], rows[1], rows[2], rows[3], rows[4])
-        self.copies.run([job.host, *spaces], copies)
+        rows = np.concatenate(parts, axis=1)  # cache side first
+        return CopyList(rows[[2, 3, 0, 1, 4]] if to_host else rows)
+
+    def _dma(self, job: TransferJob, to_host: bool) -> None:
+        copies = coalesce(*self.page_copies(job.block_ids, job.group_ids, job.host_offsets, to_host).rows)
+        self.copies.run([job.host, *self._spaces()[0]], copies)
 
     # ------------------------------------------------------------------ staged
     def _allocate_staging(self) -> None:
