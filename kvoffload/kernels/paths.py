@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -114,35 +115,24 @@ class DataPath:
 
     # ------------------------------------------------------------------ choice
     def _may_stage(self) -> bool:
-        if not self._own_copy:
-            return False
-        if self.path != "auto":
-            return self.path == "staged"
-        c = self.config
-        return any(
-            mode == "staged" or (mode == "auto" and threshold >= 0)
-            for mode, threshold in (
-                (c.pack_path, c.pack_staged_min_bytes),
-                (c.unpack_path, c.unpack_staged_min_bytes),
-            )
-        )
+        """Whether some job, in some direction, takes the staged path (then a staging ring is needed)."""
+        return any(self.choose(to_host, sys.maxsize) == "staged" for to_host in (True, False))
 
     def choose(self, to_host: bool, job_bytes: int) -> str:
         """The path a job of ``job_bytes`` bytes takes in this direction."""
-        if self.path == "staged" and not self._own_copy:
-            return "direct"  # the backend's kernel cannot be pointed at a staging buffer
-        if self.path != "auto":
-            return self.path
-        c = self.config
-        mode, threshold = (
-            (c.pack_path, c.pack_staged_min_bytes) if to_host else (c.unpack_path, c.unpack_staged_min_bytes)
-        )
+        mode = self.path
         if mode == "auto":
-            mode = "staged" if 0 <= threshold <= job_bytes else "direct"
+            c = self.config
+            mode, threshold = (
+                (c.pack_path, c.pack_staged_min_bytes) if to_host else (c.unpack_path, c.unpack_staged_min_bytes)
+            )
+            if mode == "auto":
+                mode = "staged" if 0 <= threshold <= job_bytes else "direct"
+        # the staged path needs the backend's own kernel, which can be pointed at a staging buffer
         return "direct" if mode == "staged" and not self._own_copy else mode
 
     def _log_choice(self, to_host: bool, path: str, job: TransferJob) -> None:
-        key = (to_host, path, self.table.record_bytes, int(job.total_bytes).bit_length())
+        key = (to_host, path, int(job.total_bytes).bit_length())  # per DataPath: one table
         if key not in self._logged:
             self._logged.add(key)
             logger.info(

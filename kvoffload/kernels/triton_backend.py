@@ -62,17 +62,12 @@ def _next_pow2(x: int) -> int:
 
 @dataclass(frozen=True)
 class TileGeometry:
-    """How one launch moves pages: ``pages`` x ``chunk`` words of ``esize`` bytes per step."""
+    """How one launch moves pages: ``pages`` x ``chunk`` words per step (``vec`` words per aligned unit)."""
 
     vec: int
-    esize: int
     pages: int
     chunk: int
     num_warps: int
-
-    @property
-    def tile_bytes(self) -> int:
-        return self.pages * self.chunk * self.esize
 
 
 def tile_geometry(max_page_bytes: int, alignment: int, cfg: LaunchConfig) -> TileGeometry:
@@ -89,7 +84,7 @@ def tile_geometry(max_page_bytes: int, alignment: int, cfg: LaunchConfig) -> Til
     chunk = max(vec, min(_next_pow2(max(1, max_page_bytes // esize)), block_words))
     pages = max(1, block_words // chunk)
     warps = max(1, min(cfg.num_warps, pages * chunk * esize // (_BYTES_PER_THREAD * 32)))
-    return TileGeometry(vec, esize, pages, chunk, 1 << (warps.bit_length() - 1))
+    return TileGeometry(vec, pages, chunk, 1 << (warps.bit_length() - 1))
 
 
 @dataclass(frozen=True)

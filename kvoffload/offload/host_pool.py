@@ -83,10 +83,6 @@ def _cuda_ok(rc: Any) -> bool:
         return str(rc).rsplit(".", 1)[-1].lower() == "success"
 
 
-def _cudart() -> Any:
-    return torch.cuda.cudart()
-
-
 def _device_pointer(ptr: int) -> int | None:
     """``cudaHostGetDevicePointer`` of a registered host address, or None when it cannot be asked."""
     try:
@@ -124,7 +120,7 @@ def _unregister(ptrs: list[int]) -> None:
     """Unregister every chunk start in ``ptrs`` (idempotent: empties the list)."""
     if not ptrs:
         return
-    cudart = _cudart()
+    cudart = torch.cuda.cudart()
     while ptrs:
         ptr = ptrs.pop()
         rc = cudart.cudaHostUnregister(ptr)
@@ -215,7 +211,7 @@ class HostPool:
     def _register(self, buf: torch.Tensor) -> str | None:
         """Page-lock ``buf`` in bounded chunks; on failure undo what was done and return why."""
         try:
-            cudart = _cudart()
+            cudart = torch.cuda.cudart()
         except Exception as exc:  # noqa: BLE001 - no usable CUDA runtime
             return f"CUDA runtime unavailable: {exc}"
         unchecked = 0
