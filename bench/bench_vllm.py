@@ -64,6 +64,21 @@ def _trace(conversations: int, turns: int) -> list[list[tuple[str, list[int]]]]:
     return waves
 
 
+def _time_calls(obj: Any, names: tuple[str, ...], acc: list[float]) -> None:
+    """Wrap the methods ``names`` of ``obj`` so that their wall time adds up in ``acc[0]``."""
+    for name in names:
+        fn = getattr(obj, name)
+
+        def timed(*a: Any, _fn: Any = fn, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **kw)
+            finally:
+                acc[0] += time.perf_counter() - t0
+
+        setattr(obj, name, timed)
+
+
 def _run_once(waves: list[list[tuple[str, list[int]]]], use_vllm_manager: bool, policy: str) -> dict[str, Any]:
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
@@ -83,40 +98,16 @@ def _run_once(waves: list[list[tuple[str, list[int]]]], use_vllm_manager: bool, 
         sched.manager = CPUOffloadingManager(chunks, cache_policy=policy)
     spent = [0.0]
     in_manager = [0.0]
-    manager = sched.manager
-    for name in _MANAGER_CALLS:
-        mfn = getattr(manager, name)
-
-        def mtimed(*a: Any, _fn: Any = mfn, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return _fn(*a, **kw)
-            finally:
-                in_manager[0] += time.perf_counter() - t0
-
-        setattr(manager, name, mtimed)
-    conn = e.connector
-    for name in _TIMED:
-        fn = getattr(conn, name)
-
-        def timed(*a: Any, _fn: Any = fn, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return _fn(*a, **kw)
-            finally:
-                spent[0] += time.perf_counter() - t0
-
-        setattr(conn, name, timed)
+    _time_calls(sched.manager, _MANAGER_CALLS, in_manager)
+    _time_calls(e.connector, _TIMED, spent)
     gc.collect()
-    steps = 0
     for wave in waves:
         for rid, prompt in wave:
             e.add(rid, prompt, max_tokens=4)
         while e.scheduler.has_unfinished_requests():
             e.step()
-            steps += 1
     e.drain()
-    steps += 3
+    steps = e.steps
     return {
         "steps": steps,
         "connector_s": spent[0],
@@ -169,7 +160,8 @@ def main() -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         from bench import common
 
-        path = common.results_path().with_name(common.results_path().stem + "-vllm.json")
+        out = common.results_path()
+        path = out.with_name(out.stem + "-vllm.json")
         print(f"results: {common.write_section('vllm', result, path)}")
     return 0
 

@@ -21,9 +21,6 @@ import numpy as np
 from kvoffload.errors import KeyStateError
 from kvoffload.offload import manager_small as _small
 from kvoffload.offload.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
     CPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingEvent,
@@ -37,6 +34,7 @@ from kvoffload.offload.base import (
 from kvoffload.offload.keytable import PENDING
 from kvoffload.offload.manager_hooks import RequestAccessMixin
 from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
+from kvoffload.offload.manager_state import LOOKUP_CODES
 from kvoffload.offload.manager_stats import ClosedIndex, OffloadingStats, check_bool
 
 logger = logging.getLogger(__name__)
@@ -46,8 +44,6 @@ __all__ = ["CPUOffloadingManager", "OffloadingStats"]
 #: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
 CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
-#: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready)
-_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 
 
 class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
@@ -149,16 +145,12 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
         if n == 0:
             return np.zeros(0, dtype=np.int8)
         slots = r.slots
-        # class per key: 0 absent, 2 pending, 3 ready (FREE never occurs for a present key)
-        st = self._table.ref[slots] if self.num_blocks else np.zeros(n, dtype=np.int32)
-        np.minimum(st, 0, out=st)
-        st += 3
-        st[slots < 0] = 0
+        st = self._classes(slots)  # FREE never occurs for a present key
         counts = np.bincount(st, minlength=4)
         self._n_hits += int(counts[3])
         self._n_pending_hits += int(counts[2])
         self._n_misses += int(counts[0])
-        return _CODES[st]
+        return LOOKUP_CODES[st]
 
     # ------------------------------------------------------------------ loads
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:

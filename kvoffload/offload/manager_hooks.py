@@ -14,16 +14,14 @@ from collections.abc import Collection, Sequence
 import numpy as np
 
 from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadingEvent, OffloadKey, ReqContext
-from kvoffload.offload.manager_small import SMALL_BATCH
-from kvoffload.offload.manager_state import ManagerState
+from kvoffload.offload.manager_small import CPU_MEDIUM, SMALL_BATCH
+from kvoffload.offload.manager_state import LOOKUP_CODES, ManagerState
 from kvoffload.offload.policies.base import CachePolicy
 
 __all__ = ["RequestAccessMixin"]
 
 #: request-level calls on at most this many keys (a whole prompt) run scalar code; beyond, numpy
 _SCALAR_LIMIT = 256
-#: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready)
-_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 
 
 class RequestAccessMixin(ManagerState):
@@ -34,9 +32,7 @@ class RequestAccessMixin(ManagerState):
         nothing in the statistics and remembers nothing: a read-only probe."""
         small = self._small_slots(keys)
         if small is not None:
-            ref = self._ref_buf
-            codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
-            return np.array(codes, dtype=np.int8)
+            return np.array(self._small_codes(small), dtype=np.int8)
         return self._peek_array(keys)
 
     def peek_list(self, keys: Sequence[OffloadKey]) -> list[int]:
@@ -44,8 +40,11 @@ class RequestAccessMixin(ManagerState):
         small = self._small_slots(keys)
         if small is None:
             return self._peek_array(keys).tolist()
+        return self._small_codes(small)
+
+    def _small_codes(self, slots: list[int]) -> list[int]:
         ref = self._ref_buf
-        return [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
+        return [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in slots]
 
     @property
     def tracks_store_misses(self) -> bool:
@@ -56,11 +55,7 @@ class RequestAccessMixin(ManagerState):
         r = self._resolve(keys, allow_duplicates=True)
         if not r.keys:
             return np.zeros(0, dtype=np.int8)
-        slots = r.slots
-        st = self._table.ref[np.maximum(slots, 0)] if self.num_blocks else np.zeros(len(slots), dtype=np.int32)
-        st = np.minimum(st, 0) + 3
-        st[slots < 0] = 0
-        return _CODES[st]
+        return LOOKUP_CODES[self._classes(r.slots)]
 
     def _small_slots(self, keys: Sequence[OffloadKey], limit: int = SMALL_BATCH) -> list[int] | None:
         """Slot (-1 = absent) per key for a list of at most ``limit`` exact ``bytes``; None otherwise."""
@@ -112,7 +107,7 @@ class RequestAccessMixin(ManagerState):
         self._policy.remove(arr)
         removed = self._table.release(arr, ready=True)
         if self._events is not None:
-            self._events.append(OffloadingEvent(keys=list(removed), medium="CPU", removed=True))
+            self._events.append(OffloadingEvent(keys=list(removed), medium=CPU_MEDIUM, removed=True))
         return removed
 
     def apply_request_access(

@@ -12,12 +12,15 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from kvoffload.errors import KeyStateError
-from kvoffload.offload.base import OffloadingEvent, OffloadKey
+from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadingEvent, OffloadKey
 from kvoffload.offload.keytable import Resolved, SlotTable
 from kvoffload.offload.manager_stats import COUNTERS, OffloadingStats, check_bool
 from kvoffload.offload.policies.base import CachePolicy, get_policy_class
 
-__all__ = ["ManagerState"]
+__all__ = ["ManagerState", "LOOKUP_CODES"]
+
+#: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready): ``LOOKUP_CODES[ManagerState._classes(slots)]``
+LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 
 
 class ManagerState:
@@ -61,6 +64,14 @@ class ManagerState:
     def _check_open(self) -> None:
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
+
+    def _classes(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot (``-1``: absent key), its class: 0 absent, 2 pending, 3 ready (a new array)."""
+        st = self._table.ref[slots] if self.num_blocks else np.zeros(len(slots), dtype=np.int32)
+        np.minimum(st, 0, out=st)
+        st += 3
+        st[slots < 0] = 0
+        return st
 
     def _resolve(self, keys: Iterable[OffloadKey], allow_duplicates: bool, remember: bool = False) -> Resolved:
         if self._closed:

@@ -125,9 +125,7 @@ class RequestHooksManager(OffloadingManager):
         if st is None or not st.keys:
             return
         keys: list[OffloadKey] = list(st.keys)  # type: ignore[arg-type]
-        groups = {get_offload_group_idx(k) for k in keys}
-        if len(groups) > 1:
-            keys.sort(key=get_offload_group_idx)  # stable: first-seen order inside a group
+        keys.sort(key=get_offload_group_idx)  # stable: first-seen order inside a group
         if key_position is not None:
             pos = [key_position(k) for k in keys]
             if all(p is not None for p in pos):

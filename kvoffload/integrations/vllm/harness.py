@@ -93,7 +93,7 @@ def _base_config() -> VllmConfig:
     return vc
 
 
-def make_config(extra: dict[str, Any], connector: str = "KVOffloadConnector", **transfer: Any) -> VllmConfig:
+def make_config(extra: dict[str, Any], connector: str = "KVOffloadConnector") -> VllmConfig:
     """A VllmConfig whose connector is ``connector`` with ``kv_connector_extra_config=extra``."""
     vc = copy.copy(_base_config())
     module = SPEC_MODULE if connector == "KVOffloadConnector" else None
@@ -101,9 +101,8 @@ def make_config(extra: dict[str, Any], connector: str = "KVOffloadConnector", **
         kv_connector=connector,
         kv_connector_module_path=module,
         kv_role="kv_both",
-        kv_load_failure_policy=transfer.pop("kv_load_failure_policy", "recompute"),
+        kv_load_failure_policy="recompute",
         kv_connector_extra_config=dict(extra),
-        **transfer,
     )
     return vc
 

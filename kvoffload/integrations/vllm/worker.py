@@ -74,7 +74,7 @@ class KVOffloadWorker(OffloadingWorker):
         self.valid = np.zeros(num_cpu_blocks, dtype=bool)
         #: set by KVOffloadConnector: it collects failed loads through take_load_errors()
         self.report_load_errors = False
-        self._jobs: dict[int, tuple[bool, np.ndarray, np.ndarray]] = {}  # job -> (store, cpu ids, gpu ids)
+        self._jobs: dict[int, tuple[bool, np.ndarray, GPULoadStoreSpec]] = {}  # job -> (store, cpu ids, gpu spec)
         self._failed_now: list[TransferResult] = []
         self._load_errors: set[int] = set()
         self._failed_stores: set[int] = set()
@@ -97,7 +97,7 @@ class KVOffloadWorker(OffloadingWorker):
             self._fail(job_id, gpu, store)
             return True
         cpu_ids = cspec.block_ids
-        self._jobs[job_id] = (store, cpu_ids, gspec.block_ids)
+        self._jobs[job_id] = (store, cpu_ids, gspec)
         if store:
             self.valid[cpu_ids] = False  # being overwritten: not loadable until this store succeeds
         elif not self.valid[cpu_ids].all():
@@ -115,20 +115,25 @@ class KVOffloadWorker(OffloadingWorker):
         return True
 
     def _fail(self, job_id: int, gpu: Any, store: bool) -> None:
+        """A job that failed before it was handed over: reported at the next :meth:`get_finished`."""
         self._jobs.pop(job_id, None)
+        self._failed_now.append(self._failed(job_id, gpu, store))
+
+    def _failed(self, job_id: int, gpu: Any, store: bool) -> TransferResult:
+        """Record a failed job (``gpu``: its GPU spec); the result vLLM is given for it."""
         self.counts["failed_stores" if store else "failed_loads"] += 1
         if store:
             self._failed_stores.add(job_id)
         else:
             self._failed_loads.add(job_id)
             self._load_errors.update(int(b) for b in np.asarray(gpu.block_ids).tolist())
-        self._failed_now.append(TransferResult(job_id=job_id, success=store or self.report_load_errors))
+        return TransferResult(job_id=job_id, success=store or self.report_load_errors)
 
     # ------------------------------------------------------------------ complete
     def get_finished(self) -> list[TransferResult]:
         out, self._failed_now = self._failed_now, []
         for r in self.transfer_worker.get_finished():
-            store, cpu_ids, gpu_ids = self._jobs.pop(r.job_id)
+            store, cpu_ids, gspec = self._jobs.pop(r.job_id)
             if r.success:
                 self.counts["stores" if store else "loads"] += 1
                 if store:
@@ -136,14 +141,9 @@ class KVOffloadWorker(OffloadingWorker):
                 out.append(TransferResult(r.job_id, True, r.transfer_size, r.transfer_time))
                 continue
             logger.error("offloading job %d (%s) failed", r.job_id, "store" if store else "load")
-            self.counts["failed_stores" if store else "failed_loads"] += 1
-            if store:
-                self._failed_stores.add(r.job_id)
-            else:
+            if not store:
                 self.valid[cpu_ids] = False  # not read back once: do not trust it again
-                self._failed_loads.add(r.job_id)
-                self._load_errors.update(gpu_ids.tolist())
-            out.append(TransferResult(job_id=r.job_id, success=store or self.report_load_errors))
+            out.append(self._failed(r.job_id, gspec, store))
         return out
 
     def take_load_errors(self) -> set[int]:

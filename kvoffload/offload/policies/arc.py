@@ -114,8 +114,8 @@ class ARCPolicy(CachePolicy):
             return
         idx = present.nonzero()[0]
         sl = slots[idx]
-        if len(np.unique(sl)) != len(sl):  # keep each slot's first occurrence
-            _, first = np.unique(sl, return_index=True)
+        _, first = np.unique(sl, return_index=True)
+        if len(first) != len(sl):  # keep each slot's first occurrence
             idx = idx[np.sort(first)]
         idx = idx[::-1]
         rp = slots[idx]

@@ -147,7 +147,7 @@ _BUILTIN_MODULES = {
 
 def _check_policy_class(cls: object, what: str) -> type[CachePolicy]:
     if not (isinstance(cls, type) and issubclass(cls, CachePolicy)):
-        raise InvalidTypeError(f"{what} must be a CachePolicy subclass, got {cls!r}")
+        raise InvalidTypeError(f"{what} is not a CachePolicy subclass: {cls!r}")
     if inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
         raise InvalidTypeError(f"{what} {cls.__qualname__} is abstract: it does not implement {missing}")
@@ -201,8 +201,6 @@ def _load(spec: str) -> type[CachePolicy]:
             obj = getattr(obj, part)
         except AttributeError as exc:
             raise InvalidArgumentError(f"cache_policy {spec!r}: module has no attribute {attr!r}") from exc
-    if not (isinstance(obj, type) and issubclass(obj, CachePolicy)):
-        raise InvalidTypeError(f"cache_policy {spec!r} is not a CachePolicy subclass")
     return _check_policy_class(obj, f"cache_policy {spec!r}:")
 
 
