@@ -28,12 +28,14 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvoffload.cache import memo as _memo
+from kvoffload.cache.memo import MemoBatch, TranslationMemo
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FREE", "PENDING", "SlotTable", "Resolved", "as_key_list", "int_view"]
+__all__ = ["FREE", "PENDING", "SlotTable", "KeyBatch", "Resolved", "ClosedIndex", "as_key_list", "int_view"]
 
 #: ``ref`` value of a free slot.
 FREE = -2
@@ -41,6 +43,8 @@ FREE = -2
 PENDING = -1
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
+#: :meth:`SlotTable.key_batch` resolves a list of at most this many keys with scalar code
+SMALL_KEY_BATCH = 32
 
 
 def int_view(buf: array, dtype: type) -> np.ndarray:
@@ -72,17 +76,29 @@ def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplica
     return lst
 
 
-class _Batch:
-    """A remembered key batch: keys, their slots (-1 = absent) and the slots' generations."""
+class KeyBatch(list):  # type: ignore[type-arg]
+    """Keys validated and resolved to slots once, at the outer door (:meth:`SlotTable.key_batch`).
 
-    __slots__ = ("keys", "slots", "gen", "pos", "has_dups", "insert_seen")
+    A ``list`` of the keys (every layer accepts it as a batch of keys) carrying their slots
+    (``-1`` = absent), whether they are distinct, and the table and mutation epoch they were
+    resolved against. A manager handed a *current* batch (same table, no key inserted or freed
+    since) uses the slots as they are instead of checking and probing the keys again; any
+    other batch is just a list of keys. :meth:`select` keeps the slots of a subset.
+    """
 
-    keys: list[OffloadKey]
-    slots: np.ndarray
-    gen: np.ndarray
-    pos: dict[bytes, int]
-    has_dups: bool
-    insert_seen: int
+    __slots__ = ("slots", "unique", "owner", "epoch")
+
+    slots: list[int]
+    unique: bool
+    owner: SlotTable
+    epoch: int
+
+    def select(self, keep: list[bool]) -> KeyBatch:
+        """The keys whose ``keep`` flag is set, in order, with their slots."""
+        out = KeyBatch(k for k, f in zip(self, keep, strict=True) if f)
+        out.slots = [s for s, f in zip(self.slots, keep, strict=True) if f]
+        out.unique, out.owner, out.epoch = self.unique, self.owner, self.epoch
+        return out
 
 
 class Resolved(NamedTuple):
@@ -91,28 +107,25 @@ class Resolved(NamedTuple):
     keys: list[OffloadKey]
     slots: np.ndarray
     unique: bool
-    batch: _Batch | None
+    batch: MemoBatch | None
     offset: int
 
 
-#: How many recent key batches the translation memo keeps, and the smallest worth keeping.
-MEMO_ENTRIES = 16
-MEMO_MIN_KEYS = 8
+class ClosedIndex:
+    """Stands in for the key index after ``shutdown``: every per-key lookup raises."""
+
+    def get(self, key: object, default: object = None) -> object:
+        raise KeyStateError("the CPUOffloadingManager has been shut down")
+
+    def __contains__(self, key: object) -> bool:
+        raise KeyStateError("the CPUOffloadingManager has been shut down")
 
 
 class SlotTable:
     """Key index and per-slot state of a pool of ``num_blocks`` CPU slots.
 
-    Besides the arrays of the module docstring it keeps ``gen`` (``uint32`` per slot,
-    bumped each time the slot is freed) and a small *translation memo*: the key -> slot
-    translation of the last :data:`MEMO_ENTRIES` key lists given to ``lookup_batch`` /
-    ``touch``. A scheduler calls the manager several times per request on slices of the
-    same key list (lookup, touch, load of the hit prefix, stores of the rest, completions);
-    a later call whose keys equal a slice of a remembered list (one C-level list comparison)
-    reuses the translation instead of probing the dict again. The memo is exact: a
-    remembered slot is used only if the slot's generation is unchanged (it was not freed
-    since, so it still holds that key), and remembered absences are re-checked whenever a
-    key was inserted since.
+    Besides the arrays of the module docstring it keeps ``gen`` (``uint32`` per slot, bumped
+    each time the slot is freed) for its :class:`~kvoffload.cache.memo.TranslationMemo`.
 
     Args:
         num_blocks: number of slots (``>= 0``).
@@ -144,7 +157,9 @@ class SlotTable:
         self.num_evictable: int = 0
         self.num_pinned: int = 0
         self.insert_count: int = 0
-        self._memo: list[_Batch] = []
+        #: bumped whenever a key is inserted or a slot freed (a :class:`KeyBatch` stays current until then)
+        self.epoch: int = 0
+        self.memo = TranslationMemo(self.gen, self.slots_of)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -189,11 +204,15 @@ class SlotTable:
         n = len(lst)
         if n == 0:
             return Resolved([], _EMPTY_I64, True, None, 0)
-        if self._memo:
-            found = self._memo_find(lst)
+        if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
+            if allow_duplicates or keys.unique:  # type: ignore[attr-defined]
+                return Resolved(lst, np.array(keys.slots, dtype=np.int64), keys.unique, None, 0)  # type: ignore[attr-defined]
+        memo = self.memo
+        if memo:
+            found = memo.find(lst)
             if found is not None and (allow_duplicates or not found[0].has_dups):
                 b, off = found
-                return Resolved(b.keys[off : off + n], self._memo_slots(b, off, n), not b.has_dups, b, off)
+                return Resolved(b.keys[off : off + n], memo.slots(b, off, n, self.insert_count), not b.has_dups, b, off)
         try:
             slots = np.fromiter(map(self.index.get, lst, repeat(-1)), dtype=np.int64, count=n)
         except TypeError:
@@ -222,69 +241,56 @@ class SlotTable:
                     validate_keys(lst, name, allow_duplicates=False)
             unique = True
         lst = list(lst)
-        if remember and n >= MEMO_MIN_KEYS and self.num_blocks:
-            b = self._remember(lst, slots)
+        if remember and n >= _memo.MEMO_MIN_KEYS and self.num_blocks:
+            b = memo.remember(lst, slots, self.insert_count)
             unique = unique or not b.has_dups
             return Resolved(lst, slots.copy(), unique, b, 0)
         return Resolved(lst, slots, unique, None, 0)
 
-    # ------------------------------------------------------------------ memo
-    def _memo_find(self, lst: list[OffloadKey]) -> tuple[_Batch, int] | None:
-        k0 = lst[0]
-        n = len(lst)
-        try:
-            for b in self._memo:
-                off = b.pos.get(k0)
-                if off is not None and b.keys[off : off + n] == lst:
-                    return b, off
-        except TypeError:  # unhashable first item: let the normal path report it
-            return None
-        return None
-
-    def _memo_slots(self, b: _Batch, off: int, n: int) -> np.ndarray:
-        end = off + n
-        sl = b.slots[off:end]
-        if (self.gen[sl] != b.gen[off:end]).any():
-            fresh = self.slots_of(b.keys[off:end])
-            b.slots[off:end] = fresh
-            b.gen[off:end] = self.gen[fresh]
-        elif b.insert_seen != self.insert_count:
-            a = (sl < 0).nonzero()[0]
-            if len(a):
-                ks = b.keys
-                found = self.slots_of([ks[off + i] for i in a.tolist()])
-                if (found >= 0).any():
-                    b.slots[off + a] = found
-                    b.gen[off + a] = self.gen[found]
-        return b.slots[off:end].copy()
-
-    def _remember(self, lst: list[OffloadKey], slots: np.ndarray) -> _Batch:
-        b = _Batch()
-        n = len(lst)
-        b.keys = lst
-        b.slots = slots.copy()
-        b.gen = self.gen[slots]
-        b.pos = dict(zip(lst, range(n), strict=True))
-        b.has_dups = len(b.pos) != n
-        if b.has_dups:  # keep each key's first position
-            b.pos = dict(zip(reversed(lst), range(n - 1, -1, -1), strict=True))
-        b.insert_seen = self.insert_count
-        memo = self._memo
-        memo.insert(0, b)
-        if len(memo) > MEMO_ENTRIES:
-            memo.pop()
-        return b
-
     def memo_note_insert(self, r: Resolved, positions: np.ndarray, slots: np.ndarray, count_before: int) -> None:
         """After :meth:`allocate` of keys that came from memo batch ``r``: record their slots."""
-        b = r.batch
-        if b is None:
-            return
-        idx = r.offset + positions
-        b.slots[idx] = slots
-        b.gen[idx] = self.gen[slots]
-        if b.insert_seen == count_before:
-            b.insert_seen = self.insert_count
+        if r.batch is not None:
+            self.memo.note_insert(r.batch, r.offset + positions, slots, count_before, self.insert_count)
+
+    def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool) -> KeyBatch:
+        """Validate ``keys`` and resolve them to slots once, for the layers inside to reuse.
+
+        ``dedup``: repeated keys are reduced to their first occurrence (else kept as given).
+        Same checks and errors as :meth:`resolve`.
+        """
+        if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
+            if keys.unique or not dedup:  # type: ignore[attr-defined]
+                return keys  # type: ignore[return-value]
+        if keys.__class__ is list and len(keys) <= SMALL_KEY_BATCH:  # type: ignore[arg-type]
+            get = self.index.get
+            slots: list[int] = []
+            for k in keys:
+                if k.__class__ is not bytes:
+                    break
+                s = get(k)
+                slots.append(-1 if s is None else s)
+            else:
+                out = KeyBatch(keys)
+                if len(out) > 1 and len(set(out)) != len(out):
+                    first = dict.fromkeys(out)
+                    if dedup:
+                        pos = {k: i for i, k in reversed(list(enumerate(out)))}
+                        slots = [slots[pos[k]] for k in first]
+                        out = KeyBatch(first)
+                    out.unique = dedup
+                else:
+                    out.unique = True
+                out.slots, out.owner, out.epoch = slots, self, self.epoch
+                return out
+        lst = list(keys) if keys.__class__ is list or keys.__class__ is KeyBatch else keys
+        if dedup:
+            lst = as_key_list(lst, name, allow_duplicates=True)  # type: ignore[arg-type]
+            if len(set(lst)) != len(lst):
+                lst = list(dict.fromkeys(lst))
+        r = self.resolve(lst, name, allow_duplicates=not dedup, remember=False)
+        out = KeyBatch(r.keys)
+        out.slots, out.unique, out.owner, out.epoch = r.slots.tolist(), r.unique, self, self.epoch
+        return out
 
     # ------------------------------------------------------------------ mutation
     def allocate(self, keys: list[OffloadKey]) -> np.ndarray:
@@ -314,6 +320,7 @@ class SlotTable:
         self.ref[slots] = PENDING
         self.num_pending += m
         self.insert_count += 1
+        self.epoch += 1
         return slots
 
     def allocate_list(self, keys: list[OffloadKey]) -> list[int]:
@@ -337,6 +344,7 @@ class SlotTable:
             ref[s] = PENDING
         self.num_pending += m
         self.insert_count += 1
+        self.epoch += 1
         return slots
 
     def release_list(self, slots: list[int]) -> list[OffloadKey]:
@@ -356,6 +364,7 @@ class SlotTable:
         self.num_pending -= n_pending
         self.num_evictable -= len(slots) - n_pending
         self.free_list.extend(slots)
+        self.epoch += 1
         return out
 
     def release(self, slots: np.ndarray, ready: bool = False) -> list[OffloadKey]:
@@ -379,6 +388,7 @@ class SlotTable:
         self.num_evictable -= len(slots) - n_pending
         self.ref[slots] = FREE
         self.free_list.extend(slots.tolist())
+        self.epoch += 1
         return keys
 
     def clear(self) -> None:
@@ -394,7 +404,8 @@ class SlotTable:
         self.num_evictable = 0
         self.num_pinned = 0
         self.insert_count += 1
-        self._memo.clear()
+        self.epoch += 1
+        self.memo.clear()
 
     def metadata_nbytes(self) -> int:
         """Bytes held by the fixed per-slot arrays (not the dict / key objects)."""

@@ -7,7 +7,8 @@ ARC, frequency) in one go at the end -- so blocks of a long request do not age w
 and a block a request merely stored is not mistaken for a block used twice.
 
 :class:`RequestHooksManager` adds these hooks to any kvoffload manager stack; the policy work is
-done by the core manager's ``peek`` / ``on_store_miss`` / ``apply_request_access``
+done here (:func:`apply_request_access`) over the core manager's narrow request interface:
+``key_batch`` (keys checked and resolved once), ``peek_list``, ``touch`` and ``policy``
 (:class:`~kvoffload.cache.manager.CPUOffloadingManager` has them). Everything else passes
 through unchanged with its ``req_context``.
 """
@@ -15,13 +16,14 @@ through unchanged with its ``req_context``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from kvoffload.cache.lookup_result import LookupResult, as_lookup_result
+from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.core.base import (
     LOOKUP_HIT,
     LOOKUP_MISS,
@@ -37,9 +39,44 @@ from kvoffload.errors import InvalidTypeError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RequestHooksManager"]
+__all__ = ["RequestHooksManager", "apply_request_access"]
 
-_CORE_METHODS = ("peek_list", "on_store_miss", "apply_request_access")
+_CORE_METHODS = ("key_batch", "peek_list", "touch")
+#: request-level calls on at most this many keys (a whole prompt) run scalar code; beyond, numpy
+REQUEST_SCALAR_LIMIT = 256
+
+
+def apply_request_access(
+    core: Any,
+    keys: Sequence[OffloadKey],
+    req_context: ReqContext,
+    inserted_only: Collection[OffloadKey] = (),
+    reused: Collection[OffloadKey] = (),
+) -> None:
+    """Apply one finished request's accesses to ``core``'s policy, at once.
+
+    Args:
+        core: a :class:`~kvoffload.cache.manager.CPUOffloadingManager` (uses its ``policy``,
+            ``key_batch`` and ``touch``).
+        keys: every key the request stored or loaded, head of the prompt first (the first key
+            ends up most recent, as with ``touch``). Absent keys are ignored.
+        inserted_only: keys this request stored and did not read back.
+        reused: ready keys this request loaded (or found already stored).
+    """
+    policy = core.policy
+    if type(policy).on_request_finished is CachePolicy.on_request_finished:
+        core.touch(keys if keys.__class__ is list else list(keys), req_context)
+        return
+    batch = core.key_batch(keys, dedup=False)
+    if not batch:
+        return
+    if len(batch) <= REQUEST_SCALAR_LIMIT:
+        policy.on_request_finished_list(batch, batch.slots, [k in inserted_only for k in batch], [k in reused for k in batch])
+        return
+    n = len(batch)
+    ins = np.fromiter((k in inserted_only for k in batch), dtype=bool, count=n)
+    reu = np.fromiter((k in reused for k in batch), dtype=bool, count=n)
+    policy.on_request_finished(batch, np.array(batch.slots, dtype=np.int64), ins, reu)
 
 
 @dataclass
@@ -58,20 +95,21 @@ class RequestHooksManager(OffloadingManager):
     Recording (per ``req_context.req_id``; calls with an empty ``req_id`` are not recorded):
 
     * ``prepare_store``: before delegating, the keys absent from the cache that this request
-      has not offered yet go to the core's ``on_store_miss`` (ARC adapts on ghost hits there);
+      has not offered yet go to the core policy's ``on_store_miss`` (ARC adapts on ghost hits
+      there; a no-op for policies without history); the batch the core resolved is delegated;
       afterwards the keys the call inserted are recorded as *inserted*, the keys that were
       already stored and ready as *reused*.
     * ``prepare_load``: the keys are recorded as *reused* (unless this request inserted them).
     * ``on_request_finished``: the recorded keys, ordered head of the prompt first (by KV-cache
-      group, then by token position when ``key_position`` knows every key), go to the core's
-      ``apply_request_access`` with the inserted-only and reused sets; the record is dropped.
+      group, then by token position when ``key_position`` knows every key), go to
+      :func:`apply_request_access` with the inserted-only and reused sets; the record is dropped.
 
     Lookups and ``touch`` record nothing (``touch`` still works as in the seed API).
 
     Args:
         backing: the manager stack to delegate to (e.g. a ``FilteredReuseManager``).
-        core: the manager that owns the cache policy (has ``peek_list``, ``on_store_miss`` and
-            ``apply_request_access``, like :class:`~kvoffload.cache.manager.CPUOffloadingManager`);
+        core: the manager that owns the cache policy (has ``key_batch``, ``peek_list``, ``touch``
+            and ``policy``, like :class:`~kvoffload.cache.manager.CPUOffloadingManager`);
             defaults to ``backing``.
     """
 
@@ -132,7 +170,7 @@ class RequestHooksManager(OffloadingManager):
                 order = sorted(range(len(keys)), key=lambda i: pos[i])  # type: ignore[arg-type,return-value]
                 keys = [keys[i] for i in order]
         inserted_only = st.inserted - st.reused
-        self._core.apply_request_access(keys, req_context, inserted_only, st.reused)
+        apply_request_access(self._core, keys, req_context, inserted_only, st.reused)
 
     def lookup_result(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """:meth:`lookup` as a four-valued :class:`LookupResult` (never ``RETRY`` here)."""
@@ -140,25 +178,24 @@ class RequestHooksManager(OffloadingManager):
 
     # ------------------------------------------------------------------ recorded
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        """Record, then delegate the batch resolved once by the core (:meth:`key_batch`)."""
         st = self._state(req_context)
         if st is None:
             return self._backing.prepare_store(keys, req_context)
-        keys = list(keys)
         core = self._core
-        codes = core.peek_list(keys)
-        ready = {k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_HIT}
-        misses = None
-        if getattr(core, "tracks_store_misses", True):
-            seen = st.store_misses
-            misses = [k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_MISS and k not in seen]
-            if misses:
-                core.on_store_miss(misses, req_context)
-        out = self._backing.prepare_store(keys, req_context)
+        batch = core.key_batch(keys, dedup=False)
+        codes = core.peek_list(batch)
+        ready = {k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_HIT}
+        seen = st.store_misses
+        misses = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS and k not in seen]
         if misses:
-            st.store_misses.update(misses)
+            core.policy.on_store_miss(misses)
+        out = self._backing.prepare_store(batch, req_context)
+        if misses:
+            seen.update(misses)
         inserted = set(out.keys_to_store) if out is not None else set()
         if inserted or ready:
-            st.keys.update(dict.fromkeys(k for k in keys if k in inserted or k in ready))
+            st.keys.update(dict.fromkeys(k for k in batch if k in inserted or k in ready))
             st.inserted |= inserted
             st.reused.update(k for k in ready if k not in st.inserted)
         return out

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.keytable import as_key_list
+from kvoffload.cache.keytable import KeyBatch, as_key_list
 from kvoffload.core.base import (
     LoadStoreSpec,
     OffloadingEvent,
@@ -34,6 +34,13 @@ def _check_int(value: object, name: str, minimum: int) -> int:
     if value < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def _subset(keys: Sequence[OffloadKey], keep: list[bool]) -> list[OffloadKey]:
+    """The kept keys; a :class:`KeyBatch` stays one (with its slots)."""
+    if keys.__class__ is KeyBatch:
+        return keys.select(keep)  # type: ignore[attr-defined,no-any-return]
+    return [k for k, f in zip(keys, keep, strict=True) if f]
 
 
 class FilteredReuseManager(OffloadingManager):
@@ -193,37 +200,41 @@ class FilteredReuseManager(OffloadingManager):
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        keys = as_key_list(keys, "keys", allow_duplicates=False)
+        if keys.__class__ is not KeyBatch or not keys.unique:  # type: ignore[attr-defined]
+            keys = as_key_list(keys, "keys", allow_duplicates=False)  # else checked at the door
+        counts, threshold = self.counts, self.store_threshold
         if self.count_on == "offer":
-            new = self._offer_new_tracked(keys)
-            counts, threshold = self.counts, self.store_threshold
+            new = self._offer_new_tracked(keys)  # type: ignore[arg-type]
             new_set = set(new)
-            eligible = [k for k in keys if (counts[k] + 1 if k in counts else int(k in new_set)) >= threshold]
-            out = self._backing.prepare_store(eligible, req_context)
-            self._count_offer(keys, new)
-            self._skipped += len(keys) - len(eligible)
+            keep = [(counts[k] + 1 if k in counts else int(k in new_set)) >= threshold for k in keys]
+            out = self._backing.prepare_store(_subset(keys, keep), req_context)
+            self._count_offer(keys, new)  # type: ignore[arg-type]
+            self._skipped += keep.count(False)
             return out
         req_id = req_context.req_id
         fresh: list[OffloadKey] = []
         if req_id:
             seen = self._by_request.get(req_id)
-            fresh = keys if seen is None else [k for k in keys if k not in seen]
-        threshold = self.store_threshold
-        counts = self.counts
+            fresh = list(keys) if seen is None else [k for k in keys if k not in seen]
         if fresh:
             fresh_set = set(fresh)
-            eligible = [k for k in keys if counts.get(k, 0) + (k in fresh_set) >= threshold]
+            keep = [counts.get(k, 0) + (k in fresh_set) >= threshold for k in keys]
         else:
-            eligible = [k for k in keys if counts.get(k, 0) >= threshold]
-        out = self._backing.prepare_store(eligible, req_context)
+            keep = [counts.get(k, 0) >= threshold for k in keys]
+        out = self._backing.prepare_store(_subset(keys, keep), req_context)
         if req_id:
             for k in fresh:
                 self._count(k)
             self._seen_set(req_id).update(fresh)
             self._num_pairs += len(fresh)
             self._trim_requests()
-        self._skipped += len(keys) - len(eligible)
+        self._skipped += keep.count(False)
         return out
+
+    def take_skipped(self) -> int:
+        """Keys this filter held back from ``prepare_store`` since the previous call (then reset)."""
+        skipped, self._skipped = self._skipped, 0
+        return skipped
 
     # ------------------------------------------------------------------ delegated
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
@@ -254,7 +265,7 @@ class FilteredReuseManager(OffloadingManager):
 
         Returns None when the backing has no ``get_stats``.
         """
-        skipped, self._skipped = self._skipped, 0
+        skipped = self.take_skipped()
         get = getattr(self._backing, "get_stats", None)
         if get is None:
             return None

@@ -7,7 +7,9 @@ as vLLM counts) over :class:`~kvoffload.cache.manager.CPUOffloadingManager`.
 Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in the README):
 
 * keys repeated inside one call are reduced to their first occurrence (kvoffload's core rejects
-  repeats; vLLM's manager tolerates them);
+  repeats; vLLM's manager tolerates them) -- once, at this door: each call's keys are checked,
+  de-duplicated and resolved to slots once (``CPUOffloadingManager.key_batch``) and that batch is
+  handed through the request recording and the reuse filter to the core;
 * ARC adapts its target on ghost hits among all absent keys a request offers for storing, also
   those the reuse filter then drops (vLLM: only keys past the filter);
 * the allocation-size histogram of a ``prepare_store`` that fails counts the absent keys offered
@@ -50,11 +52,6 @@ __all__ = ["KVOffloadManager"]
 
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
-
-
-def _unique(keys: Collection[OffloadKey]) -> list[OffloadKey]:
-    out = keys if isinstance(keys, list) else list(keys)
-    return out if len(set(out)) == len(out) else list(dict.fromkeys(out))
 
 
 class KVOffloadManager(OffloadingManager):
@@ -124,21 +121,21 @@ class KVOffloadManager(OffloadingManager):
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        spec = self.hooks.prepare_load(_unique(keys), req_context)  # type: ignore[arg-type]
+        spec = self.hooks.prepare_load(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
         return CPULoadStoreSpec(spec.block_ids)  # type: ignore[attr-defined]
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.hooks.touch(_unique(keys), req_context)  # type: ignore[arg-type]
+        self.hooks.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.hooks.complete_load(list(keys), req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        keys = _unique(keys)
-        out = self.hooks.prepare_store(keys, req_context)  # type: ignore[arg-type]
-        if out is None:
-            n_absent = int((self.core.peek(keys) == LOOKUP_MISS).sum())
+        batch = self.core.key_batch(keys)  # checked, de-duplicated and resolved once, for every layer
+        out = self.hooks.prepare_store(batch, req_context)  # type: ignore[arg-type]
+        if out is None:  # a failed store changed no slot: the batch's slots still tell the absent keys
+            n_absent = sum(1 for s in batch.slots if s < 0)
             if n_absent:
                 self._alloc_sizes.append(n_absent)
             return None
@@ -155,9 +152,9 @@ class KVOffloadManager(OffloadingManager):
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.hooks.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
-        codes = self.core.peek(keys)
-        removed = list(dict.fromkeys(k for k, c in zip(keys, codes.tolist(), strict=True) if c == LOOKUP_PENDING))
-        self.hooks.complete_store(keys, req_context, False)  # type: ignore[arg-type]
+        batch = self.core.key_batch(keys)
+        removed = [k for k, c in zip(batch, self.core.peek_list(batch), strict=True) if c == LOOKUP_PENDING]
+        self.hooks.complete_store(batch, req_context, False)  # type: ignore[arg-type]
         if removed:
             self._drain_core_events()
             self._events.append(
@@ -191,7 +188,7 @@ class KVOffloadManager(OffloadingManager):
 
         skipped = 0
         if self._filter is not None:  # keys the filter dropped (not those already stored)
-            skipped, self._filter._skipped = self._filter._skipped, 0
+            skipped = self._filter.take_skipped()
         t = self.core.table
         stats = OffloadingConnectorStats()
         n = self.core.num_blocks

@@ -1,4 +1,4 @@
-"""Statistics snapshot and small helpers of :class:`~kvoffload.cache.manager.CPUOffloadingManager`."""
+"""Statistics snapshot and event counters of :class:`~kvoffload.cache.manager.CPUOffloadingManager`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvoffload.errors import InvalidTypeError, KeyStateError
+from kvoffload.errors import InvalidTypeError
 
-__all__ = ["OffloadingStats", "COUNTERS", "ClosedIndex", "check_bool"]
+__all__ = ["OffloadingStats", "COUNTERS", "Counters", "check_bool"]
 
 
 @dataclass
@@ -62,14 +62,22 @@ COUNTERS = (
 )
 
 
-class ClosedIndex:
-    """Stands in for the key index after ``shutdown``: every per-key lookup raises."""
+class Counters:
+    """The manager's event counters, in one object (bumped in place on the hot paths)."""
 
-    def get(self, key: object, default: object = None) -> object:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
+    __slots__ = COUNTERS
 
-    def __contains__(self, key: object) -> bool:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
+    def __init__(self) -> None:
+        for name in COUNTERS:
+            setattr(self, name, 0)
+
+    def drain_into(self, stats: OffloadingStats) -> OffloadingStats:
+        """Copy the counters into ``stats`` (plus ``lookups``), reset them, return ``stats``."""
+        for name in COUNTERS:
+            setattr(stats, name, getattr(self, name))
+            setattr(self, name, 0)
+        stats.lookups = stats.hits + stats.pending_hits + stats.misses
+        return stats
 
 
 def check_bool(value: object, name: str) -> bool:
