@@ -24,18 +24,18 @@ from array import array
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
-from typing import NamedTuple
 
 import numpy as np
 
 from kvoffload.cache import memo as _memo
-from kvoffload.cache.memo import MemoBatch, TranslationMemo
+from kvoffload.cache.batch import KeyBatch, Resolved, as_key_list
+from kvoffload.cache.memo import TranslationMemo
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FREE", "PENDING", "SlotTable", "KeyBatch", "Resolved", "ClosedIndex", "as_key_list", "int_view"]
+__all__ = ["FREE", "PENDING", "SlotTable", "ClosedIndex", "int_view"]
 
 #: ``ref`` value of a free slot.
 FREE = -2
@@ -54,61 +54,6 @@ def int_view(buf: array, dtype: type) -> np.ndarray:
     view: np.ndarray = np.frombuffer(buf, dtype=dtype)
     assert view.size == len(buf)
     return view
-
-
-def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool) -> list[OffloadKey]:
-    """Validate a batch of keys with C-speed checks and return it as a new list.
-
-    The fast path (every item exactly ``bytes``) costs two C loops; anything else goes
-    through :func:`kvoffload.core.base.validate_keys`, which raises the typed error naming
-    the bad item (``bytes`` subclasses such as ``numpy.bytes_`` included).
-    """
-    if keys.__class__ is not list:
-        check_key_batch(keys, name)
-    try:
-        lst = list(keys)
-    except TypeError as exc:
-        raise InvalidTypeError(f"{name} must be an iterable of bytes keys, got {type(keys).__name__}") from exc
-    if lst and set(map(type, lst)) != {bytes}:
-        return validate_keys(lst, name, allow_duplicates=allow_duplicates)
-    if not allow_duplicates and len(set(lst)) != len(lst):
-        return validate_keys(lst, name, allow_duplicates=False)
-    return lst
-
-
-class KeyBatch(list):  # type: ignore[type-arg]
-    """Keys validated and resolved to slots once, at the outer door (:meth:`SlotTable.key_batch`).
-
-    A ``list`` of the keys (every layer accepts it as a batch of keys) carrying their slots
-    (``-1`` = absent), whether they are distinct, and the table and mutation epoch they were
-    resolved against. A manager handed a *current* batch (same table, no key inserted or freed
-    since) uses the slots as they are instead of checking and probing the keys again; any
-    other batch is just a list of keys. :meth:`select` keeps the slots of a subset.
-    """
-
-    __slots__ = ("slots", "unique", "owner", "epoch")
-
-    slots: list[int]
-    unique: bool
-    owner: SlotTable
-    epoch: int
-
-    def select(self, keep: list[bool]) -> KeyBatch:
-        """The keys whose ``keep`` flag is set, in order, with their slots."""
-        out = KeyBatch(k for k, f in zip(self, keep, strict=True) if f)
-        out.slots = [s for s, f in zip(self.slots, keep, strict=True) if f]
-        out.unique, out.owner, out.epoch = self.unique, self.owner, self.epoch
-        return out
-
-
-class Resolved(NamedTuple):
-    """Result of :meth:`SlotTable.resolve`."""
-
-    keys: list[OffloadKey]
-    slots: np.ndarray
-    unique: bool
-    batch: MemoBatch | None
-    offset: int
 
 
 class ClosedIndex:
@@ -252,6 +197,24 @@ class SlotTable:
         if r.batch is not None:
             self.memo.note_insert(r.batch, r.offset + positions, slots, count_before, self.insert_count)
 
+    def small_slots(self, keys: Iterable[OffloadKey], limit: int) -> list[int] | None:
+        """Slot (-1 = absent) per key of a current :class:`KeyBatch`, or of a plain ``list`` of at
+        most ``limit`` exact ``bytes``, with scalar code (the list is not kept); None otherwise."""
+        if keys.__class__ is KeyBatch:
+            if keys.owner is self and keys.epoch == self.epoch and len(keys) <= limit:  # type: ignore[attr-defined]
+                return keys.slots  # type: ignore[attr-defined,no-any-return]
+            return None
+        if keys.__class__ is not list or len(keys) > limit:  # type: ignore[arg-type]
+            return None
+        get = self.index.get
+        out = []
+        for k in keys:
+            if k.__class__ is not bytes:
+                return None
+            s = get(k)
+            out.append(-1 if s is None else s)
+        return out
+
     def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool) -> KeyBatch:
         """Validate ``keys`` and resolve them to slots once, for the layers inside to reuse.
 
@@ -261,35 +224,28 @@ class SlotTable:
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
                 return keys  # type: ignore[return-value]
-        if keys.__class__ is list and len(keys) <= SMALL_KEY_BATCH:  # type: ignore[arg-type]
-            get = self.index.get
-            slots: list[int] = []
-            for k in keys:
-                if k.__class__ is not bytes:
-                    break
-                s = get(k)
-                slots.append(-1 if s is None else s)
-            else:
-                out = KeyBatch(keys)
-                if len(out) > 1 and len(set(out)) != len(out):
-                    first = dict.fromkeys(out)
-                    if dedup:
-                        pos = {k: i for i, k in reversed(list(enumerate(out)))}
-                        slots = [slots[pos[k]] for k in first]
-                        out = KeyBatch(first)
-                    out.unique = dedup
-                else:
+        slots = self.small_slots(keys, SMALL_KEY_BATCH) if keys.__class__ is list else None
+        if slots is not None:
+            out = KeyBatch(keys)
+            out.unique = True
+            if len(out) > 1 and len(set(out)) != len(out):
+                out.unique = dedup
+                if dedup:
+                    first: dict[OffloadKey, int] = {}
+                    for k, s in zip(keys, slots, strict=True):
+                        first.setdefault(k, s)
+                    out, slots = KeyBatch(first), list(first.values())
                     out.unique = True
-                out.slots, out.owner, out.epoch = slots, self, self.epoch
-                return out
-        lst = list(keys) if keys.__class__ is list or keys.__class__ is KeyBatch else keys
-        if dedup:
-            lst = as_key_list(lst, name, allow_duplicates=True)  # type: ignore[arg-type]
-            if len(set(lst)) != len(lst):
-                lst = list(dict.fromkeys(lst))
-        r = self.resolve(lst, name, allow_duplicates=not dedup, remember=False)
-        out = KeyBatch(r.keys)
-        out.slots, out.unique, out.owner, out.epoch = r.slots.tolist(), r.unique, self, self.epoch
+        else:
+            lst = list(keys) if keys.__class__ is KeyBatch else keys
+            if dedup:
+                lst = as_key_list(lst, name, allow_duplicates=True)
+                if len(set(lst)) != len(lst):
+                    lst = list(dict.fromkeys(lst))
+            r = self.resolve(lst, name, allow_duplicates=not dedup, remember=False)
+            out, slots = KeyBatch(r.keys), r.slots.tolist()
+            out.unique = r.unique
+        out.slots, out.owner, out.epoch = slots, self, self.epoch
         return out
 
     # ------------------------------------------------------------------ mutation

@@ -1,4 +1,5 @@
-"""The four-valued lookup result of vLLM's current manager contract.
+"""Lookup answers: the four-valued result of vLLM's current manager contract, the per-key
+lookup closure of :class:`~kvoffload.cache.manager.CPUOffloadingManager` and its code table.
 
 kvoffload's :meth:`~kvoffload.core.base.OffloadingManager.lookup` answers ``True`` / ``False``
 / ``None`` (ready / absent / store in flight). vLLM's manager contract has a fourth answer,
@@ -8,11 +9,27 @@ carries all four; its values equal the ``LOOKUP_*`` codes of ``lookup_batch`` wh
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
 from enum import IntEnum
 
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+import numpy as np
 
-__all__ = ["LookupResult", "LOOKUP_RETRY", "as_lookup_result"]
+from kvoffload.cache.stats import Counters
+from kvoffload.core.base import (
+    LOOKUP_HIT,
+    LOOKUP_MISS,
+    LOOKUP_PENDING,
+    OffloadKey,
+    ReqContext,
+    check_req_context,
+    validate_keys,
+)
+
+__all__ = ["LookupResult", "LOOKUP_RETRY", "LOOKUP_CODES", "as_lookup_result", "make_lookup"]
+
+#: lookup code by slot class (0 absent, 1 unused, 2 pending, 3 ready)
+LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 
 #: Code for "look again later" (never produced by kvoffload's own CPU manager).
 LOOKUP_RETRY = 3
@@ -33,3 +50,33 @@ def as_lookup_result(value: bool | None) -> LookupResult:
     if value is None:
         return LookupResult.HIT_PENDING
     return LookupResult.HIT if value else LookupResult.MISS
+
+
+def make_lookup(
+    index: dict[bytes, int], ref: array, counters: Counters
+) -> Callable[[OffloadKey, ReqContext], bool | None]:
+    """A per-instance ``lookup`` closure (same contract as :meth:`CPUOffloadingManager.lookup`):
+    closure cells instead of attribute loads make a miss cost a ``dict.get`` plus one call."""
+    get = index.get
+    context_cls = ReqContext
+
+    def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
+        if req_context.__class__ is not context_cls:
+            check_req_context(req_context)
+        try:
+            s = get(key)
+        except TypeError:  # unhashable
+            validate_keys([key], "key")
+            raise
+        if s is None:
+            if key.__class__ is not bytes:
+                validate_keys([key], "key")
+            counters.misses += 1
+            return False
+        if ref[s] >= 0:
+            counters.hits += 1
+            return True
+        counters.pending_hits += 1
+        return None
+
+    return lookup

@@ -1,35 +1,34 @@
 """The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
 
-One class, :class:`CPUOffloadingManager`, composed of a slot table (key index and per-slot
-state in flat arrays, :mod:`kvoffload.cache.keytable`), a pluggable cache policy (order and
-victims, :mod:`kvoffload.cache.policies`), one :class:`~kvoffload.cache.stats.Counters`
-object and an event list. Each operation checks its arguments once, at its start, then runs
-one of two paths side by side: calls on a few keys (a ``list`` of at most
-:data:`SMALL_BATCH`, e.g. one block per request in decode) run scalar code (a numpy call
-costs about a microsecond whatever its size, which would dominate them); larger calls run a
-fixed number of numpy operations on ``k`` elements after one C-level pass over the keys.
-Both paths give the same results, errors and statistics. A
-:class:`~kvoffload.cache.keytable.KeyBatch` resolved by :meth:`CPUOffloadingManager.key_batch`
-(the outer door of a manager stack) is taken as it is: no second check or key probe.
+One class composed of a slot table (:mod:`~kvoffload.cache.keytable`), a cache policy
+(:mod:`~kvoffload.cache.policies`), one :class:`~kvoffload.cache.stats.Counters`, an event list
+and its :class:`~kvoffload.cache.stores.Stores` (stores and evictions). Each operation checks its arguments once, at
+its start, then runs one of two paths side by side: a few keys (a ``list`` of at most
+:data:`SMALL_BATCH`, e.g. one block per request in decode) take scalar code, since a numpy call
+costs about a microsecond whatever its size; larger calls a fixed number of numpy operations.
+Both give the same results, errors and statistics. A :class:`~kvoffload.cache.keytable.KeyBatch`
+from :meth:`CPUOffloadingManager.key_batch` (the outer door of a manager stack) is taken as it
+is: no second check or key probe.
 """
 
 from __future__ import annotations
 
 import logging
-from array import array
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from kvoffload.cache.keytable import PENDING, ClosedIndex, KeyBatch, Resolved, SlotTable
+from kvoffload.cache.batch import KeyBatch, Resolved
+from kvoffload.cache.keytable import PENDING, ClosedIndex, SlotTable
+from kvoffload.cache.lookup_result import LOOKUP_CODES, make_lookup
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.request_hooks import apply_request_access
 from kvoffload.cache.stats import Counters, OffloadingStats, check_bool
+from kvoffload.cache.stores import CPU_MEDIUM, Stores, cpu_spec
 from kvoffload.core.base import (
     LOOKUP_HIT,
     LOOKUP_MISS,
     LOOKUP_PENDING,
-    CPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -37,7 +36,6 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
     check_req_context,
-    validate_keys,
 )
 from kvoffload.errors import KeyStateError
 
@@ -45,52 +43,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CPUOffloadingManager", "OffloadingStats", "CPU_MEDIUM", "SMALL_BATCH", "LOOKUP_CODES"]
 
-#: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
-CPU_MEDIUM = CPULoadStoreSpec.medium()
 #: Calls on at most this many keys (a ``list``) take the scalar paths.
 SMALL_BATCH = 32
 #: request-level calls (a whole prompt) on at most this many keys run scalar code
 REQUEST_SCALAR_LIMIT = 256
-#: lookup code by class (0 absent, 1 unused, 2 pending, 3 ready): ``LOOKUP_CODES[_classes(slots)]``
-LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
-
-
-def cpu_spec(slots: np.ndarray) -> CPULoadStoreSpec:
-    """A :class:`CPULoadStoreSpec` around ``slots``, a private 1-D ``int64`` array of valid ids
-    (the manager's own slots need none of the public constructor's checks and copy)."""
-    spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
-    slots.setflags(write=False)  # specs are immutable (see BlockIDsLoadStoreSpec)
-    spec.__dict__["block_ids"] = slots
-    return spec
-
-
-def make_lookup(index: dict[bytes, int], ref: array, counters: Counters) -> Callable[[OffloadKey, ReqContext], bool | None]:
-    """A per-instance ``lookup`` closure (same contract as :meth:`CPUOffloadingManager.lookup`):
-    closure cells instead of attribute loads make a miss cost a ``dict.get`` plus one call."""
-    get = index.get
-    context_cls = ReqContext
-
-    def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
-        if req_context.__class__ is not context_cls:
-            check_req_context(req_context)
-        try:
-            s = get(key)
-        except TypeError:  # unhashable
-            validate_keys([key], "key")
-            raise
-        if s is None:
-            if key.__class__ is not bytes:
-                validate_keys([key], "key")
-            counters.misses += 1
-            return False
-        if ref[s] >= 0:
-            counters.hits += 1
-            return True
-        counters.pending_hits += 1
-        return None
-
-    return lookup
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -103,19 +60,16 @@ class CPUOffloadingManager(OffloadingManager):
     anything (a ``req_context`` that is not a :class:`ReqContext` is an ``InvalidTypeError``);
     a failing call changes nothing.
 
-    Costs (``k`` = keys in the call): one C-level dict pass over the keys (skipped for a
-    current :class:`KeyBatch`, or keys that are a slice of a recently looked-up/touched list:
-    the table's translation memo) plus a fixed number of numpy operations on ``k`` elements.
-    Recency order is an append-only log with lazy deletion (:mod:`kvoffload.cache.policies.order`):
-    touching or evicting ``k`` blocks is O(k) amortised, independent of capacity and of pinned
-    blocks at the old end. A ``prepare_store`` that cannot make room fails in O(1). Not
-    thread-safe: call it from the scheduler's thread, like vLLM's manager.
+    Costs (``k`` keys): one C-level dict pass over the keys (none for a current
+    :class:`KeyBatch` or a slice of a recently looked-up/touched list: the table's memo) plus a
+    fixed number of numpy operations on ``k`` elements; touching or evicting ``k`` blocks is
+    O(k) amortised (:mod:`kvoffload.cache.policies.order`), independent of capacity and of
+    pinned blocks; a ``prepare_store`` that cannot make room fails in O(1). Not thread-safe.
 
-    ``lookup`` is a per-instance closure (same contract as the method) so that a miss costs no
-    more than in a plain ``dict``-based manager. A key object that is not ``bytes`` but compares
-    equal to a stored key (e.g. a ``memoryview`` of it) is treated as that key by lookups; keys
-    that are stored are always exactly ``bytes`` (a ``numpy.bytes_`` or a numpy bytes array is
-    refused: numpy drops trailing NUL bytes).
+    ``lookup`` is a per-instance closure (same contract as the method): a miss costs no more
+    than in a plain ``dict``-based manager. A key that is not ``bytes`` but equals a stored key
+    (e.g. a ``memoryview`` of it) is that key for lookups; stored keys are exactly ``bytes``
+    (``numpy.bytes_`` and numpy bytes arrays are refused: numpy drops trailing NUL bytes).
 
     Args:
         num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
@@ -141,11 +95,12 @@ class CPUOffloadingManager(OffloadingManager):
         self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._counters = Counters()
+        self._stores = Stores(self._table, self._policy, self._counters, self._events)
         self._closed = False
         self._index: dict[bytes, int] = self._table.index
         self._ref = self._table.ref_buf
         if type(self).lookup is CPUOffloadingManager.lookup:  # not overridden by a subclass
-            self.lookup = make_lookup(self._index, self._ref, self._counters)  # type: ignore[method-assign]
+            self.lookup = make_lookup(self._index, self._ref, self._counters)  # type: ignore[method-assign,assignment]
             self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
 
     @property
@@ -173,21 +128,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def _small(self, keys: Sequence[OffloadKey], limit: int = 0) -> list[int] | None:
         """Slot (-1 = absent) per key of a few plain keys; None: the call takes the array path."""
-        if keys.__class__ is KeyBatch:
-            t = self._table
-            if keys.owner is t and keys.epoch == t.epoch and len(keys) <= (limit or SMALL_BATCH):  # type: ignore[attr-defined]
-                return keys.slots  # type: ignore[attr-defined,no-any-return]
-            return None
-        if keys.__class__ is not list or len(keys) > (limit or SMALL_BATCH) or self._closed:
-            return None
-        get = self._index.get
-        out = []
-        for k in keys:
-            if k.__class__ is not bytes:
-                return None
-            s = get(k)
-            out.append(-1 if s is None else s)
-        return out
+        return None if self._closed else self._table.small_slots(keys, limit or SMALL_BATCH)
 
     @staticmethod
     def _distinct(keys: Sequence[OffloadKey]) -> bool:
@@ -385,89 +326,8 @@ class CPUOffloadingManager(OffloadingManager):
             check_req_context(req_context)
         small = self._small(keys)
         if small is not None and self._distinct(keys):
-            return self._store_small(keys, small)
-        r = self._resolve(keys, allow_duplicates=False)
-        keys_l, slots = r.keys, r.slots
-        absent_mask = slots < 0
-        n_new = int(np.count_nonzero(absent_mask))
-        n_present = len(keys_l) - n_new
-        if n_new == 0:
-            return self._stored([], np.zeros(0, dtype=np.int64), [], n_present)
-        if n_present == 0:
-            positions = None
-            to_store = keys_l
-        else:
-            positions = absent_mask.nonzero()[0]
-            to_store = [keys_l[i] for i in positions.tolist()]
-        protected = slots[~absent_mask] if n_present else _EMPTY_I64
-        evicted = self._make_room(n_new, protected, len(keys_l))
-        if evicted is None:
-            return None
-        t = self._table
-        count_before = t.insert_count
-        new_slots = t.allocate(to_store)
-        t.memo_note_insert(r, np.arange(len(keys_l)) if positions is None else positions, new_slots, count_before)
-        self._policy.insert(new_slots, to_store)
-        return self._stored(to_store, new_slots, evicted, n_present)
-
-    def _store_small(self, keys: Sequence[OffloadKey], slots: list[int]) -> PrepareStoreOutput | None:
-        to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
-        protected = [s for s in slots if s >= 0]
-        if not to_store:
-            return self._stored([], np.zeros(0, dtype=np.int64), [], len(protected))
-        evicted = self._make_room(len(to_store), protected, len(keys))
-        if evicted is None:
-            return None
-        new_slots = self._table.allocate_list(to_store)
-        self._policy.insert_list(new_slots, to_store)
-        return self._stored(to_store, np.array(new_slots, dtype=np.int64), evicted, len(protected))
-
-    def _make_room(self, n_new: int, protected: np.ndarray | list[int], n_keys: int) -> list[OffloadKey] | None:
-        """Evict for ``n_new`` slots, sparing ``protected`` (slots); the evicted keys, or None
-        (nothing changed, the store counted failed) when room cannot be made."""
-        t = self._table
-        need = n_new - t.num_free
-        if n_new == 0 or need <= 0:
-            return []
-        scalar = protected.__class__ is list
-        if not len(protected):
-            prot_ev = 0
-        elif scalar:
-            ref = self._ref
-            prot_ev = sum(1 for s in protected if ref[s] == 0)
-        else:
-            prot_ev = int(np.count_nonzero(t.ref[protected] == 0))
-        victims = None
-        if need <= t.num_evictable - prot_ev:
-            mark = t.prot_mv if scalar else t.prot_mark
-            for s in protected:
-                mark[s] = 1
-            try:
-                if scalar:
-                    victims = self._policy.evict_list(need, protected)  # type: ignore[arg-type]
-                else:
-                    victims = self._policy.evict(need, protected)  # type: ignore[arg-type]
-            finally:
-                for s in protected:
-                    mark[s] = 0
-        if victims is None:
-            self._counters.stores_failed += n_keys
-            return None
-        if len(victims) != need:  # pragma: no cover - policy contract violation
-            raise RuntimeError(f"policy {self.cache_policy!r} returned {len(victims)} victims, expected {need}")
-        self._counters.evictions += need
-        evicted = t.release_list(victims) if scalar else t.release(victims, ready=True)  # type: ignore[arg-type]
-        if self._events is not None:
-            self._events.append(OffloadingEvent(keys=list(evicted), medium=CPU_MEDIUM, removed=True))
-        return evicted
-
-    def _stored(
-        self, to_store: list[OffloadKey], slots: np.ndarray, evicted: list[OffloadKey], n_present: int
-    ) -> PrepareStoreOutput:
-        c = self._counters
-        c.stores_started += len(to_store)
-        c.stores_skipped += n_present
-        return PrepareStoreOutput(keys_to_store=list(to_store), store_spec=cpu_spec(slots), evicted_keys=evicted)
+            return self._stores.prepare_small(keys, small)
+        return self._stores.prepare(self._resolve(keys, allow_duplicates=False))
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         """Finish stores: pending keys become ready (``success``) or are removed (failure).
@@ -480,58 +340,11 @@ class CPUOffloadingManager(OffloadingManager):
             success = check_bool(success, "success")
         small = self._small(keys)
         if small is not None:
-            ref = self._ref
-            sel: list[int] = []
-            done: list[OffloadKey] = []
-            for k, s in zip(keys, small, strict=True):
-                if s >= 0 and ref[s] == PENDING and s not in sel:
-                    sel.append(s)
-                    done.append(k)
-            if sel:
-                self._finish_stores(sel, done, success)
-            return
-        r = self._resolve(keys, allow_duplicates=True)
-        slots = r.slots
-        if len(slots) == 0 or self.num_blocks == 0:
-            return
-        sel_mask = self._table.ref[slots] == PENDING
-        sel_mask &= slots >= 0
-        idx = sel_mask.nonzero()[0]
-        if len(idx) == 0:
-            return
-        pend = slots[idx]
-        if not r.unique and len(pend) > 1:
-            uniq, first = np.unique(pend, return_index=True)
-            if len(uniq) != len(pend):
-                order = np.sort(first)
-                idx, pend = idx[order], pend[order]
-        self._finish_stores(pend, [r.keys[i] for i in idx.tolist()] if self._events is not None else [], success)
-
-    def _finish_stores(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
-        """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
-        t = self._table
-        scalar = pend.__class__ is list
-        if success:
-            if scalar:
-                for s in pend:
-                    self._ref[s] = 0
-                self._policy.on_evictable_list(pend)  # type: ignore[arg-type]
-            else:
-                t.ref[pend] = 0
-                self._policy.on_evictable(pend)  # type: ignore[arg-type]
-            t.num_pending -= len(pend)
-            t.num_evictable += len(pend)
-            self._counters.stores_completed += len(pend)
-            if self._events is not None:
-                self._events.append(OffloadingEvent(keys=done, medium=CPU_MEDIUM, removed=False))
+            self._stores.complete_small(keys, small, success)
+        elif self.num_blocks:
+            self._stores.complete(self._resolve(keys, allow_duplicates=True), success)
         else:
-            if scalar:
-                self._policy.remove_list(pend)  # type: ignore[arg-type]
-                t.release_list(pend)  # type: ignore[arg-type]
-            else:
-                self._policy.remove(pend)  # type: ignore[arg-type]
-                t.release(pend)  # type: ignore[arg-type]
-            self._counters.stores_aborted += len(pend)
+            self._resolve(keys, allow_duplicates=True)  # checks only: nothing can be pending
 
     # ------------------------------------------------------------------ request-scoped engines
     def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
@@ -547,13 +360,7 @@ class CPUOffloadingManager(OffloadingManager):
         slots = [s for s in dict.fromkeys(r.slots.tolist()) if s >= 0]
         arr = np.array(slots, dtype=np.int64)
         arr = arr[self._table.ref[arr] == 0] if slots else arr
-        if not len(arr):
-            return []
-        self._policy.remove(arr)
-        removed = self._table.release(arr, ready=True)
-        if self._events is not None:
-            self._events.append(OffloadingEvent(keys=list(removed), medium=CPU_MEDIUM, removed=True))
-        return removed
+        return self._stores.remove(arr) if len(arr) else []
 
     def apply_request_access(
         self,
@@ -571,7 +378,8 @@ class CPUOffloadingManager(OffloadingManager):
         """Drain the events recorded since the last call (always empty without ``enable_events``)."""
         if not self._events:
             return []
-        out, self._events = self._events, []
+        out = list(self._events)
+        self._events.clear()
         return out
 
     def get_stats(self) -> OffloadingStats:
@@ -607,7 +415,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._table.clear()
         self._policy.clear()
         if self._events is not None:
-            self._events = []
+            self._events.clear()
         self._closed = True
         self._index = ClosedIndex()  # type: ignore[assignment]
         self.__dict__.pop("lookup", None)  # back to the method, which now raises

@@ -50,8 +50,8 @@ def apply_request_access(
     core: Any,
     keys: Sequence[OffloadKey],
     req_context: ReqContext,
-    inserted_only: Collection[OffloadKey] = (),
-    reused: Collection[OffloadKey] = (),
+    inserted_only: Collection[bytes] = (),
+    reused: Collection[bytes] = (),
 ) -> None:
     """Apply one finished request's accesses to ``core``'s policy, at once.
 
@@ -71,7 +71,9 @@ def apply_request_access(
     if not batch:
         return
     if len(batch) <= REQUEST_SCALAR_LIMIT:
-        policy.on_request_finished_list(batch, batch.slots, [k in inserted_only for k in batch], [k in reused for k in batch])
+        policy.on_request_finished_list(
+            batch, batch.slots, [k in inserted_only for k in batch], [k in reused for k in batch]
+        )
         return
     n = len(batch)
     ins = np.fromiter((k in inserted_only for k in batch), dtype=bool, count=n)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.keytable import KeyBatch, as_key_list
+from kvoffload.cache.batch import KeyBatch, as_key_list
 from kvoffload.core.base import (
     LoadStoreSpec,
     OffloadingEvent,

@@ -68,8 +68,9 @@ class Counters:
     __slots__ = COUNTERS
 
     def __init__(self) -> None:
-        for name in COUNTERS:
-            setattr(self, name, 0)
+        self.hits = self.pending_hits = self.misses = self.evictions = self.loads = 0
+        self.stores_started = self.stores_skipped = self.stores_failed = 0
+        self.stores_completed = self.stores_aborted = 0
 
     def drain_into(self, stats: OffloadingStats) -> OffloadingStats:
         """Copy the counters into ``stats`` (plus ``lookups``), reset them, return ``stats``."""
