@@ -12,6 +12,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -53,14 +54,25 @@ def as_lookup_result(value: bool | None) -> LookupResult:
 
 
 def make_lookup(
-    index: dict[bytes, int], ref: array, counters: Counters
-) -> Callable[[OffloadKey, ReqContext], bool | None]:
+    index: dict[bytes, int],
+    ref: array,
+    counters: Counters,
+    answers: tuple[Any, Any, Any] = (True, False, None),
+    context_cls: type = ReqContext,
+) -> Callable[[OffloadKey, Any], Any]:
     """A per-instance ``lookup`` closure (same contract as :meth:`CPUOffloadingManager.lookup`):
-    closure cells instead of attribute loads make a miss cost a ``dict.get`` plus one call."""
-    get = index.get
-    context_cls = ReqContext
+    closure cells instead of attribute loads make a miss cost a ``dict.get`` plus one call.
 
-    def lookup(key: OffloadKey, req_context: ReqContext) -> bool | None:
+    Args:
+        answers: what it returns for a ready, an absent and a pending key (e.g. vLLM's
+            ``LookupResult`` members for an engine adapter).
+        context_cls: the context class taken without a check (others go through
+            :func:`~kvoffload.core.base.check_req_context`).
+    """
+    get = index.get
+    hit, miss, pending = answers
+
+    def lookup(key: OffloadKey, req_context: Any) -> Any:
         if req_context.__class__ is not context_cls:
             check_req_context(req_context)
         try:
@@ -72,11 +84,11 @@ def make_lookup(
             if key.__class__ is not bytes:
                 validate_keys([key], "key")
             counters.misses += 1
-            return False
+            return miss
         if ref[s] >= 0:
             counters.hits += 1
-            return True
+            return hit
         counters.pending_hits += 1
-        return None
+        return pending
 
     return lookup

@@ -14,7 +14,8 @@ is: no second check or key probe.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -142,6 +143,14 @@ class CPUOffloadingManager(OffloadingManager):
         return self._table.resolve(keys, "keys", allow_duplicates=allow_duplicates, remember=remember)
 
     # ------------------------------------------------------------------ lookups
+    def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
+        """A ``lookup`` for an engine adapter: same checks and statistics as :meth:`lookup`, answering
+        ``answers`` (ready, absent, pending) and taking ``context_cls`` contexts unchecked. Valid
+        until :meth:`shutdown`."""
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
+        return make_lookup(self._index, self._ref, self._counters, answers, context_cls)
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """True if ``key`` is stored and ready, False if absent, None if its store is pending.
 

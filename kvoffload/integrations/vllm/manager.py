@@ -82,7 +82,11 @@ class KVOffloadManager(OffloadingManager):
         if store_threshold >= 2:
             stack = self._filter = FilteredReuseManager(self.core, store_threshold, max_tracker_size, count_on="offer")
         self.hooks = RequestHooksManager(stack, core=self.core)
-        self._core_lookup = self.core.lookup
+        if type(self).lookup is KVOffloadManager.lookup:  # not overridden by a subclass
+            # one closure call per lookup, answering vLLM's LookupResult (vLLM's contexts pass unchecked)
+            self.lookup = self.core.lookup_function(  # type: ignore[method-assign]
+                (LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING), ReqContext
+            )
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._alloc_sizes: list[int] = []
         self._config_info = dict(config_info or {})
@@ -110,7 +114,8 @@ class KVOffloadManager(OffloadingManager):
 
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        r = self._core_lookup(key, req_context)  # type: ignore[arg-type]
+        """The key's state as vLLM's ``LookupResult`` (replaced per instance by an equivalent closure)."""
+        r = self.core.lookup(key, req_context)  # type: ignore[arg-type]
         if r:
             return LookupResult.HIT
         return LookupResult.MISS if r is False else LookupResult.HIT_PENDING
@@ -218,3 +223,4 @@ class KVOffloadManager(OffloadingManager):
 
     def shutdown(self) -> None:
         self.hooks.shutdown()
+        self.__dict__.pop("lookup", None)  # back to the method, which now raises
