@@ -120,8 +120,12 @@ class RequestHooksManager(OffloadingManager):
             raise InvalidTypeError(f"backing must be an OffloadingManager, got {type(backing).__name__}")
         core = backing if core is None else core
         missing = [m for m in _CORE_METHODS if not callable(getattr(core, m, None))]
+        if not isinstance(getattr(core, "policy", None), CachePolicy):
+            missing.append("policy")
         if missing:
-            raise InvalidTypeError(f"core must have {', '.join(_CORE_METHODS)}; {type(core).__name__} lacks {missing}")
+            raise InvalidTypeError(
+                f"core must have {', '.join(_CORE_METHODS)} and a policy; {type(core).__name__} lacks {missing}"
+            )
         self._backing = backing
         self._core = core
         self._requests: dict[str, _Access] = {}
