@@ -45,6 +45,7 @@ PENDING = -1
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 #: :meth:`SlotTable.key_batch` resolves a list of at most this many keys with scalar code
 SMALL_KEY_BATCH = 32
+_BYTES_ONLY = {bytes}
 
 
 def int_view(buf: array, dtype: type) -> np.ndarray:
@@ -206,25 +207,23 @@ class SlotTable:
             return None
         if keys.__class__ is not list or len(keys) > limit:  # type: ignore[arg-type]
             return None
-        get = self.index.get
-        out = []
-        for k in keys:
-            if k.__class__ is not bytes:
-                return None
-            s = get(k)
-            out.append(-1 if s is None else s)
-        return out
+        if keys and set(map(type, keys)) != _BYTES_ONLY:  # C-level passes, no per-key bytecode
+            return None
+        return list(map(self.index.get, keys, repeat(-1)))
 
-    def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool) -> KeyBatch:
+    def key_batch(
+        self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int = SMALL_KEY_BATCH
+    ) -> KeyBatch:
         """Validate ``keys`` and resolve them to slots once, for the layers inside to reuse.
 
-        ``dedup``: repeated keys are reduced to their first occurrence (else kept as given).
-        Same checks and errors as :meth:`resolve`.
+        ``dedup``: repeated keys are reduced to their first occurrence (else kept as given). A
+        ``list`` of at most ``limit`` keys is resolved with scalar code. Same checks and errors as
+        :meth:`resolve`.
         """
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
                 return keys  # type: ignore[return-value]
-        slots = self.small_slots(keys, SMALL_KEY_BATCH) if keys.__class__ is list else None
+        slots = self.small_slots(keys, limit) if keys.__class__ is list else None
         if slots is not None:
             out = KeyBatch(keys)
             out.unique = True

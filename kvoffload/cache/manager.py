@@ -115,17 +115,18 @@ class CPUOffloadingManager(OffloadingManager):
         return self._table
 
     # ------------------------------------------------------------------ the door
-    def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True) -> KeyBatch:
+    def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True, limit: int = SMALL_BATCH) -> KeyBatch:
         """Validate ``keys`` and resolve them to slots once (repeats reduced to their first
         occurrence with ``dedup``); every layer of a stack over this manager, and this manager,
-        take the result as it is while no key was inserted or freed since.
+        take the result as it is while no key was inserted or freed since. A ``list`` of at
+        most ``limit`` keys is resolved with scalar code.
 
         Raises:
             InvalidTypeError: a key is not ``bytes``; KeyStateError: after :meth:`shutdown`.
         """
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return self._table.key_batch(keys, dedup=dedup)
+        return self._table.key_batch(keys, dedup=dedup, limit=limit)
 
     def _small(self, keys: Sequence[OffloadKey], limit: int = 0) -> list[int] | None:
         """Slot (-1 = absent) per key of a few plain keys; None: the call takes the array path."""

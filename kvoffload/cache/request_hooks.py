@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,6 @@ from kvoffload.core.base import (
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
-    get_offload_group_idx,
 )
 from kvoffload.errors import InvalidTypeError
 
@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["RequestHooksManager", "apply_request_access"]
 
 _CORE_METHODS = ("key_batch", "peek_list", "touch")
+#: a key's last 4 bytes: its big-endian KV-cache group index (see core.base.make_offload_key)
+_GROUP_SUFFIX = itemgetter(slice(-4, None))
 #: request-level calls on at most this many keys (a whole prompt) run scalar code; beyond, numpy
 REQUEST_SCALAR_LIMIT = 256
 
@@ -67,7 +69,7 @@ def apply_request_access(
     if type(policy).on_request_finished is CachePolicy.on_request_finished:
         core.touch(keys if keys.__class__ is list else list(keys), req_context)
         return
-    batch = core.key_batch(keys, dedup=False)
+    batch = core.key_batch(keys, dedup=False, limit=REQUEST_SCALAR_LIMIT)
     if not batch:
         return
     if len(batch) <= REQUEST_SCALAR_LIMIT:
@@ -169,7 +171,9 @@ class RequestHooksManager(OffloadingManager):
         if st is None or not st.keys:
             return
         keys: list[OffloadKey] = list(st.keys)  # type: ignore[arg-type]
-        keys.sort(key=get_offload_group_idx)  # stable: first-seen order inside a group
+        # by group (stable: first-seen order inside a group); recorded keys were checked, and their
+        # big-endian group index suffix orders as its bytes do (get_offload_group_idx without a call per key)
+        keys.sort(key=_GROUP_SUFFIX)
         if key_position is not None:
             pos = [key_position(k) for k in keys]
             if all(p is not None for p in pos):
@@ -193,9 +197,12 @@ class RequestHooksManager(OffloadingManager):
         codes = core.peek_list(batch)
         ready = {k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_HIT}
         seen = st.store_misses
-        misses = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS and k not in seen]
-        if misses:
-            core.policy.on_store_miss(misses)
+        policy = core.policy
+        misses = None
+        if type(policy).on_store_miss is not CachePolicy.on_store_miss:  # the policy learns from them (ARC)
+            misses = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS and k not in seen]
+            if misses:
+                policy.on_store_miss(misses)
         out = self._backing.prepare_store(batch, req_context)
         if misses:
             seen.update(misses)
