@@ -78,6 +78,7 @@ class KVOffloadManager(OffloadingManager):
         enable_events: bool = False,
         config_info: dict[str, Any] | None = None,
     ) -> None:
+        self.medium: Medium = Medium.CPU  # vLLM's managers name their medium (vLLM code reads it)
         self.core = CPUOffloadingManager(num_blocks, cache_policy=cache_policy, enable_events=enable_events)
         stack: CoreManager = self.core
         self.store_threshold = store_threshold
@@ -161,14 +162,14 @@ class KVOffloadManager(OffloadingManager):
         if removed:
             self._drain_core_events()
             self._events.append(
-                OffloadingEvent(keys=removed, medium=Medium.CPU, removed=True, metadata_only=True)  # type: ignore[call-arg]
+                OffloadingEvent(keys=removed, medium=self.medium, removed=True, metadata_only=True)  # type: ignore[call-arg]
             )
 
     # ------------------------------------------------------------------ events, stats, reset
     def _drain_core_events(self) -> None:
         assert self._events is not None
         for ev in self.hooks.take_events():
-            self._events.append(OffloadingEvent(keys=list(ev.keys), medium=Medium.CPU, removed=ev.removed))
+            self._events.append(OffloadingEvent(keys=list(ev.keys), medium=self.medium, removed=ev.removed))
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events is None:
@@ -208,10 +209,9 @@ class KVOffloadManager(OffloadingManager):
         return stats
 
     def reset_cache(self) -> None:
+        """Drop every chunk; what is not reported yet (events, allocation sizes, skipped stores)
+        is kept for the next :meth:`take_events` / :meth:`get_stats`, as vLLM's manager keeps it."""
         self.hooks.reset_cache()
-        if self._events is not None:
-            self._events.clear()
-        self._alloc_sizes.clear()
 
     def has_pending_work(self) -> bool:
         return False
