@@ -15,6 +15,13 @@ Keys read from ``kv_connector_extra_config`` (the same as vLLM's own CPU spec, p
 * ``offload_prompt_only``: read by vLLM's connector itself (default True).
 * ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``dma`` / ``module:Class``;
   default: ``KVOFFLOAD_BACKEND`` or the device's default (Triton on CUDA).
+
+``KVOffloadSpec`` is registered as a virtual subclass of vLLM's ``CPUOffloadingSpec``
+(``ABC.register``: nothing is inherited). vLLM 0.32's Prometheus exporter feeds its deprecated
+transfer metrics (``vllm:kv_offload_total_bytes``, ``_total_time``, ``_size``, labelled by
+``transfer_type``) only for specs that are ``CPUOffloadingSpec`` subclasses; this way they are
+observed with kvoffload too, from the same transfer stats as the flat ``vllm:kv_offload_load_*``
+/ ``_store_*`` metrics. Nothing else in vLLM asks whether a spec is a ``CPUOffloadingSpec``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import logging
 from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadingManager, OffloadingSpec, OffloadingWorker
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.integrations.vllm.manager import KVOffloadManager
@@ -50,8 +58,6 @@ class KVOffloadSpec(OffloadingSpec):
     def build_metric_definitions(cls, extra_config: Any) -> dict[str, Any]:
         """The Prometheus metrics the manager's stats carry: the same names and meanings as vLLM's
         own CPU spec (vLLM's exporter drops nothing it was not told about in advance)."""
-        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-
         return dict(CPUOffloadingSpec.build_metric_definitions(extra_config))
 
     @classmethod
@@ -104,3 +110,6 @@ class KVOffloadSpec(OffloadingSpec):
         if self._worker is None:
             self._worker = KVOffloadWorker(kv_caches, self.num_chunks, self.blocks_per_chunk, self.kernel_backend)
         return self._worker
+
+
+CPUOffloadingSpec.register(KVOffloadSpec)  # see the module docstring: vLLM's deprecated transfer metrics
