@@ -129,3 +129,23 @@ def test_medium_attribute() -> None:
     p = Pair(2)
     assert p.theirs.medium is Medium.CPU
     assert p.ours.medium is p.theirs.medium
+
+
+@pytest.mark.parametrize("policy", ["arc", "ARCCachePolicy"])
+def test_arc_falls_back_to_t1_when_t2_has_no_victim(policy: str) -> None:
+    """T1 below its target and T2's only block pinned: vLLM 0.32's ARC takes the victim from T1
+    (kvoffload's ARC, and vLLM's own class through the adapter, do the same)."""
+    module = "vllm.v1.kv_offload.cpu.policies.arc" if policy != "arc" else None
+    p = Pair(3, cache_policy="arc")
+    p.ours = KVOffloadManager(3, cache_policy=policy, cache_policy_module_path=module)
+    p.store([k("a"), k("b"), k("c")], "p")
+    for new in ("d", "a", "b", "c"):  # each store evicts the oldest T1 block; ghost hits raise the target
+        p.store([k(new)], f"s{new}")
+    assert p.theirs._policy.target_t1_size == 3 and list(p.theirs._policy.t1) == [k("a"), k("b"), k("c")]
+    p.both(lambda m, c: m.prepare_load([k("a")], c), "reuse")
+    p.both(lambda m, c: m.complete_load([k("a")], c), "reuse")
+    p.both(lambda m, c: m.on_request_finished(c), "reuse")  # a: reused, T1 -> T2
+    p.both(lambda m, c: m.prepare_load([k("a")], c), "pin")  # T2's only block pinned
+    ours, theirs = evicted(p.store([k("e")], "e"))
+    assert theirs == [k("b")]
+    assert ours == theirs

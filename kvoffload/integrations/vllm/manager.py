@@ -38,6 +38,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
+from kvoffload.integrations.vllm.policy import resolve_cache_policy
 from kvoffload.offload.base import LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.offload.base import OffloadingManager as CoreManager
 from kvoffload.offload.manager import CPUOffloadingManager
@@ -62,11 +63,15 @@ class KVOffloadManager(OffloadingManager):
 
     Args:
         num_blocks: CPU chunks (one offloaded block = ``blocks_per_chunk`` GPU blocks).
-        cache_policy: kvoffload policy name (``lru``, ``arc``, ``s3fifo``, ``module:Class``).
+        cache_policy: a kvoffload policy (``lru``, ``arc``, ``s3fifo``, a registered name,
+            ``module:Class``) or a vLLM ``CachePolicy`` (a name registered with vLLM's
+            ``CachePolicyFactory``, or a class of ``cache_policy_module_path``), resolved as vLLM
+            resolves it (:func:`~kvoffload.integrations.vllm.policy.resolve_cache_policy`).
         store_threshold: offers a key needs before it is stored; below 2 nothing is filtered.
         max_tracker_size: keys the reuse filter tracks.
         enable_events: record store/evict events (vLLM's ``enable_kv_cache_events``).
         config_info: the labels :meth:`config_info` reports (vLLM 0.33).
+        cache_policy_module_path: the module of an out-of-tree ``cache_policy`` class (vLLM's key).
     """
 
     def __init__(
@@ -77,9 +82,11 @@ class KVOffloadManager(OffloadingManager):
         max_tracker_size: int = 64_000,
         enable_events: bool = False,
         config_info: dict[str, Any] | None = None,
+        cache_policy_module_path: str | None = None,
     ) -> None:
         self.medium: Medium = Medium.CPU  # vLLM's managers name their medium (vLLM code reads it)
-        self.core = CPUOffloadingManager(num_blocks, cache_policy=cache_policy, enable_events=enable_events)
+        policy = resolve_cache_policy(cache_policy, cache_policy_module_path)
+        self.core = CPUOffloadingManager(num_blocks, cache_policy=policy, enable_events=enable_events)
         stack: CoreManager = self.core
         self.store_threshold = store_threshold
         self._filter: FilteredReuseManager | None = None
