@@ -86,7 +86,9 @@ def test_stores_skipped_counts_only_absent_keys_held_back() -> None:
     assert [ours for ours, _ in seen] == [theirs for _, theirs in seen]
 
 
-@pytest.mark.parametrize(("threshold", "c_counted_before", "victim"), [(0, False, "b"), (2, True, "b"), (2, False, "c")])
+@pytest.mark.parametrize(
+    ("threshold", "c_counted_before", "victim"), [(0, False, "b"), (2, True, "b"), (2, False, "c")]
+)
 def test_store_candidates_of_a_failed_store_are_recorded_for_the_request(
     threshold: int, c_counted_before: bool, victim: str
 ) -> None:

@@ -15,8 +15,7 @@ import pytest
 
 from kvoffload.offload.base import ReqContext
 from kvoffload.scheduler.jobs import ScheduledRequest
-from tests.scheduler.conftest import make_req
-from tests.scheduler.test_bad_input_reliability import busy, manager_state, sched_state  # noqa: F401
+from tests.scheduler.conftest import make_req, manager_state, sched_state
 
 
 def test_finishing_a_request_never_seen_changes_nothing(busy, caplog: pytest.LogCaptureFixture) -> None:

@@ -13,6 +13,8 @@ Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in the REA
 * the allocation-size histogram of a ``prepare_store`` that fails counts the absent keys offered
   (vLLM: the absent keys past the filter);
 * ``reset_cache`` also forgets the reuse filter's counts (vLLM's manager keeps them);
+* a vLLM ``CachePolicy`` runs through :class:`~kvoffload.integrations.vllm.policy.VLLMPolicyAdapter`
+  (see there for what it sees differently);
 * ``lock`` is a no-op context (the manager has no thread of its own) and ``on_reset_flushed``
   does nothing: kvoffload's transfer worker runs jobs in submission order, so a slot freed by
   ``reset_cache`` is never written by an older job after a newer one.
