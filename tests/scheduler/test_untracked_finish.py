@@ -13,7 +13,7 @@ import logging
 
 import pytest
 
-from kvoffload.offload.base import ReqContext
+from kvoffload.core.base import ReqContext
 from kvoffload.scheduler.jobs import ScheduledRequest
 from tests.scheduler.conftest import make_req, manager_state, sched_state
 

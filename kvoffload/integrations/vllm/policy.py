@@ -36,9 +36,9 @@ from vllm.v1.kv_offload.cpu.policies.base import CachePolicy as VLLMCachePolicy
 from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
 from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
 
+from kvoffload.cache.keytable import SlotTable
+from kvoffload.cache.policies.base import CachePolicy, available_policies, register_policy
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.keytable import SlotTable
-from kvoffload.offload.policies.base import CachePolicy, available_policies, register_policy
 
 logger = logging.getLogger(__name__)
 
