@@ -150,7 +150,7 @@ class RequestHooksManager(OffloadingManager):
         codes = core.peek_list(keys)
         ready = {k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_HIT}
         select = getattr(self._backing, "store_candidates", None)  # a reuse filter below says which pass
-        passed = None if select is None else set(select(keys, req_context))
+        passed = None if select is None or LOOKUP_MISS not in codes else set(select(keys, req_context))
         candidates = {
             k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_MISS and (passed is None or k in passed)
         }
