@@ -100,9 +100,12 @@ class RequestHooksManager(OffloadingManager):
 
     * ``prepare_store``: before delegating, the keys absent from the cache that this request
       has not offered yet go to the core policy's ``on_store_miss`` (ARC adapts on ghost hits
-      there; a no-op for policies without history); the batch the core resolved is delegated;
-      afterwards the keys the call inserted are recorded as *inserted*, the keys that were
-      already stored and ready as *reused*.
+      there; a no-op for policies without history); the batch the core resolved (``key_batch``)
+      is delegated; afterwards the call's store candidates (the absent keys, minus those a reuse
+      filter below holds back: its ``store_candidates``) and the keys already stored and ready
+      are recorded for the request -- also when the allocation failed (``None``), as vLLM records
+      them before allocating; the keys the call inserted are marked *inserted*, the ready ones
+      *reused*.
     * ``prepare_load``: the keys are recorded as *reused* (unless this request inserted them).
     * ``on_request_finished``: the recorded keys, ordered head of the prompt first (by KV-cache
       group, then by token position when ``key_position`` knows every key), go to
@@ -196,6 +199,11 @@ class RequestHooksManager(OffloadingManager):
         batch = core.key_batch(keys, dedup=False)
         codes = core.peek_list(batch)
         ready = {k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_HIT}
+        select = getattr(self._backing, "store_candidates", None)  # a reuse filter below says which pass
+        passed = None if select is None or LOOKUP_MISS not in codes else set(select(batch, req_context))
+        candidates = {
+            k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS and (passed is None or k in passed)
+        }
         seen = st.store_misses
         policy = core.policy
         misses = None
@@ -207,8 +215,8 @@ class RequestHooksManager(OffloadingManager):
         if misses:
             seen.update(misses)
         inserted = set(out.keys_to_store) if out is not None else set()
-        if inserted or ready:
-            st.keys.update(dict.fromkeys(k for k in batch if k in inserted or k in ready))
+        if candidates or ready:  # recorded whether or not the allocation succeeded, as vLLM does
+            st.keys.update(dict.fromkeys(k for k in batch if k in candidates or k in ready))
             st.inserted |= inserted
             st.reused.update(k for k in ready if k not in st.inserted)
         return out

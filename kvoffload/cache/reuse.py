@@ -12,6 +12,7 @@ import numpy as np
 
 from kvoffload.cache.batch import KeyBatch, as_key_list
 from kvoffload.core.base import (
+    LOOKUP_MISS,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -48,9 +49,13 @@ class FilteredReuseManager(OffloadingManager):
 
     Counting follows vLLM's reuse filter: every :meth:`lookup` (and every key of
     :meth:`lookup_batch`) counts its key once, in a tracker of at most ``max_tracker_size``
-    keys that forgets the least-recently-counted key when full. :meth:`prepare_store` drops
-    the keys below the threshold *before* delegating, so they take no capacity; an
+    keys that forgets the least-recently-counted key when full. :meth:`prepare_store` holds
+    back the absent keys below the threshold *before* delegating, so they take no capacity; an
     all-filtered call still delegates an empty list (and returns the backing's empty result).
+    Keys the backing already holds are always delegated, whatever their count (the threshold
+    is about new stores; the backing then keeps them out of the call's evictions, and they are
+    not counted as skipped), as in vLLM's manager; the filter asks the backing's ``peek_list``
+    (read-only) which keys it holds.
 
     The fix over vLLM (its issue #52022): a prefix lookup stops at the first miss, so the keys
     after it were never counted and could never become eligible. Here ``prepare_store`` also
@@ -192,43 +197,78 @@ class FilteredReuseManager(OffloadingManager):
         self._note(req_context, keys)
         return out
 
+    def _resident(self, keys: list[OffloadKey]) -> set[OffloadKey]:
+        """The ``keys`` the backing holds (ready or pending), asked through its read-only
+        ``peek_list`` (which takes a :class:`KeyBatch` resolved at the door without probing its
+        keys again); none when the backing has no such probe (every key then counts as new)."""
+        peek = getattr(self._backing, "peek_list", None)
+        if peek is None:
+            return set()
+        return {k for k, c in zip(keys, peek(keys), strict=True) if c != LOOKUP_MISS}
+
+    def _select(
+        self, keys: list[OffloadKey], req_context: ReqContext
+    ) -> tuple[list[OffloadKey], list[OffloadKey], int]:
+        """``(keys to delegate, keys this offer starts counting, absent keys held back)``; changes nothing.
+
+        A key is delegated when the backing holds it already (the threshold applies to new
+        stores only; the backing then protects it from the call's evictions, as vLLM's manager
+        protects every offered key) or when its count, this offer included, reaches the threshold.
+        The keys to delegate are a :class:`KeyBatch` (with its slots) when ``keys`` is one.
+        """
+        counts, threshold = self.counts, self.store_threshold
+        if self.count_on == "offer":
+            new = self._offer_new_tracked(keys)
+            new_set = set(new)
+            hold = [(counts[k] + 1 if k in counts else int(k in new_set)) < threshold for k in keys]
+        else:
+            new = []
+            if req_context.req_id:
+                seen = self._by_request.get(req_context.req_id)
+                new = list(keys) if seen is None else [k for k in keys if k not in seen]
+            new_set = set(new)
+            hold = [counts.get(k, 0) + (k in new_set) < threshold for k in keys]
+        if True not in hold:
+            return keys, new, 0
+        resident = self._resident(_subset(keys, hold))
+        keep = [not h or k in resident for k, h in zip(keys, hold, strict=True)]
+        return _subset(keys, keep), new, keep.count(False)
+
+    def store_candidates(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
+        """The keys of an offer that :meth:`prepare_store` would delegate now (see there); changes nothing."""
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
+        return self._select(self._checked(keys), req_context)[0]
+
+    @staticmethod
+    def _checked(keys: Sequence[OffloadKey]) -> list[OffloadKey]:
+        """``keys`` checked (distinct bytes), unless a :class:`KeyBatch` checked them at the door."""
+        if keys.__class__ is KeyBatch and keys.unique:  # type: ignore[attr-defined]
+            return keys  # type: ignore[return-value]
+        return as_key_list(keys, "keys", allow_duplicates=False)
+
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        """Drop the keys below the threshold (counting the keys this request has not counted yet), delegate.
+        """Hold back the absent keys below the threshold (counting the keys this request has not
+        counted yet), delegate the others -- the keys the backing holds already included.
 
         The counts are updated once the backing returned; a key counted by this call is eligible
-        when its count including this call reaches the threshold.
+        when its count including this call reaches the threshold. ``stores_skipped`` counts the
+        absent keys held back.
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        if keys.__class__ is not KeyBatch or not keys.unique:  # type: ignore[attr-defined]
-            keys = as_key_list(keys, "keys", allow_duplicates=False)  # else checked at the door
-        counts, threshold = self.counts, self.store_threshold
+        keys = self._checked(keys)
+        delegated, new, n_held = self._select(keys, req_context)
+        out = self._backing.prepare_store(delegated, req_context)
         if self.count_on == "offer":
-            new = self._offer_new_tracked(keys)  # type: ignore[arg-type]
-            new_set = set(new)
-            keep = [(counts[k] + 1 if k in counts else int(k in new_set)) >= threshold for k in keys]
-            out = self._backing.prepare_store(_subset(keys, keep), req_context)
-            self._count_offer(keys, new)  # type: ignore[arg-type]
-            self._skipped += keep.count(False)
-            return out
-        req_id = req_context.req_id
-        fresh: list[OffloadKey] = []
-        if req_id:
-            seen = self._by_request.get(req_id)
-            fresh = list(keys) if seen is None else [k for k in keys if k not in seen]
-        if fresh:
-            fresh_set = set(fresh)
-            keep = [counts.get(k, 0) + (k in fresh_set) >= threshold for k in keys]
-        else:
-            keep = [counts.get(k, 0) >= threshold for k in keys]
-        out = self._backing.prepare_store(_subset(keys, keep), req_context)
-        if req_id:
-            for k in fresh:
+            self._count_offer(keys, new)
+        elif req_context.req_id:
+            for k in new:
                 self._count(k)
-            self._seen_set(req_id).update(fresh)
-            self._num_pairs += len(fresh)
+            self._seen_set(req_context.req_id).update(new)
+            self._num_pairs += len(new)
             self._trim_requests()
-        self._skipped += keep.count(False)
+        self._skipped += n_held
         return out
 
     def take_skipped(self) -> int:
