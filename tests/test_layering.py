@@ -1,4 +1,5 @@
-"""docs/contract.md §1 import direction, checked on the source: kernels -> (errors only); offload -> kernels;
+"""docs/contract.md §1 import direction, checked on the source: kernels -> (errors only); tiers -> (errors, core);
+offload -> kernels;
 scheduler -> offload; nothing inside the library imports sim, cli, demo, simulate or bench."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ TOP_LAYER = {
     "integrations",
 }
 FORBIDDEN = {
+    "tiers": {"kernels", "offload", "scheduler", "cache", "transfer", "app"} | TOP_LAYER,
     "kernels": {"offload", "scheduler"} | TOP_LAYER,
     "offload": {"scheduler"} | TOP_LAYER,
     "scheduler": {"kernels"} | TOP_LAYER,
@@ -52,6 +54,24 @@ def test_layer_imports_run_one_way(layer: str) -> None:
     assert files
     bad = {str(f.relative_to(PKG)): sorted(_kvoffload_imports(f) & FORBIDDEN[layer]) for f in files}
     assert {f: b for f, b in bad.items() if b} == {}
+
+
+def test_tiers_import_only_errors_and_core() -> None:
+    """Tiers move bytes between a store and host records: no torch, no cache/scheduler layers."""
+    for f in (PKG / "tiers").rglob("*.py"):
+        assert _kvoffload_imports(f) <= {"tiers", "errors", "core"}, f
+        assert "torch" not in {n.split(".")[0] for n in _top_imports(f)}, f
+
+
+def _top_imports(path: Path) -> set[str]:
+    """Every module name ``path`` imports (absolute imports only)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
 
 
 def test_kernels_import_only_errors() -> None:
