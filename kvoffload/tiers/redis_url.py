@@ -136,7 +136,7 @@ def parse_redis_url(url: str, **options: Any) -> RedisConfig:
             merged.setdefault("username", unquote(user))
         if pw:
             merged.setdefault("password", unquote(pw))
-    merged.update({k: v for k, v in options.items() if v is not None or k == "cluster"})
+    merged.update({k: v for k, v in options.items() if v is not None})
     if scheme == "unix":
         if hostpart or not parts.path:
             raise _bad(url, "a unix URL is unix:///path/to/redis.sock")
@@ -148,15 +148,18 @@ def parse_redis_url(url: str, **options: Any) -> RedisConfig:
         db_s = parts.path.strip("/")
         if db_s:
             merged.setdefault("db", db_s)
+    cluster: bool | None = None
     for name, value in merged.items():
         v = _option(url, name, value)
+        if name == "cluster":
+            cluster = v
+            continue
         if name.startswith("ssl_"):
             if scheme != "rediss":
                 raise _bad(url, f"{name} needs a rediss:// URL")
             cfg.ssl[name] = v
         elif v is not None:
             setattr(cfg, name, v)
-    cluster = merged.get("cluster")
     cfg.cluster = bool(cluster) or (cluster is None and len(cfg.nodes) > 1)
     if len(cfg.nodes) > 1 and not cfg.cluster:
         raise _bad(url, "several hosts name a Redis Cluster; cluster=false contradicts them")
