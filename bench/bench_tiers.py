@@ -145,7 +145,7 @@ def bench_disk(record_mib: list[int], total_mib: int, reps: int, base_dir: Path)
                 base_w.append(fio(d, "write", rb, n * rb))
                 base_r.append(fio(d, "read", rb, n * rb))
                 (d / "fio.dat").unlink()
-                with DiskTier(records, NS, d / "tier") as tier:
+                with DiskTier(records, NS, d / "tier", max_pending_write_bytes=n * rb) as tier:
                     o_direct = tier.o_direct
                     keys = _keys(n, f"d{mib}-{r}")
                     ours_w.append(n * rb / _timed_job(tier, "store", keys, list(range(n))) / 1e9)
