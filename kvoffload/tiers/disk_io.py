@@ -13,7 +13,16 @@ import numpy as np
 
 from kvoffload.tiers.record import ValueRejected
 
-__all__ = ["ALIGN", "file_bytes", "probe_o_direct", "BounceBuffers", "write_value", "read_value", "temp_name", "is_stale_temp"]
+__all__ = [
+    "ALIGN",
+    "file_bytes",
+    "probe_o_direct",
+    "BounceBuffers",
+    "write_value",
+    "read_value",
+    "temp_name",
+    "is_stale_temp",
+]
 
 #: Alignment of O_DIRECT buffers and lengths.
 ALIGN = 4096
