@@ -7,11 +7,11 @@ the calls the kvoffload scheduler makes for it on a
 1. ``lookup_batch`` of its prompt's full blocks; the hit is the leading run of ready blocks
    (a load must be a prefix: the first missing block ends it);
 2. ``touch`` of all its blocks (absent ones are ignored), as the scheduler does on admission;
-3. ``prepare_load`` of the hit blocks (pinned while the rest is stored);
-4. ``prepare_store`` of every block after the hit (present ones are skipped; the policy evicts to
-   make room; None when the request alone needs more room than the evictable blocks give: then
-   nothing of it is stored);
-5. ``complete_load`` of the hit, ``complete_store`` of the stored blocks.
+3. ``prepare_load`` and ``complete_load`` of the hit blocks (the load, done before the request
+   computes the rest);
+4. ``prepare_store`` of every block after the hit (present ones are skipped and protected; the
+   policy evicts to make room, possibly blocks this request just loaded; None when the evictable
+   blocks do not give enough room: then nothing of the request is stored), ``complete_store``.
 
 The CPU-tier hit of a request in tokens is ``min(hit_blocks * B, prompt_tokens - 1)``: the engine
 always computes the prompt's last token. This is exactly what the engine replay does with one
@@ -99,9 +99,8 @@ def replay_cache(
         touch(keys, ctx)
         if hit:
             prepare_load(keys[:hit], ctx)
-        out = prepare_store(keys[hit:], ctx) if hit < n else None
-        if hit:
             complete_load(keys[:hit], ctx)
+        out = prepare_store(keys[hit:], ctx) if hit < n else None
         if out is None:
             failed += hit < n
         else:
