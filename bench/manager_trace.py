@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.offload.base import LOOKUP_HIT, ReqContext
+from kvoffload.core.base import LOOKUP_HIT, ReqContext
 
 KEY_BYTES = 36  # 32-byte block hash + 4-byte group index
 PROMPT_BLOCKS = 512

@@ -1,5 +1,6 @@
-"""docs/contract.md §1 import direction, checked on the source: kernels -> (errors only); offload -> kernels;
-scheduler -> offload; nothing inside the library imports sim, cli, demo, simulate or bench."""
+"""docs/contract.md §1 import direction, checked on the source: kernels and core -> errors only; cache -> core;
+transfer -> core, kernels; cache and transfer never import each other; scheduler -> core, cache; nothing
+inside the library imports sim, app, testing or integrations; cache and core never import torch."""
 
 from __future__ import annotations
 
@@ -11,23 +12,25 @@ import pytest
 import kvoffload
 
 PKG = Path(kvoffload.__file__).resolve().parent
-TOP_LAYER = {
-    "sim",
-    "cli",
-    "demo",
-    "simulate",
-    "simulate_report",
-    "benchrun",
-    "info",
-    "__main__",
-    "testing",
-    "integrations",
-}
+TOP_LAYER = {"sim", "app", "__main__", "testing", "integrations"}
 FORBIDDEN = {
-    "kernels": {"offload", "scheduler"} | TOP_LAYER,
-    "offload": {"scheduler"} | TOP_LAYER,
-    "scheduler": {"kernels"} | TOP_LAYER,
+    "kernels": {"core", "cache", "transfer", "scheduler"} | TOP_LAYER,
+    "core": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
+    "cache": {"kernels", "transfer", "scheduler"} | TOP_LAYER,
+    "transfer": {"cache", "scheduler"} | TOP_LAYER,
+    "scheduler": {"kernels", "transfer"} | TOP_LAYER,
 }
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """First-level module names (``torch``, ``numpy``, ...) that ``path`` imports, at any depth."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
 
 
 def _kvoffload_imports(path: Path) -> set[str]:
@@ -57,3 +60,10 @@ def test_layer_imports_run_one_way(layer: str) -> None:
 def test_kernels_import_only_errors() -> None:
     for f in (PKG / "kernels").rglob("*.py"):
         assert _kvoffload_imports(f) <= {"kernels", "errors"}, f
+
+
+@pytest.mark.parametrize("layer", ["core", "cache"])
+def test_scheduler_process_layers_never_import_torch(layer: str) -> None:
+    files = sorted((PKG / layer).rglob("*.py"))
+    assert files
+    assert {str(f.relative_to(PKG)) for f in files if {"torch", "triton"} & _top_level_imports(f)} == set()

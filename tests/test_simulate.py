@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.cli import main
-from kvoffload.demo import DemoSettings
+from kvoffload.app.cli import main
+from kvoffload.app.demo import DemoSettings
+from kvoffload.app.simulate import default_capacities, simulate, working_set_blocks
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.request import hash_blocks
 from kvoffload.sim.sweep import MODEL_SHAPES, ModelShape
 from kvoffload.sim.workload import ChatWorkload, read_trace, write_trace
-from kvoffload.simulate import default_capacities, simulate, working_set_blocks
 
 _SMALL = DemoSettings(conversations=8, turns=3, gpu_blocks=48, max_concurrent=4)
 _SIM = ["simulate", "--conversations", "4", "--gpu-blocks", "48"]
@@ -126,7 +126,7 @@ def test_diagnosis_says_what_is_true(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_custom_policy_row_and_alignment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    custom = "kvoffload.offload.policies.lru:LRUPolicy"
+    custom = "kvoffload.cache.policies.lru:LRUPolicy"
     rc = main([*_SIM, "--policies", f"lru,{custom}", "--capacities", "1,16,400", "--out", str(tmp_path)])
     assert rc == 0
     text = capsys.readouterr().out
@@ -173,7 +173,10 @@ def test_trace_errors_come_before_the_run(tmp_path: Path) -> None:
     ("argv", "needle"),
     [
         (["--capacities", "1MiB"], "holds no offloaded block of 4,194,304 bytes"),
-        (["--capacities", "2XB"], "positive integer (offloaded blocks) or a size"),
+        (["--capacities", "2XB"], "positive integer (offloaded blocks), a size such as 2GiB or 512MiB, or tokens"),
+        (["--capacities", "20tok"], "--capacities 20tok holds no offloaded block of 32 tokens"),
+        (["--trace-block-size", "512"], "--trace-format and --trace-block-size need --trace"),
+        (["--replay", "fast"], "invalid choice"),
         (["--block-size", "24"], "--block-size must be a multiple of the 16-token GPU block"),
         (["--dtype", "int4"], "invalid choice"),
     ],

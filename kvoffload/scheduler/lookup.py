@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadKey, ReqContext
+from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadKey, ReqContext
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.lookup import LookupCodes
 from kvoffload.scheduler.state import RequestOffloadState

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.core.ids import INT64_MAX
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
-from kvoffload.offload.ids import INT64_MAX
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 
 __all__ = [

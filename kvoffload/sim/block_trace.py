@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvoffload.core.base import OffloadKey, make_offload_key
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.offload.base import make_offload_key
 from kvoffload.sim.mooncake import PIECE_TOKENS, MooncakeRequest, piece_hash
 
 __all__ = ["BlockTrace"]
@@ -36,7 +36,7 @@ class BlockTrace:
     ids: np.ndarray
     starts: np.ndarray
     prompt_tokens: np.ndarray
-    keys: list[bytes]
+    keys: list[OffloadKey]
 
     @property
     def num_requests(self) -> int:
@@ -51,13 +51,15 @@ class BlockTrace:
     def total_prompt_tokens(self) -> int:
         return int(self.prompt_tokens.sum())
 
-    def key_lists(self) -> list[list[bytes]]:
+    def key_lists(self) -> list[list[OffloadKey]]:
         """Per request, its prompt blocks' manager keys, head first."""
         keys, ids, st = self.keys, self.ids.tolist(), self.starts.tolist()
         return [[keys[i] for i in ids[st[r] : st[r + 1]]] for r in range(self.num_requests)]
 
     @classmethod
-    def _from_raw(cls, block_tokens: int, raw: list[np.ndarray], prompt_tokens: list[int], keys_of: object) -> BlockTrace:
+    def _from_raw(
+        cls, block_tokens: int, raw: list[np.ndarray], prompt_tokens: list[int], keys_of: object
+    ) -> BlockTrace:
         lens = np.fromiter((len(a) for a in raw), dtype=np.int64, count=len(raw))
         starts = np.zeros(len(raw) + 1, dtype=np.int64)
         np.cumsum(lens, out=starts[1:])
@@ -82,7 +84,7 @@ class BlockTrace:
             ids = np.asarray(req.hash_ids, dtype=np.int64)
             raw.append(ids[t // per] * per + t % per)
 
-        def keys_of(uniq: np.ndarray) -> list[bytes]:
+        def keys_of(uniq: np.ndarray) -> list[OffloadKey]:
             return [make_offload_key(piece_hash(p), 0) for p in uniq.tolist()]
 
         return cls._from_raw(block_tokens, raw, [r.input_length for r in requests], keys_of)
@@ -102,7 +104,7 @@ class BlockTrace:
         ]
         by_id = list(index)
 
-        def keys_of(uniq: np.ndarray) -> list[bytes]:
+        def keys_of(uniq: np.ndarray) -> list[OffloadKey]:
             return [make_offload_key(by_id[i], 0) for i in uniq.tolist()]
 
         return cls._from_raw(block_tokens, raw, list(prompt_tokens), keys_of)

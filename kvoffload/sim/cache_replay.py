@@ -2,7 +2,7 @@
 
 No KV bytes, no GPU cache, no engine steps: each request, in arrival order and one at a time, makes
 the calls the kvoffload scheduler makes for it on a
-:class:`~kvoffload.offload.manager.CPUOffloadingManager`, at offloaded-block granularity:
+:class:`~kvoffload.cache.manager.CPUOffloadingManager`, at offloaded-block granularity:
 
 1. ``lookup_batch`` of its prompt's full blocks; the hit is the leading run of ready blocks
    (a load must be a prefix: the first missing block ends it);
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvoffload.offload.base import LOOKUP_HIT, ReqContext
-from kvoffload.offload.manager import CPUOffloadingManager
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.core.base import LOOKUP_HIT, OffloadKey, ReqContext
 from kvoffload.sim.block_trace import BlockTrace
 
 __all__ = ["ReplayResult", "replay_cache"]
@@ -73,7 +73,7 @@ def hit_tokens_of(hits: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int
 
 
 def replay_cache(
-    trace: BlockTrace, policy: str, capacity: int, key_lists: list[list[bytes]] | None = None
+    trace: BlockTrace, policy: str, capacity: int, key_lists: list[list[OffloadKey]] | None = None
 ) -> ReplayResult:
     """Replay ``trace`` through a fresh ``CPUOffloadingManager(capacity, policy)`` (module docstring).
 

@@ -102,7 +102,9 @@ def _parse(obj: object, where: str, block_tokens: int, last_ts: float) -> Moonca
     if not isinstance(ids, list) or not all(_nonneg_int(h) and h <= _MAX_ID // block_tokens for h in ids):
         raise InvalidArgumentError(f"{where}: hash_ids must be a list of non-negative ints (below 2**63 / block size)")
     if len(set(ids)) != len(ids):
-        raise InvalidArgumentError(f"{where}: hash_ids repeats an id (prefix-block hashes are distinct within a prompt)")
+        raise InvalidArgumentError(
+            f"{where}: hash_ids repeats an id (prefix-block hashes are distinct within a prompt)"
+        )
     need = -(-n_in // block_tokens)
     if len(ids) != need:
         raise InvalidArgumentError(
@@ -124,7 +126,9 @@ def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOK
     if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
         raise InvalidArgumentError(f"--trace-block-size must be a positive int, got {block_tokens!r}")
     if block_tokens % PIECE_TOKENS:
-        raise InvalidArgumentError(f"--trace-block-size must be a multiple of {PIECE_TOKENS} tokens, got {block_tokens}")
+        raise InvalidArgumentError(
+            f"--trace-block-size must be a multiple of {PIECE_TOKENS} tokens, got {block_tokens}"
+        )
     p = Path(path)
     try:
         text = p.read_text()

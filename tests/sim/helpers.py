@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.offload.base import LOOKUP_MISS, make_offload_key
+from kvoffload.core.base import LOOKUP_MISS, make_offload_key
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.request import SimRequest

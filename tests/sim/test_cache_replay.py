@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvoffload.demo import drive
+from kvoffload.app.demo import drive
+from kvoffload.app.simulate import _mooncake_to_trace, _to_request
 from kvoffload.sim.block_trace import BlockTrace
 from kvoffload.sim.cache_replay import replay_cache
 from kvoffload.sim.cache_sweep import sweep_cache
@@ -17,7 +18,6 @@ from kvoffload.sim.engine import Engine
 from kvoffload.sim.mooncake import read_mooncake_trace
 from kvoffload.sim.null_worker import NullTransferWorker
 from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_infinite
-from kvoffload.simulate import _mooncake_to_trace, _to_request
 from tests.sim.mooncake_traces import random_mooncake, write_mooncake
 
 POLICIES = ["lru", "arc", "s3fifo"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, ReqContext
+from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, ReqContext
 
 
 class ModelViolation(AssertionError):
