@@ -79,8 +79,7 @@ def run_cache_sweep(
     bt = trace.block_tokens
     width = max(len(p) for p in [*policies, "belady"])
 
-    def progress(done: int, total: int, r: ReplayResult, elapsed: float) -> None:
-        eta = elapsed / done * (total - done)
+    def progress(done: int, total: int, r: ReplayResult, elapsed: float, eta: float) -> None:
         print(
             f"  [{done:>3}/{total}] {r.policy:<{width}} {r.capacity * block_bytes / 2**30:9.2f} GiB "
             f"{r.capacity:>10,} blocks   from CPU tier {r.hit_rate:6.1%}   evicted {r.evictions:>10,}   "

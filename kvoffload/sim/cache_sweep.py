@@ -67,12 +67,13 @@ def sweep_cache(
     policies: list[str],
     capacities: list[int],
     jobs: int = 2,
-    progress: Callable[[int, int, ReplayResult, float], None] | None = None,
+    progress: Callable[[int, int, ReplayResult, float, float], None] | None = None,
 ) -> CacheSweep:
     """Replay ``trace`` for every policy and capacity, plus Belady at every capacity and the
     infinite cache; ``jobs`` worker processes (1: in this process).
 
-    ``progress(done, total, result, elapsed_s)`` is called as each run finishes.
+    ``progress(done, total, result, elapsed_s, remaining_s)`` is called as each run finishes;
+    ``remaining_s`` is an estimate from the runs' relative costs.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise InvalidArgumentError(f"--jobs must be a positive int, got {jobs!r}")
@@ -88,11 +89,11 @@ def sweep_cache(
     try:
         if jobs == 1 or len(tasks) == 1:
             it = map(_run, tasks)
-            results = _collect(it, len(tasks), t0, progress)
+            results = _collect(it, tasks, t0, progress)
         else:
             ctx = multiprocessing.get_context("fork")
             with ctx.Pool(min(jobs, len(tasks))) as pool:
-                results = _collect(pool.imap_unordered(_run, tasks), len(tasks), t0, progress)
+                results = _collect(pool.imap_unordered(_run, tasks), tasks, t0, progress)
     finally:
         _shared.clear()
     infinite = replay_infinite(trace)
@@ -102,11 +103,18 @@ def sweep_cache(
 
 
 def _collect(
-    it: object, total: int, t0: float, progress: Callable[[int, int, ReplayResult, float], None] | None
+    it: object,
+    tasks: list[_Task],
+    t0: float,
+    progress: Callable[[int, int, ReplayResult, float, float], None] | None,
 ) -> list[ReplayResult]:
     out: list[ReplayResult] = []
+    total_cost = sum(_cost(t) for t in tasks)
+    done_cost = 0.0
     for res in it:  # type: ignore[attr-defined]
         out.append(res)
+        done_cost += _cost((res.policy, res.capacity))
         if progress is not None:
-            progress(len(out), total, res, time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            progress(len(out), len(tasks), res, elapsed, elapsed * (total_cost - done_cost) / done_cost)
     return out

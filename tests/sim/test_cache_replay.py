@@ -180,7 +180,7 @@ def test_sweep_on_two_processes_equals_one(tmp_path: Path) -> None:
     caps = [5, 30, 120]
     seen: list[tuple[int, int]] = []
     one = sweep_cache(bt, POLICIES, caps, jobs=1)
-    two = sweep_cache(bt, POLICIES, caps, jobs=2, progress=lambda d, n, r, e: seen.append((d, n)))
+    two = sweep_cache(bt, POLICIES, caps, jobs=2, progress=lambda d, n, r, e, left: seen.append((d, n)))
     assert [(r.policy, r.capacity, r.hit_tokens, r.evictions) for r in one.runs] == [
         (r.policy, r.capacity, r.hit_tokens, r.evictions) for r in two.runs
     ]
