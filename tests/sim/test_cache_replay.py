@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ def reference_lru(requests: list[list[int]], capacity: int) -> tuple[list[int], 
         need = len(new) - (capacity - len(cache))
         if need > 0:
             keep = set(offered)
-            victims = [b for b in cache if b not in keep][:need]
+            victims = list(islice((b for b in cache if b not in keep), need))
             if len(victims) < need:
                 continue
             for v in victims:
