@@ -1,6 +1,7 @@
 """docs/contract.md §1 import direction, checked on the source: kernels and core -> errors only; cache -> core;
 transfer -> core, kernels; cache and transfer never import each other; scheduler -> core, cache; nothing
-inside the library imports sim, app, testing or integrations; cache and core never import torch."""
+inside the library imports sim, app, testing or integrations; cache and core never import torch; tiers -> errors,
+core only, never torch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import kvoffload
 PKG = Path(kvoffload.__file__).resolve().parent
 TOP_LAYER = {"sim", "app", "__main__", "testing", "integrations"}
 FORBIDDEN = {
+    "tiers": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
     "kernels": {"core", "cache", "transfer", "scheduler"} | TOP_LAYER,
     "core": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
     "cache": {"kernels", "transfer", "scheduler"} | TOP_LAYER,
@@ -55,6 +57,13 @@ def test_layer_imports_run_one_way(layer: str) -> None:
     assert files
     bad = {str(f.relative_to(PKG)): sorted(_kvoffload_imports(f) & FORBIDDEN[layer]) for f in files}
     assert {f: b for f, b in bad.items() if b} == {}
+
+
+def test_tiers_import_only_errors_and_core() -> None:
+    """Tiers move bytes between a store and host records: no torch, no cache/scheduler layers."""
+    for f in (PKG / "tiers").rglob("*.py"):
+        assert _kvoffload_imports(f) <= {"tiers", "errors", "core"}, f
+        assert "torch" not in _top_level_imports(f), f
 
 
 def test_kernels_import_only_errors() -> None:
