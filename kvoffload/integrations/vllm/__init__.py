@@ -23,6 +23,14 @@ from __future__ import annotations
 from kvoffload.integrations.vllm.connector import KVOffloadConnector
 from kvoffload.integrations.vllm.manager import KVOffloadManager
 from kvoffload.integrations.vllm.spec import KVOffloadSpec
+from kvoffload.integrations.vllm.tiers import KVOffloadDiskTier, KVOffloadRedisTier
 from kvoffload.integrations.vllm.worker import KVOffloadWorker
 
-__all__ = ["KVOffloadSpec", "KVOffloadConnector", "KVOffloadManager", "KVOffloadWorker"]
+__all__ = [
+    "KVOffloadSpec",
+    "KVOffloadConnector",
+    "KVOffloadManager",
+    "KVOffloadWorker",
+    "KVOffloadRedisTier",
+    "KVOffloadDiskTier",
+]
