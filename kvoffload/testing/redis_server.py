@@ -53,7 +53,9 @@ class RedisServer:
         extra: more ``redis-server`` arguments.
     """
 
-    def __init__(self, workdir: str | Path, maxmemory: str = "512mb", cluster: bool = False, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, workdir: str | Path, maxmemory: str = "512mb", cluster: bool = False, extra: tuple[str, ...] = ()
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -101,9 +103,7 @@ class RedisServer:
 
     def cli(self, *args: str) -> str:
         """Run ``redis-cli -p <port> args…`` and return its output."""
-        out = subprocess.run(
-            ["redis-cli", "-p", str(self.port), *args], check=True, capture_output=True, timeout=30
-        )
+        out = subprocess.run(["redis-cli", "-p", str(self.port), *args], check=True, capture_output=True, timeout=30)
         return out.stdout.decode()
 
     def kill(self) -> None:

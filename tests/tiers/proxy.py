@@ -66,6 +66,8 @@ class TurnCountingProxy:
                     buf.clear()
                     server_spoke[c] = True
             for key, _ in sel.select(timeout=QUIET / 2):
+                if self._stalled.is_set():
+                    break
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
                 if sock is self._listener:
