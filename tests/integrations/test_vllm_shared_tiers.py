@@ -27,7 +27,7 @@ import redis  # noqa: E402
 
 from kvoffload.errors import InvalidArgumentError  # noqa: E402
 from kvoffload.integrations.vllm import KVOffloadSpec  # noqa: E402
-from kvoffload.integrations.vllm.harness import BLOCK_SIZE, Engine  # noqa: E402
+from kvoffload.integrations.vllm.harness import BLOCK_SIZE, Engine, KVMismatch  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
 from tests.integrations import tier_roles  # noqa: E402
 from tests.integrations.engine_roles import PROMPTS, extra, prompt, run_prompts, run_until_done  # noqa: E402
@@ -111,8 +111,10 @@ def test_second_engine_loads_what_the_first_computed(shared: Shared, name: str) 
         assert sum(promoted) == SHARED_CHUNKS
         assert e.worker.counts["loads"] >= 1 and e.worker.counts["failed_loads"] == 0
         tokens = sum(promoted) * BLOCK_SIZE
-        print(f"\n[{name}] second engine loaded {tokens} tokens from the tier in {seconds:.2f} s "
-              f"(first engine {shared.first[name]['seconds']:.2f} s)")
+        print(
+            f"\n[{name}] second engine loaded {tokens} tokens from the tier in {seconds:.2f} s "
+            f"(first engine {shared.first[name]['seconds']:.2f} s)"
+        )
     finally:
         e.close()
 
@@ -228,3 +230,33 @@ def test_store_threshold_with_tiers_is_an_error() -> None:
     cfg = tier_roles.offloading_config(extra([redis_tier("redis://127.0.0.1:1")], store_threshold=2))
     with pytest.raises(InvalidArgumentError, match="store_threshold"):
         KVOffloadSpec(cfg)
+
+
+def test_negative_control_wrong_promoted_bytes_are_caught(own_redis: RedisServer) -> None:
+    """A tier that hands back wrong bytes must fail the harness's per-step KV check."""
+    tiers = [redis_tier(own_redis.url)]
+    p = {"n": prompt(500, 21)}
+    first_engine(tiers, p)
+    e = Engine(extra(tiers))
+    try:
+        tier = e.manager.secondary_tiers[0]
+        submit, poll = tier.submit_load, tier.get_finished_jobs
+        chunks: dict[int, Any] = {}
+
+        def remember(job: Any) -> None:
+            chunks[job.job_id] = job.chunk_ids
+            submit(job)
+
+        def scramble() -> list[Any]:
+            done = list(poll())
+            rows = tier.tier.records
+            for r in done:
+                if r.job_id in chunks:
+                    rows[chunks.pop(r.job_id)] ^= 0x5A
+            return done
+
+        tier.submit_load, tier.get_finished_jobs = remember, scramble
+        with pytest.raises(KVMismatch):
+            run_prompts(e, p, suffix="-2")
+    finally:
+        e.close()
