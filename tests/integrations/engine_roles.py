@@ -50,6 +50,7 @@ def run_until_done(e: Engine, timeout: float = 60.0) -> None:
             raise AssertionError(f"requests unfinished after {timeout} s ({e.steps} steps)")
         e.step()
         time.sleep(0.001)
+    e.drain()  # finished requests are signalled to the manager on the next steps
     e.settle()
 
 

@@ -260,3 +260,27 @@ def test_negative_control_wrong_promoted_bytes_are_caught(own_redis: RedisServer
             run_prompts(e, p, suffix="-2")
     finally:
         e.close()
+
+
+def test_failed_gpu_to_cpu_store_is_dropped_not_cascaded(own_redis: RedisServer) -> None:
+    from tests.integrations.test_vllm_e2e import wrap_backend
+
+    tiers = [redis_tier(own_redis.url)]
+    p = {"s": prompt(600, 25)}
+    e = Engine(extra(tiers))
+    try:
+        be = wrap_backend(e)
+        be.fail_pack = 100  # every GPU -> CPU store of this run fails
+        run_prompts(e, p)
+        assert e.worker.counts["failed_stores"] >= 1 and e.worker.counts["stores"] == 0
+        assert len(e.manager.core) == 0  # dropped from the pool...
+        r = redis.Redis(port=own_redis.port)
+        assert list(r.scan_iter(match=b"kvo:*")) == []  # ...and never written to the tier
+        assert e.manager.core.table.num_pending == 0 and not e.manager._req_state
+        be.fail_pack = 0
+        e.reset_gpu()
+        run_prompts(e, p, suffix="-2")  # now stored and cascaded
+        assert e.outputs["s-2"] == e.outputs["s"]
+        assert len(list(r.scan_iter(match=b"kvo:*"))) == 25 // BLOCK_SIZE
+    finally:
+        e.close()
