@@ -168,7 +168,9 @@ def bench_disk(record_mib: list[int], total_mib: int, reps: int, base_dir: Path)
     return rows
 
 
-def run(quick: bool, reps: int, disk_dir: Path) -> dict[str, Any]:
+def run(quick: bool, reps: int = 3, disk_dir: Path | None = None) -> dict[str, Any]:
+    """The ``tiers`` section (the interface of every ``bench_*.run``; ``disk_dir`` defaults to the temp dir)."""
+    disk_dir = Path(tempfile.gettempdir()) if disk_dir is None else disk_dir
     for tool in ("redis-server", "redis-benchmark", "fio"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench_tiers needs {tool} (apt-get install -y redis-server redis-tools fio)")

@@ -215,6 +215,14 @@ def test_bad_specs_and_options_raise_typed_errors(spec: str, kw: dict, err: type
         open_tier(spec, make_records(1, 64, 0), NS, **kw)
 
 
+def test_empty_jobs_finish_at_once(tmp_path: Path) -> None:
+    with DiskTier(make_records(2, 64, 0), NS, tmp_path) as t:
+        t.submit_store(1, [], [])
+        t.submit_load(2, [], [])
+        assert [(r.job_id, r.kind, r.success) for r in t.get_finished()] == [(1, "store", True), (2, "load", True)]
+        assert t.lookup([]).shape == (0,)
+
+
 def test_path_that_is_a_file_is_rejected(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_bytes(b"")
