@@ -9,7 +9,7 @@ leave vLLM serving the right KV.
 
 from __future__ import annotations
 
-from tests.integrations.vllm_env import require_vllm
+from tests.integrations.vllm_env import require_redis, require_vllm
 
 require_vllm()
 
@@ -28,7 +28,7 @@ import redis  # noqa: E402
 from kvoffload.errors import InvalidArgumentError  # noqa: E402
 from kvoffload.integrations.vllm import KVOffloadSpec  # noqa: E402
 from kvoffload.integrations.vllm.harness import BLOCK_SIZE, Engine, KVMismatch  # noqa: E402
-from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
+from kvoffload.testing.redis_server import RedisServer  # noqa: E402
 from tests.integrations import tier_roles  # noqa: E402
 from tests.integrations.engine_roles import PROMPTS, extra, prompt, run_prompts, run_until_done  # noqa: E402
 
@@ -36,12 +36,6 @@ REPO = Path(__file__).resolve().parents[2]
 MODULE = "kvoffload.integrations.vllm"
 #: full chunks of PROMPTS (the shared 16-token prefix counted once)
 SHARED_CHUNKS = 16 // BLOCK_SIZE + (29 - 16) // BLOCK_SIZE + (25 - 16) // BLOCK_SIZE + 23 // BLOCK_SIZE
-
-
-def require_redis() -> None:
-    problem = redis_binaries_problem()
-    if problem is not None:
-        pytest.fail(f"these tests need redis-server: {problem}")
 
 
 def redis_tier(url: str, **kw: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ vLLM's manager, promotion and cascade logic run unchanged; the test plays the wo
 
 from __future__ import annotations
 
-from tests.integrations.vllm_env import require_vllm
+from tests.integrations.vllm_env import require_redis, require_vllm
 
 require_vllm()
 
@@ -25,19 +25,10 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
 from kvoffload.integrations.vllm import KVOffloadRedisTier  # noqa: E402
-from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
+from kvoffload.testing.redis_server import RedisServer  # noqa: E402
 from tests.integrations import tier_roles as roles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def require_redis() -> None:
-    problem = redis_binaries_problem()
-    if problem is None:
-        return
-    if os.environ.get("KVOFFLOAD_REQUIRE_REDIS") == "1" or os.environ.get("KVOFFLOAD_REQUIRE_VLLM") == "1":
-        pytest.fail(f"the vLLM tier tests need redis-server: {problem}")
-    pytest.skip(f"the vLLM tier tests need redis-server: {problem}")
 
 
 @pytest.fixture

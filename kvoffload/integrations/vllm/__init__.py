@@ -15,6 +15,11 @@ blocks whose load failed, so that vLLM recomputes them. With ``"kv_connector": "
 everything else works the same (see :class:`KVOffloadSpec` for the keys and the README's
 "Use it from vLLM" section).
 
+Shared tiers: ``KVOffloadRedisTier`` and ``KVOffloadDiskTier`` are vLLM secondary tiers
+(``"secondary_tiers": [{"type": "KVOffloadRedisTier", "module_path":
+"kvoffload.integrations.vllm", "url": "redis://..."}]``), usable in vLLM's own
+``TieringOffloadingSpec`` and in ``KVOffloadSpec`` (which also takes vLLM's ``fs``, ``obj``...).
+
 Importing this module imports vLLM; ``import kvoffload`` never does.
 """
 

@@ -32,11 +32,13 @@ Keys common to both (besides vLLM's own ``type``, ``module_path``, ``backpressur
 from __future__ import annotations
 
 import logging
+from abc import abstractmethod
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any, ClassVar
 
 import numpy as np
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import (
     Locality,
     LookupResult,
@@ -160,8 +162,9 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
         self._open_jobs: dict[int, bool] = {}  # job id -> is a promotion
         self._reported = TierStats()
 
+    @abstractmethod
     def _open(self, records: np.ndarray, options: dict[str, Any]) -> Tier:
-        raise NotImplementedError
+        """The kvoffload tier over ``records`` (the primary rows), from the backend's ``options``."""
 
     # ------------------------------------------------------------------ lookups
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -231,9 +234,7 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
             for name, (_, doc) in TIER_METRICS.items()
         }
 
-    def get_stats(self) -> Any:
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
-
+    def get_stats(self) -> OffloadingConnectorStats:
         now = self.tier.stats()
         before, self._reported = asdict(self._reported), now
         stats = OffloadingConnectorStats()
