@@ -10,6 +10,7 @@ from tests.integrations.vllm_env import require_redis, require_vllm
 
 require_vllm()
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -154,8 +155,11 @@ def test_corrupted_value_is_a_failed_promotion_then_a_miss(redis_srv: RedisServe
         stats = b.secondary_tiers[0].tier.stats()
         assert stats.rejected_values == 1 and stats.blocks_read == 2
         assert not r.exists(bad)  # the rejected value was deleted
-        got = b.get_stats()
-        assert got is not None
+        values = b.get_stats().data["data"]  # vLLM's stats payload: name -> {labels: value}
+        assert sum(values["vllm:kv_offload_kvoffload_tier_rejected_values"].values()) == 1
+        assert values["vllm:kv_offload_tiering_read_bytes"] == {("1:KVOffloadRedisTier",): 2 * roles.ROW}
+        again = b.get_stats()  # counters are reported once
+        assert again is None or "vllm:kv_offload_kvoffload_tier_rejected_values" not in again.data["data"]
     finally:
         a.shutdown()
         b.shutdown()
@@ -210,3 +214,20 @@ def test_metric_definitions_cover_the_stats() -> None:
     defs = TieringOffloadingSpec.build_metric_definitions(extra)
     for name in ("vllm:kv_offload_kvoffload_tier_rejected_values", "vllm:kv_offload_kvoffload_tier_errors"):
         assert defs[name].labelnames == ("tier",)
+
+
+def test_stored_blocks_are_announced_as_kv_events(tmp_path: Path) -> None:
+    from vllm.v1.kv_offload.base import Medium
+
+    tier = {"type": "KVOffloadDiskTier", "module_path": roles.TIER_MODULE, "root_dir": str(tmp_path / "kv")}
+    extra = {"cpu_bytes_to_use": 16 * roles.ROW, "secondary_tiers": [{**tier, "enable_kv_events": True}]}
+    config = dataclasses.replace(roles.offloading_config(extra), enable_kv_cache_events=True)
+    mgr = TieringOffloadingSpec(config).get_manager()
+    try:
+        ks = roles.keys(3, seed=8)
+        roles.store(mgr, ks)
+        events = [ev for ev in mgr.take_events() if ev.medium is Medium.STORAGE]
+        assert [sorted(ev.keys) for ev in events] == [sorted(ks)] and not events[0].removed
+        assert list(mgr.secondary_tiers[0].take_events()) == []  # taken once
+    finally:
+        mgr.shutdown()
