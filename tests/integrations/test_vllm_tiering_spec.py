@@ -231,3 +231,24 @@ def test_stored_blocks_are_announced_as_kv_events(tmp_path: Path) -> None:
         assert list(mgr.secondary_tiers[0].take_events()) == []  # taken once
     finally:
         mgr.shutdown()
+
+
+def test_reset_cache_drains_the_tier_jobs(tmp_path: Path) -> None:
+    tier = {"type": "KVOffloadDiskTier", "module_path": roles.TIER_MODULE, "root_dir": str(tmp_path / "kv")}
+    mgr = roles.tiering_manager(tier)
+    try:
+        ks = roles.keys(5, seed=9)
+        ctx = ReqContext("w")
+        mgr.on_new_request(ctx)
+        out = mgr.prepare_store(ks, ctx)
+        rows = roles.rows(mgr)
+        for k, c in zip(out.keys_to_store, out.store_spec.chunk_ids, strict=True):
+            rows[int(c)] = roles.payload(k)
+        del rows
+        mgr.complete_store(out.keys_to_store, ctx)  # cascades submitted, not waited for
+        mgr.on_request_finished(ctx)
+        mgr.reset_cache()  # vLLM drains every tier before it frees the primary slots
+        assert not mgr.has_pending_work()
+        assert mgr.secondary_tiers[0].tier.contains(ks) == [True] * 5
+    finally:
+        mgr.shutdown()
