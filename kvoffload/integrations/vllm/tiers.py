@@ -159,7 +159,7 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
                 logger.warning("secondary tier %r: enable_kv_events is set but vLLM's KV events are off", tier_type)
         self.tier: Tier = self._open(records, options)
         self._label = (f"{tier_type}:{self.tier.name}",)
-        self._open_jobs: dict[int, bool] = {}  # job id -> is a promotion
+        self._open_jobs: set[int] = set()  # submitted, not yet reported
         self._reported = TierStats()
 
     @abstractmethod
@@ -178,17 +178,17 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
 
     # ------------------------------------------------------------------ jobs
     def submit_store(self, job_metadata: TransferJob) -> None:
-        self._open_jobs[job_metadata.job_id] = False
+        self._open_jobs.add(job_metadata.job_id)
         self.tier.submit_store(job_metadata.job_id, list(job_metadata.keys), job_metadata.chunk_ids)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        self._open_jobs[job_metadata.job_id] = True
+        self._open_jobs.add(job_metadata.job_id)
         self.tier.submit_load(job_metadata.job_id, list(job_metadata.keys), job_metadata.chunk_ids)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         out = []
         for r in self.tier.get_finished():
-            self._open_jobs.pop(r.job_id, None)
+            self._open_jobs.discard(r.job_id)
             success = r.success
             partial = None
             if not success and r.kind == "load" and any(r.ok):
