@@ -20,8 +20,8 @@ from typing import Any, NewType
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError, check_int
-from kvoffload.offload.ids import as_id_array
+from kvoffload.checks import check_int, id_array
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """
 
     def __init__(self, block_ids: Iterable[int] | np.ndarray) -> None:
-        self.block_ids: np.ndarray = as_id_array(block_ids, "block_ids")
+        self.block_ids: np.ndarray = id_array(block_ids, "block_ids")
 
     def __setattr__(self, name: str, value: object) -> None:
         if name in self.__dict__:
@@ -246,12 +246,12 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
     ) -> None:
         super().__init__(block_ids)
         n = len(self.block_ids)
-        sizes = as_id_array([n] if group_sizes is None else group_sizes, "group_sizes")
+        sizes = id_array([n] if group_sizes is None else group_sizes, "group_sizes")
         if int(sizes.sum()) != n:
             raise InvalidArgumentError(
                 f"group_sizes must sum to len(block_ids)={n}, got sum {int(sizes.sum())} ({sizes.tolist()})"
             )
-        indices = as_id_array(
+        indices = id_array(
             np.zeros(len(sizes), dtype=np.int64) if block_indices is None else block_indices, "block_indices"
         )
         if len(indices) != len(sizes):

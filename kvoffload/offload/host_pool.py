@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError, check_int
+from kvoffload.checks import check_bool, check_int
+from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +164,8 @@ class HostPool:
     ) -> None:
         self.num_slots = check_int(num_slots, "num_slots", 1)
         self.slot_bytes = check_int(slot_bytes, "slot_bytes", 1)
-        if pin is not None and not isinstance(pin, bool):
-            raise InvalidTypeError(f"pin must be a bool or None, got {type(pin).__name__}")
+        if pin is not None:
+            pin = check_bool(pin, "pin")
         if not isinstance(device, (torch.device, str)):
             raise InvalidTypeError(f"device must be a torch.device or str, got {type(device).__name__}")
         try:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kvoffload.checks import check_bool
 from kvoffload.errors import KeyStateError
 from kvoffload.offload import manager_small as _small
 from kvoffload.offload.base import (
@@ -35,7 +36,7 @@ from kvoffload.offload.keytable import PENDING
 from kvoffload.offload.manager_hooks import RequestAccessMixin
 from kvoffload.offload.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
 from kvoffload.offload.manager_state import LOOKUP_CODES
-from kvoffload.offload.manager_stats import ClosedIndex, OffloadingStats, check_bool
+from kvoffload.offload.manager_stats import ClosedIndex, OffloadingStats
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,11 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from kvoffload.checks import check_bool
 from kvoffload.errors import KeyStateError
 from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadingEvent, OffloadKey
 from kvoffload.offload.keytable import Resolved, SlotTable
-from kvoffload.offload.manager_stats import COUNTERS, OffloadingStats, check_bool
+from kvoffload.offload.manager_stats import COUNTERS, OffloadingStats
 from kvoffload.offload.policies.base import CachePolicy, get_policy_class
 
 __all__ = ["ManagerState", "LOOKUP_CODES"]

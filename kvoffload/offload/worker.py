@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import launch_config
 from kvoffload.kernels.device import check_not_capturing
