@@ -7,7 +7,7 @@ random host slots, it times in ONE run (``triton.testing.do_bench``, median, CUD
 
 * ``P``        -- one large ``cudaMemcpyAsync`` of the same bytes between a contiguous GPU buffer
   and pinned host memory: the link peak every figure is divided by;
-* ``loop``     -- one ``cudaMemcpyAsync`` per page (what engines do today; the ``dma`` backend);
+* ``loop``     -- one ``cudaMemcpyAsync`` per page (what engines do today; the ``page_loop`` backend);
 * ``batched``  -- every page copy of the job in ONE ``cuMemcpyBatchAsync`` (``cuda.bindings``;
   reported missing when it cannot be imported);
 * ``direct``   -- kvoffload's Triton kernel reading/writing the pinned pool (``--max-programs``);
@@ -147,7 +147,7 @@ def _methods(dev: torch.device, max_programs: int, gpu: bool) -> tuple[dict[str,
     methods: dict[str, tuple[Op, Op]] = {p: (via(p, True), via(p, False)) for p in ("direct", "staged", "dma")}
     missing: dict[str, str] = {}
     if gpu:
-        loop = get_backend("dma", dev)
+        loop = get_backend("page_loop", dev)
         methods["loop"] = (loop.pack, loop.unpack)
     else:
         methods["loop"] = (per_page(TorchCopies(), True), per_page(TorchCopies(), False))

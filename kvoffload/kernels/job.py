@@ -19,12 +19,16 @@ from kvoffload.checks import INT64_MAX, check_int_array
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.layout import KVCacheTable
 
-__all__ = ["TransferJob", "validate_job", "as_index_array"]
+__all__ = ["CopyJob", "validate_job", "as_index_array"]
 
 
 @dataclass(frozen=True)
-class TransferJob:
-    """A validated job. Arrays are 1-D ``np.int64`` of equal length ``n``.
+class CopyJob:
+    """One validated pack/unpack job of a kernel backend (the records it copies between the KV
+    cache and one host buffer). Arrays are 1-D ``np.int64`` of equal length ``n``.
+
+    Not the scheduler's :class:`~kvoffload.scheduler.jobs.TransferJob` (one request's transfer
+    handed to the workers); a worker turns a transfer into copy jobs.
 
     ``record_bytes[i]`` is the record size of entry ``i`` (0 for blocks of empty groups);
     ``total_bytes`` is their sum (the bytes the job moves).
@@ -79,7 +83,7 @@ def validate_job(
     host_offsets: Any,
     *,
     to_host: bool,
-) -> TransferJob:
+) -> CopyJob:
     """Check a pack (``to_host=True``) or unpack job; return it normalised.
 
     Errors (all raised before anything is written):
@@ -103,7 +107,7 @@ def validate_job(
     n = len(bids)
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return TransferJob(table, host, bids, gids, offs, empty, 0)
+        return CopyJob(table, host, bids, gids, offs, empty, 0)
     ng = table.num_groups
     bad = (gids < 0) | (gids >= ng)
     if bad.any():
@@ -152,4 +156,4 @@ def validate_job(
                 raise InvalidArgumentError(
                     f"block {dup % span} of group {dup // span} appears more than once in an unpack job"
                 )
-    return TransferJob(table, host, bids, gids, offs, rb, int(rb.sum()))
+    return CopyJob(table, host, bids, gids, offs, rb, int(rb.sum()))

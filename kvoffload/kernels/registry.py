@@ -6,8 +6,8 @@ Built-in backends:
   also runs on CUDA.
 * ``"triton"`` -- one Triton launch per job (:mod:`kvoffload.kernels.triton_backend`), the CUDA
   default; on CPU tensors it runs the same kernel through Triton's interpreter.
-* ``"dma"``    -- CUDA only: one async copy per page, the baseline engines use today
-  (:mod:`kvoffload.kernels.dma_backend`).
+* ``"page_loop"`` -- CUDA only: one async copy per page, the baseline engines use today
+  (:mod:`kvoffload.kernels.page_loop_backend`).
 
 Choose with :func:`get_backend`: by name, by the environment variable ``KVOFFLOAD_BACKEND``, or
 as ``"module:Class"`` for an out-of-tree :class:`KernelBackend` subclass. Backend modules are
@@ -47,7 +47,7 @@ ENV_BACKEND = "KVOFFLOAD_BACKEND"
 _REGISTRY: dict[str, type[KernelBackend] | str] = {
     "torch": "kvoffload.kernels.torch_ref:TorchBackend",
     "triton": "kvoffload.kernels.triton_backend:TritonBackend",
-    "dma": "kvoffload.kernels.dma_backend:DmaBackend",
+    "page_loop": "kvoffload.kernels.page_loop_backend:PageLoopBackend",
 }
 _fallback_logged: set[tuple[str, str]] = set()
 

@@ -160,7 +160,7 @@ def test_device_mismatch_backend_unavailable() -> None:
         TransferWorker(cache.table(), 4, backend=GpuOnly())
     if not torch.cuda.is_available():
         with pytest.raises(BackendUnavailableError):
-            TransferWorker(cache.table(), 4, backend="dma")
+            TransferWorker(cache.table(), 4, backend="page_loop")
 
 
 def test_slot_bytes_sized_for_largest_group_and_factor() -> None:
