@@ -46,7 +46,8 @@ class ReadOnlyError(InvalidTypeError, AttributeError):
 
 
 class BackendUnavailableError(KVOffloadError, RuntimeError):
-    """An explicitly requested kernel backend cannot run in this environment."""
+    """An explicitly requested kernel backend cannot run in this environment, or the module of a
+    ``"module:Class"`` (kernel backend or cache policy) cannot be imported."""
 
 
 class TransferError(KVOffloadError, RuntimeError):

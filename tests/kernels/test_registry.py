@@ -89,7 +89,7 @@ def test_register_backend_rules() -> None:
         with pytest.raises(BackendUnavailableError):
             get_backend("test-torch-alias", "cpu")
     finally:
-        registry._REGISTRY.pop("test-torch-alias", None)
+        registry.BACKENDS._entries.pop("test-torch-alias", None)
     with pytest.raises(InvalidArgumentError):
         register_backend("a:b", TorchBackend)
     with pytest.raises(InvalidTypeError):
@@ -110,8 +110,8 @@ def test_auto_fallback_logs_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest
         def is_available(cls, device: torch.device) -> bool:
             return True
 
-    monkeypatch.setitem(registry._REGISTRY, "triton", Never)
-    monkeypatch.setitem(registry._REGISTRY, "torch", Anywhere)
+    monkeypatch.setitem(registry.BACKENDS._entries, "triton", Never)
+    monkeypatch.setitem(registry.BACKENDS._entries, "torch", Anywhere)
     monkeypatch.setattr(registry, "_fallback_logged", set())
     with caplog.at_level(logging.WARNING, logger="kvoffload.kernels.registry"):
         assert isinstance(get_backend(device="cuda:0"), Anywhere)

@@ -375,35 +375,35 @@ class _HalfDone(LRUPolicy, ABC):
 
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> dict:
-    reg = dict(policies.base._REGISTRY)
-    monkeypatch.setattr(policies.base, "_REGISTRY", reg)
+    reg = dict(policies.base.POLICIES._entries)
+    monkeypatch.setattr(policies.base.POLICIES, "_entries", reg)
     return reg
 
 
 @pytest.mark.parametrize("name", ["lru", "arc", "s3fifo"])
 def test_register_policy_does_not_silently_replace_a_builtin(registry: dict, name: str) -> None:
     builtin = get_policy_class(name)
-    with pytest.raises(InvalidArgumentError, match=rf"'{name}'.*override=True"):
+    with pytest.raises(InvalidArgumentError, match=rf"'{name}'.*replace=True"):
         register_policy(name, _Tmp)
     assert get_policy_class(name) is builtin
-    register_policy(name, _Tmp, override=True)
+    register_policy(name, _Tmp, replace=True)
     assert get_policy_class(name) is _Tmp
 
 
-def test_register_policy_replacing_a_registered_name_needs_override(registry: dict) -> None:
+def test_register_policy_replacing_a_registered_name_needs_replace(registry: dict) -> None:
     register_policy("tmp-policy", _Tmp)
     register_policy("tmp-policy", _Tmp)  # the same class again: nothing to replace
 
     class _Other(LRUPolicy):
         pass
 
-    with pytest.raises(InvalidArgumentError, match="override"):
+    with pytest.raises(InvalidArgumentError, match="replace"):
         register_policy("tmp-policy", _Other)
     assert get_policy_class("tmp-policy") is _Tmp
-    register_policy("tmp-policy", _Other, override=True)
+    register_policy("tmp-policy", _Other, replace=True)
     assert get_policy_class("tmp-policy") is _Other
-    with pytest.raises(InvalidTypeError, match="override"):
-        register_policy("tmp-policy", _Tmp, override="yes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="replace"):
+        register_policy("tmp-policy", _Tmp, replace="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("cls", [_Abstract, _HalfDone, CachePolicy])
@@ -431,6 +431,6 @@ def test_wait_names_the_bad_index(ids: object, idx: int) -> None:
 
 
 def test_register_policy_same_builtin_class_again_is_a_no_op(registry: dict) -> None:
-    registry.pop("lru", None)  # not loaded yet
+    registry["lru"] = "kvoffload.offload.policies.lru:LRUPolicy"  # not loaded yet
     register_policy("lru", LRUPolicy)
     assert get_policy_class("lru") is LRUPolicy
