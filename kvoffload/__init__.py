@@ -38,9 +38,6 @@ from kvoffload.kernels import (
     register_backend,
 )
 from kvoffload.offload.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
     BlockIDsLoadStoreSpec,
     CPULoadStoreSpec,
     GPULoadStoreSpec,
@@ -56,7 +53,7 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.host_pool import HostPool
-from kvoffload.offload.lookup_result import LookupResult
+from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupResult
 from kvoffload.offload.manager import CPUOffloadingManager, OffloadingStats
 from kvoffload.offload.policies import CachePolicy, available_policies, get_policy_class, register_policy
 from kvoffload.offload.request_hooks import RequestHooksManager

@@ -1,4 +1,4 @@
-"""docs/contract.md §1 import direction, checked on the source: kernels -> (errors only); offload -> kernels;
+"""docs/contract.md §1 import direction, checked on the source: kernels -> (errors, checks, registry only); offload -> kernels;
 scheduler -> offload; nothing inside the library imports sim, cli, demo, simulate or bench."""
 
 from __future__ import annotations
@@ -54,6 +54,15 @@ def test_layer_imports_run_one_way(layer: str) -> None:
     assert {f: b for f, b in bad.items() if b} == {}
 
 
-def test_kernels_import_only_errors() -> None:
+#: modules every layer may import; they import nothing of kvoffload but each other
+LEAVES = {"errors", "checks", "registry"}
+
+
+def test_kernels_import_only_leaves() -> None:
     for f in (PKG / "kernels").rglob("*.py"):
-        assert _kvoffload_imports(f) <= {"kernels", "errors"}, f
+        assert _kvoffload_imports(f) <= {"kernels"} | LEAVES, f
+
+
+def test_leaves_import_only_leaves() -> None:
+    for leaf in LEAVES:
+        assert _kvoffload_imports(PKG / f"{leaf}.py") <= LEAVES, leaf

@@ -22,6 +22,7 @@ import numpy as np
 
 from kvoffload.checks import check_int, id_array
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError
+from kvoffload.offload.lookup_result import lookup_code
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,6 @@ __all__ = [
     "PrepareStoreOutput",
     "OffloadingEvent",
     "OffloadingManager",
-    "LOOKUP_MISS",
-    "LOOKUP_HIT",
-    "LOOKUP_PENDING",
 ]
 
 #: A block hash followed by the KV-cache group index as 4 big-endian unsigned bytes.
@@ -50,11 +48,6 @@ OffloadKey = NewType("OffloadKey", bytes)
 
 _GROUP_IDX_BYTES = 4
 _MAX_GROUP_IDX = 2**32 - 1
-
-#: Codes returned by :meth:`OffloadingManager.lookup_batch` (``np.int8``).
-LOOKUP_MISS = 0
-LOOKUP_HIT = 1
-LOOKUP_PENDING = 2
 
 
 def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
@@ -323,14 +316,13 @@ class OffloadingManager(ABC):
         """Look up many keys at once; equivalent to calling :meth:`lookup` on each, in order.
 
         Returns:
-            ``np.int8`` array, one code per key: :data:`LOOKUP_HIT`, :data:`LOOKUP_MISS`
-            or :data:`LOOKUP_PENDING`. Implementations override this with array code.
+            ``np.int8`` array, one code per key: :data:`~kvoffload.offload.lookup_result.LOOKUP_HIT`,
+            ``LOOKUP_MISS`` or ``LOOKUP_PENDING``. Implementations override this with array code.
         """
         keys = validate_keys(keys, allow_duplicates=True)
         out = np.empty(len(keys), dtype=np.int8)
         for i, k in enumerate(keys):
-            r = self.lookup(k, req_context)
-            out[i] = LOOKUP_PENDING if r is None else (LOOKUP_HIT if r else LOOKUP_MISS)
+            out[i] = lookup_code(self.lookup(k, req_context))
         return out
 
     @abstractmethod

@@ -13,7 +13,8 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
-from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadingEvent, OffloadKey, ReqContext
+from kvoffload.offload.base import OffloadingEvent, OffloadKey, ReqContext
+from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.offload.manager_small import CPU_MEDIUM, SMALL_BATCH
 from kvoffload.offload.manager_state import LOOKUP_CODES, ManagerState
 from kvoffload.offload.policies.base import CachePolicy

@@ -23,9 +23,6 @@ from collections.abc import Callable
 import numpy as np
 
 from kvoffload.offload.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
     CPULoadStoreSpec,
     OffloadingEvent,
     OffloadKey,
@@ -35,6 +32,7 @@ from kvoffload.offload.base import (
     validate_keys,
 )
 from kvoffload.offload.keytable import PENDING
+from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.offload.manager_state import ManagerState
 
 logger = logging.getLogger(__name__)

@@ -13,8 +13,9 @@ import numpy as np
 
 from kvoffload.checks import check_bool
 from kvoffload.errors import KeyStateError
-from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadingEvent, OffloadKey
+from kvoffload.offload.base import OffloadingEvent, OffloadKey
 from kvoffload.offload.keytable import Resolved, SlotTable
+from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.offload.manager_stats import COUNTERS, OffloadingStats
 from kvoffload.offload.policies.base import CachePolicy, get_policy_class
 

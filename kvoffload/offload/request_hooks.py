@@ -23,8 +23,6 @@ import numpy as np
 
 from kvoffload.errors import InvalidTypeError
 from kvoffload.offload.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -33,7 +31,7 @@ from kvoffload.offload.base import (
     ReqContext,
     get_offload_group_idx,
 )
-from kvoffload.offload.lookup_result import LookupResult, as_lookup_result
+from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LookupResult, lookup_code
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +134,7 @@ class RequestHooksManager(OffloadingManager):
 
     def lookup_result(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """:meth:`lookup` as a four-valued :class:`LookupResult` (never ``RETRY`` here)."""
-        return as_lookup_result(self._backing.lookup(key, req_context))
+        return lookup_code(self._backing.lookup(key, req_context))
 
     # ------------------------------------------------------------------ recorded
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:

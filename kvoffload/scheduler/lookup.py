@@ -30,7 +30,7 @@ import numpy as np
 
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 logger = logging.getLogger(__name__)
 

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvoffload.offload.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
-    CPULoadStoreSpec,
-    OffloadingEvent,
-    ReqContext,
-    make_offload_key,
-)
+from kvoffload.offload.base import CPULoadStoreSpec, OffloadingEvent, ReqContext, make_offload_key
+from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.offload.manager import CPUOffloadingManager
 
 CTX = ReqContext(req_id="r")

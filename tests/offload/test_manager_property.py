@@ -27,8 +27,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvoffload.errors import KeyStateError
-from kvoffload.offload.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, ReqContext, make_offload_key
+from kvoffload.offload.base import ReqContext, make_offload_key
 from kvoffload.offload.keytable import FREE, PENDING
+from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.offload.manager import CPUOffloadingManager
 from tests.offload.test_manager_reference import RefError, RefManager
 

@@ -38,8 +38,9 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
-from kvoffload.offload.base import LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.offload.base import OffloadingManager as CoreManager
+from kvoffload.offload.lookup_result import LOOKUP_MISS, LOOKUP_PENDING, lookup_code
+from kvoffload.offload.lookup_result import LookupResult as CoreLookupResult
 from kvoffload.offload.manager import CPUOffloadingManager
 from kvoffload.offload.request_hooks import RequestHooksManager
 from kvoffload.offload.reuse import FilteredReuseManager
@@ -55,6 +56,10 @@ HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(Offlo
 def _unique(keys: Collection[OffloadKey]) -> list[OffloadKey]:
     out = keys if isinstance(keys, list) else list(keys)
     return out if len(set(out)) == len(out) else list(dict.fromkeys(out))
+
+
+#: kvoffload's lookup codes as vLLM's ``LookupResult`` (the members share their names)
+_VLLM_LOOKUP_RESULT = {code: LookupResult[code.name] for code in CoreLookupResult}
 
 
 class KVOffloadManager(OffloadingManager):
@@ -113,10 +118,7 @@ class KVOffloadManager(OffloadingManager):
 
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        r = self._core_lookup(key, req_context)  # type: ignore[arg-type]
-        if r:
-            return LookupResult.HIT
-        return LookupResult.MISS if r is False else LookupResult.HIT_PENDING
+        return _VLLM_LOOKUP_RESULT[lookup_code(self._core_lookup(key, req_context))]  # type: ignore[arg-type]
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> Any:
         from vllm.v1.metrics.cache_hit_source import CacheHitSource
