@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from kvoffload.offload.base import CPULoadStoreSpec, PrepareStoreOutput, ReqContext
+from kvoffload.core.base import CPULoadStoreSpec, PrepareStoreOutput, ReqContext
 
 
 class BlockStatus(ctypes.Structure):

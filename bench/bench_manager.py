@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.offload.manager import CPUOffloadingManager
+from kvoffload.cache.manager import CPUOffloadingManager
 
 _HERE = Path(__file__).resolve().parent
 

@@ -44,8 +44,8 @@ if str(_HERE.parent) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from kvoffload.offload.base import CPULoadStoreSpec, PrepareStoreOutput, ReqContext  # noqa: E402
-from kvoffload.offload.manager import CPUOffloadingManager  # noqa: E402
+from kvoffload.cache.manager import CPUOffloadingManager  # noqa: E402
+from kvoffload.core.base import CPULoadStoreSpec, PrepareStoreOutput, ReqContext  # noqa: E402
 from kvoffload.scheduler.config import OffloadingSchedulerConfig  # noqa: E402
 from kvoffload.scheduler.jobs import ScheduledRequest  # noqa: E402
 from kvoffload.scheduler.scheduler import OffloadingScheduler  # noqa: E402

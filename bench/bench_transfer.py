@@ -57,8 +57,8 @@ from kvoffload.kernels.copy_engine import BatchedCopies, CopyExecutor, TorchCopi
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.paths import DataPath
 from kvoffload.kernels.registry import get_backend
-from kvoffload.offload.host_pool import HostPool
-from kvoffload.offload.worker_args import resolve_backend
+from kvoffload.transfer.host_pool import HostPool
+from kvoffload.transfer.worker_args import resolve_backend
 
 __all__ = ["Shape", "SHAPES", "run", "main", "plot"]
 

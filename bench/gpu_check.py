@@ -72,9 +72,9 @@ def _smoke() -> int:
     """Pinned pool, prepare (both directions compiled), one store and one load per path, byte-checked."""
     import torch
 
+    from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
     from kvoffload.kernels.layout import KVCacheTable
-    from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec
-    from kvoffload.offload.worker import TransferWorker
+    from kvoffload.transfer.worker import TransferWorker
 
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")

@@ -4,10 +4,13 @@ Layers (imports run downward only):
 
 * :mod:`kvoffload.kernels` -- Triton pack/unpack kernels (GPU pages <-> packed host records),
   a pure-torch reference, the backend registry.
-* :mod:`kvoffload.offload` -- core types, the numpy-backed :class:`CPUOffloadingManager`,
-  eviction policies, the reuse filter, the pinned host pool and the transfer worker.
+* :mod:`kvoffload.core` -- core types: keys, request context, load/store specs, the manager contract.
+* :mod:`kvoffload.cache` -- the numpy-backed :class:`CPUOffloadingManager`, eviction policies, the
+  reuse filter (what the engine's scheduler process runs; no torch).
+* :mod:`kvoffload.transfer` -- the pinned host pool and the transfer worker (what a GPU worker runs).
 * :mod:`kvoffload.scheduler` -- lookups, touch, load/store jobs (vLLM semantics).
-* :mod:`kvoffload.sim` (not imported here) -- a reference engine loop used by the demo and tests.
+* :mod:`kvoffload.sim`, :mod:`kvoffload.app` (not imported here) -- a reference engine loop
+  used by the demo and tests; the command line.
 * :mod:`kvoffload.integrations.vllm` (not imported here; imports vLLM) -- kvoffload as the backend
   of vLLM's ``OffloadingConnector``.
 
@@ -18,6 +21,26 @@ from __future__ import annotations
 
 import logging
 
+from kvoffload.cache.manager import CPUOffloadingManager, OffloadingStats
+from kvoffload.cache.policies import CachePolicy, available_policies, get_policy_class, register_policy
+from kvoffload.cache.request_hooks import RequestHooksManager
+from kvoffload.cache.reuse import FilteredReuseManager
+from kvoffload.core.base import (
+    BlockIDsLoadStoreSpec,
+    CPULoadStoreSpec,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
+    make_offload_key,
+    validate_keys,
+)
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupResult
 from kvoffload.errors import (
     BackendUnavailableError,
     InvalidArgumentError,
@@ -37,28 +60,6 @@ from kvoffload.kernels import (
     kernel_mode,
     register_backend,
 )
-from kvoffload.offload.base import (
-    BlockIDsLoadStoreSpec,
-    CPULoadStoreSpec,
-    GPULoadStoreSpec,
-    LoadStoreSpec,
-    OffloadingEvent,
-    OffloadingManager,
-    OffloadKey,
-    PrepareStoreOutput,
-    ReqContext,
-    get_offload_block_hash,
-    get_offload_group_idx,
-    make_offload_key,
-    validate_keys,
-)
-from kvoffload.offload.host_pool import HostPool
-from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupResult
-from kvoffload.offload.manager import CPUOffloadingManager, OffloadingStats
-from kvoffload.offload.policies import CachePolicy, available_policies, get_policy_class, register_policy
-from kvoffload.offload.request_hooks import RequestHooksManager
-from kvoffload.offload.reuse import FilteredReuseManager
-from kvoffload.offload.worker import TransferResult, TransferWorker
 from kvoffload.scheduler import (
     FinishedJob,
     GroupOffloadConfig,
@@ -70,6 +71,8 @@ from kvoffload.scheduler import (
     maximal_prefix_lookup,
     sliding_window_lookup,
 )
+from kvoffload.transfer.host_pool import HostPool
+from kvoffload.transfer.worker import TransferResult, TransferWorker
 
 __version__ = "0.1.0"
 

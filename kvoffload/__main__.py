@@ -1,5 +1,5 @@
-"""``python -m kvoffload``: see :mod:`kvoffload.cli`."""
+"""``python -m kvoffload``: see :mod:`kvoffload.app.cli`."""
 
-from kvoffload.cli import main
+from kvoffload.app.cli import main
 
 raise SystemExit(main())

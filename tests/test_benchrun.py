@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload import benchrun
+from kvoffload.app import benchrun
 from kvoffload.errors import InvalidArgumentError
 
 REPO = Path(__file__).resolve().parent.parent

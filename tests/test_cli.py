@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from kvoffload.info import collect_info, format_info
+from kvoffload.app.info import collect_info, format_info
 
 
 def test_info_fields() -> None:

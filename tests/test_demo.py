@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.cli import main
-from kvoffload.demo import DemoSettings, format_header, format_summary, run_chat, summary_dict
+from kvoffload.app.cli import main
+from kvoffload.app.demo import DemoSettings, format_header, format_summary, run_chat, summary_dict
 from kvoffload.sim.workload import ChatWorkload
 
 

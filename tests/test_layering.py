@@ -1,5 +1,7 @@
-"""docs/contract.md §1 import direction, checked on the source: kernels -> (errors, checks, registry only); offload -> kernels;
-scheduler -> offload; nothing inside the library imports sim, cli, demo, simulate or bench."""
+"""docs/contract.md §1 import direction, checked on the source: kernels -> the leaf modules (errors, checks,
+registry) only; core -> leaves only; cache -> core;
+transfer -> core, kernels; cache and transfer never import each other; scheduler -> core, cache; nothing
+inside the library imports sim, app, testing or integrations; cache, core and the leaves never import torch."""
 
 from __future__ import annotations
 
@@ -11,23 +13,25 @@ import pytest
 import kvoffload
 
 PKG = Path(kvoffload.__file__).resolve().parent
-TOP_LAYER = {
-    "sim",
-    "cli",
-    "demo",
-    "simulate",
-    "simulate_report",
-    "benchrun",
-    "info",
-    "__main__",
-    "testing",
-    "integrations",
-}
+TOP_LAYER = {"sim", "app", "__main__", "testing", "integrations"}
 FORBIDDEN = {
-    "kernels": {"offload", "scheduler"} | TOP_LAYER,
-    "offload": {"scheduler"} | TOP_LAYER,
-    "scheduler": {"kernels"} | TOP_LAYER,
+    "kernels": {"core", "cache", "transfer", "scheduler"} | TOP_LAYER,
+    "core": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
+    "cache": {"kernels", "transfer", "scheduler"} | TOP_LAYER,
+    "transfer": {"cache", "scheduler"} | TOP_LAYER,
+    "scheduler": {"kernels", "transfer"} | TOP_LAYER,
 }
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """First-level module names (``torch``, ``numpy``, ...) that ``path`` imports, at any depth."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
 
 
 def _kvoffload_imports(path: Path) -> set[str]:
@@ -58,11 +62,21 @@ def test_layer_imports_run_one_way(layer: str) -> None:
 LEAVES = {"errors", "checks", "registry"}
 
 
-def test_kernels_import_only_leaves() -> None:
-    for f in (PKG / "kernels").rglob("*.py"):
-        assert _kvoffload_imports(f) <= {"kernels"} | LEAVES, f
+@pytest.mark.parametrize("layer", ["kernels", "core"])
+def test_kernels_and_core_import_only_leaves(layer: str) -> None:
+    for f in (PKG / layer).rglob("*.py"):
+        assert _kvoffload_imports(f) <= {layer} | LEAVES, f
 
 
 def test_leaves_import_only_leaves() -> None:
     for leaf in LEAVES:
         assert _kvoffload_imports(PKG / f"{leaf}.py") <= LEAVES, leaf
+
+
+@pytest.mark.parametrize("layer", ["core", "cache", "leaves"])
+def test_scheduler_process_layers_never_import_torch(layer: str) -> None:
+    files = (
+        [PKG / f"{leaf}.py" for leaf in sorted(LEAVES)] if layer == "leaves" else sorted((PKG / layer).rglob("*.py"))
+    )
+    assert files
+    assert {str(f.relative_to(PKG)) for f in files if {"torch", "triton"} & _top_level_imports(f)} == set()

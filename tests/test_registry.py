@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
+from kvoffload.cache.policies.base import POLICIES
+from kvoffload.cache.policies.lru import LRUPolicy
 from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.registry import BACKENDS
 from kvoffload.kernels.torch_ref import TorchBackend
-from kvoffload.offload.policies.base import POLICIES
-from kvoffload.offload.policies.lru import LRUPolicy
 from kvoffload.registry import Registry
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.cli import main
-from kvoffload.demo import DemoSettings
+from kvoffload.app.cli import main
+from kvoffload.app.demo import DemoSettings
+from kvoffload.app.simulate import default_capacities, simulate, working_set_blocks
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.request import hash_blocks
 from kvoffload.sim.sweep import MODEL_SHAPES, ModelShape
 from kvoffload.sim.workload import ChatWorkload, read_trace, write_trace
-from kvoffload.simulate import default_capacities, simulate, working_set_blocks
 
 _SMALL = DemoSettings(conversations=8, turns=3, gpu_blocks=48, max_concurrent=4)
 _SIM = ["simulate", "--conversations", "4", "--gpu-blocks", "48"]
@@ -126,7 +126,7 @@ def test_diagnosis_says_what_is_true(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_custom_policy_row_and_alignment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    custom = "kvoffload.offload.policies.lru:LRUPolicy"
+    custom = "kvoffload.cache.policies.lru:LRUPolicy"
     rc = main([*_SIM, "--policies", f"lru,{custom}", "--capacities", "1,16,400", "--out", str(tmp_path)])
     assert rc == 0
     text = capsys.readouterr().out

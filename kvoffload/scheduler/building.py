@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, OffloadKey
 from kvoffload.errors import InvalidArgumentError, KeyStateError
-from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, OffloadKey
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import TransferJob
 from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState

@@ -4,7 +4,7 @@
 * scheduler -> engine: :class:`SchedulerStepOutput` -- job ids to flush (wait for) first, then
   load jobs and store jobs (:class:`TransferJob`) to hand to every transfer worker.
 * workers -> scheduler: results with ``job_id`` and ``success`` (a
-  :class:`~kvoffload.offload.worker.TransferResult` or a ``(job_id, success)`` pair);
+  :class:`~kvoffload.transfer.worker.TransferResult` or a ``(job_id, success)`` pair);
   scheduler -> engine: :class:`FinishedJob` once all ``num_workers`` reported a job.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec, OffloadKey, ReqContext
+from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec, OffloadKey, ReqContext
 
 __all__ = ["ScheduledRequest", "TransferJob", "SchedulerStepOutput", "FinishedJob"]
 

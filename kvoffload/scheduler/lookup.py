@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvoffload.checks import check_int
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 logger = logging.getLogger(__name__)
 

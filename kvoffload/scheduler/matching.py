@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.offload.base import OffloadKey, ReqContext
-from kvoffload.offload.lookup_result import lookup_code
+from kvoffload.core.base import OffloadKey, ReqContext
+from kvoffload.core.lookup_result import lookup_code
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.lookup import LookupCodes
 from kvoffload.scheduler.state import RequestOffloadState

@@ -1,7 +1,7 @@
 """The offloading scheduler: request lifecycle, lookups, load/store jobs, completion (docs/contract.md §6).
 
 Engine-agnostic: it sees duck-typed requests and GPU block ids, asks an
-:class:`~kvoffload.offload.base.OffloadingManager` where blocks live, and emits
+:class:`~kvoffload.core.base.OffloadingManager` where blocks live, and emits
 :class:`~kvoffload.scheduler.jobs.TransferJob` s for the engine's transfer workers. It never
 moves bytes.
 
@@ -60,8 +60,8 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kvoffload.core.base import OffloadingEvent
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.base import OffloadingEvent
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
 from kvoffload.scheduler.completion import JobCompletion
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
@@ -88,7 +88,7 @@ class OffloadingScheduler(JobCompletion):
 
     Args:
         config: groups, hash block size, number of workers.
-        manager: an :class:`~kvoffload.offload.base.OffloadingManager` (any object with its
+        manager: an :class:`~kvoffload.core.base.OffloadingManager` (any object with its
             methods; ``lookup_batch`` is used when present).
     """
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvoffload.core.base import OffloadKey, ReqContext
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.offload.base import OffloadKey, ReqContext
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 
 logger = logging.getLogger(__name__)

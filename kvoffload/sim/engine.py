@@ -90,7 +90,7 @@ class Engine(TransferHandling):
             cfg.seed,
         )
         if manager is None:
-            from kvoffload.offload.manager import CPUOffloadingManager
+            from kvoffload.cache.manager import CPUOffloadingManager
 
             manager = CPUOffloadingManager(cfg.num_cpu_blocks, cfg.cache_policy, enable_events=True)
         nb = getattr(manager, "num_blocks", None)
@@ -101,7 +101,7 @@ class Engine(TransferHandling):
         self.manager = manager
         if worker is None:
             from kvoffload.kernels.layout import KVCacheTable
-            from kvoffload.offload.worker import TransferWorker
+            from kvoffload.transfer.worker import TransferWorker
 
             table = KVCacheTable.from_tensors(self.kv.tensors, self.kv.layouts)
             worker = TransferWorker(

@@ -1,6 +1,6 @@
 """A transfer worker that moves no bytes: for capacity/policy simulation only.
 
-It follows :class:`~kvoffload.offload.worker.TransferWorker`'s protocol (``transfer_async``,
+It follows :class:`~kvoffload.transfer.worker.TransferWorker`'s protocol (``transfer_async``,
 ``get_finished``, ``wait``, ``shutdown``): every submitted job finishes at once, successfully,
 and is reported by the next :meth:`get_finished`. ``transfer_size`` is 0 because nothing moves.
 The engine's load verification must be off when using it (loaded pages hold stale bytes).
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from kvoffload.core.base import LoadStoreSpec
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.offload.base import LoadStoreSpec
-from kvoffload.offload.worker import TransferResult
+from kvoffload.transfer.worker import TransferResult
 
 __all__ = ["NullTransferWorker"]
 

@@ -83,7 +83,7 @@ def run_twice(e: Engine, prompts: dict[str, list[int]], max_tokens: int = 3) -> 
 
 
 @pytest.mark.parametrize("factor", [1, 2])
-@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "kvoffload.offload.policies.lru:LRUPolicy"])
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "kvoffload.cache.policies.lru:LRUPolicy"])
 def test_offload_then_reload(policy: str, factor: int) -> None:
     e = Engine(extra(factor=factor, eviction_policy=policy))
     run_twice(e, {"a": prompt(1, 29)})

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvoffload.offload.base import ReqContext, make_offload_key
-from kvoffload.offload.manager import CPUOffloadingManager
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.core.base import ReqContext, make_offload_key
 
 
 @dataclass

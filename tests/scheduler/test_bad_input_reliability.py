@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.manager import CPUOffloadingManager
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import ScheduledRequest
 from kvoffload.scheduler.scheduler import OffloadingScheduler

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, ReqContext
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec, ReqContext
-from kvoffload.offload.manager import CPUOffloadingManager
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import ScheduledRequest
 from kvoffload.scheduler.scheduler import OffloadingScheduler

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.scheduler.lookup import (
     LookupCodes,
     maximal_prefix_lookup,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.core.base import ReqContext
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.base import ReqContext
-from kvoffload.offload.manager import CPUOffloadingManager
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from tests.scheduler.conftest import RecordingManager, key, make_req, put
@@ -102,7 +102,7 @@ def test_touch_makes_the_first_key_most_recent() -> None:
     put(inner, [key(h) for h in reversed(r.block_hashes)])
     sched.get_num_new_matched_tokens(r, 0)
     # a new store evicts the least recent: the tail key of the prefix
-    from kvoffload.offload.base import ReqContext
+    from kvoffload.core.base import ReqContext
 
     out = inner.prepare_store([b"z" * 20], ReqContext())
     assert out.evicted_keys == [key(r.block_hashes[2])]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.core.base import OffloadKey, ReqContext
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.offload.base import OffloadKey, ReqContext
-from kvoffload.offload.manager import CPUOffloadingManager
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import ScheduledRequest
 from kvoffload.scheduler.scheduler import OffloadingScheduler

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvoffload.core.base import ReqContext
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.offload.base import ReqContext
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.request import SimRequest, hash_blocks

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from kvoffload.offload.base import ReqContext
+from kvoffload.core.base import ReqContext
 from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.sim.config import GroupConfig
 from kvoffload.sim.request import SimRequest

@@ -35,12 +35,12 @@ import random
 from collections import deque
 from typing import Any
 
+from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.kernels.layout import KVCacheTable
-from kvoffload.offload.manager import CPUOffloadingManager
-from kvoffload.offload.worker import TransferWorker
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
+from kvoffload.transfer.worker import TransferWorker
 from tests.soak.checked_manager import CheckedManager
 from tests.soak.checks import EngineChecks
 from tests.soak.faulty import FaultyWorker

@@ -1,7 +1,7 @@
 """A transfer-worker wrapper that injects faults: late, reordered, failed, garbage-writing jobs.
 
 It stands for a real GPU worker whose copies run some time after submission: a job is handed to
-the wrapped :class:`~kvoffload.offload.worker.TransferWorker` (which copies synchronously on
+the wrapped :class:`~kvoffload.transfer.worker.TransferWorker` (which copies synchronously on
 CPU) only when it *executes* -- so a store reads its GPU blocks then, and any block the engine
 let another request overwrite meanwhile would be caught by the byte checks. Per job:
 
@@ -21,8 +21,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec
-from kvoffload.offload.worker import TransferResult
+from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.transfer.worker import TransferResult
 
 
 @dataclass

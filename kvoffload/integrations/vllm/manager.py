@@ -1,8 +1,8 @@
 """vLLM's ``OffloadingManager`` contract (0.32 / 0.33) backed by kvoffload's manager stack.
 
-Stack: :class:`~kvoffload.offload.request_hooks.RequestHooksManager` (vLLM's request hooks)
-over an optional :class:`~kvoffload.offload.reuse.FilteredReuseManager` (``count_on="offer"``,
-as vLLM counts) over :class:`~kvoffload.offload.manager.CPUOffloadingManager`.
+Stack: :class:`~kvoffload.cache.request_hooks.RequestHooksManager` (vLLM's request hooks)
+over an optional :class:`~kvoffload.cache.reuse.FilteredReuseManager` (``count_on="offer"``,
+as vLLM counts) over :class:`~kvoffload.cache.manager.CPUOffloadingManager`.
 
 Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in the README):
 
@@ -38,12 +38,12 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 
-from kvoffload.offload.base import OffloadingManager as CoreManager
-from kvoffload.offload.lookup_result import LOOKUP_MISS, LOOKUP_PENDING, lookup_code
-from kvoffload.offload.lookup_result import LookupResult as CoreLookupResult
-from kvoffload.offload.manager import CPUOffloadingManager
-from kvoffload.offload.request_hooks import RequestHooksManager
-from kvoffload.offload.reuse import FilteredReuseManager
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.cache.request_hooks import RequestHooksManager
+from kvoffload.cache.reuse import FilteredReuseManager
+from kvoffload.core.base import OffloadingManager as CoreManager
+from kvoffload.core.lookup_result import LOOKUP_MISS, LOOKUP_PENDING, lookup_code
+from kvoffload.core.lookup_result import LookupResult as CoreLookupResult
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""vLLM's ``OffloadingWorker`` contract backed by kvoffload's :class:`~kvoffload.offload.worker.TransferWorker`.
+"""vLLM's ``OffloadingWorker`` contract backed by kvoffload's :class:`~kvoffload.transfer.worker.TransferWorker`.
 
 vLLM hands the KV cache as canonical int8 tensors of shape ``(num_blocks, page_bytes)`` (pages may
 be padded: only the first ``ref.page_size_bytes`` bytes of a row are KV) plus, per KV-cache group,
@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
 
+from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.kernels.layout import GenericLayout, KVCacheTable
-from kvoffload.offload.base import CPULoadStoreSpec, GPULoadStoreSpec
-from kvoffload.offload.worker import TransferWorker
+from kvoffload.transfer.worker import TransferWorker
 
 logger = logging.getLogger(__name__)
 

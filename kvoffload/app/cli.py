@@ -1,0 +1,154 @@
+"""Command line: ``python -m kvoffload info | demo | simulate | bench``.
+
+Bad flag values (negative capacities, unknown policy, unreadable trace) print one line
+``kvoffload: error: ...`` and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from kvoffload.errors import KVOffloadError
+from kvoffload.sim.sweep import DTYPE_BYTES, MODEL_SHAPES
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"kvoffload: error: {message}\n")
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``, else a one-line error."""
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
+
+
+def _capacity_list(text: str) -> list[tuple[float, str]]:
+    from kvoffload.app.simulate import parse_capacity
+
+    return [parse_capacity(part) for part in text.split(",") if part.strip()]
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from kvoffload.app.info import collect_info, format_info
+
+    print(format_info(collect_info()))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from kvoffload.app.demo import run_demo
+
+    return run_demo(args)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from kvoffload.app.simulate import run_simulate
+
+    return run_simulate(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from kvoffload.app.benchrun import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvoffload`` argument parser (sub-commands info, demo, simulate, bench)."""
+    parser = _Parser(prog="kvoffload", description="Paged KV-cache offloading to a pinned CPU pool.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p_info = sub.add_parser("info", help="versions, device, usable kernel backends")
+    p_info.set_defaults(func=_cmd_info)
+
+    p_demo = sub.add_parser("demo", help="multi-turn chat through the reference engine, real KV bytes")
+    p_demo.add_argument("--policy", default="lru", help="eviction policy name or module:Class (default lru)")
+    p_demo.add_argument("--cpu-blocks", type=_positive_int, default=None, help="CPU tier capacity in offloaded blocks")
+    p_demo.add_argument("--gpu-blocks", type=_positive_int, default=None, help="GPU KV capacity in GPU blocks")
+    p_demo.add_argument("--backend", default=None, help="kernel backend: triton, torch, page_loop or module:Class")
+    p_demo.add_argument("--conversations", type=_positive_int, default=None, help="number of conversations")
+    p_demo.add_argument("--seed", type=_non_negative_int, default=0)
+    p_demo.add_argument(
+        "--threads", type=_positive_int, default=None, help="torch intra-op threads (default on CPU: 1)"
+    )
+    p_demo.add_argument(
+        "--json", metavar="PATH", default=None, help="also write the summary as JSON (its folder is created)"
+    )
+    p_demo.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p_demo.set_defaults(func=_cmd_demo)
+
+    p_sim = sub.add_parser(
+        "simulate",
+        help="how much host memory: share of prompt tokens loaded from the CPU tier vs capacity, per policy",
+    )
+    p_sim.add_argument("--trace", default=None, help="JSONL trace (see README); default: the demo's chat workload")
+    p_sim.add_argument("--policies", default=None, help="comma-separated policies (default: all registered)")
+    p_sim.add_argument(
+        "--capacities",
+        type=_capacity_list,
+        default=None,
+        help="comma-separated CPU-tier capacities: offloaded blocks (e.g. 256) or host memory (e.g. 2GiB, 512MiB); "
+        "default: 1/16 to 2x the prompts' working set",
+    )
+    shape = p_sim.add_argument_group("model shape (turns blocks into bytes)")
+    shape.add_argument(
+        "--model",
+        choices=sorted(MODEL_SHAPES),
+        default="8b",
+        help="named shape (default 8b: 32 layers, 8 KV heads, head dim 128, bf16); the flags below override its fields",
+    )
+    shape.add_argument("--layers", type=_positive_int, default=None)
+    shape.add_argument("--kv-heads", type=_positive_int, default=None)
+    shape.add_argument("--head-dim", type=_positive_int, default=None)
+    shape.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default=None)
+    shape.add_argument(
+        "--block-size", type=_positive_int, default=32, help="tokens per offloaded block, a multiple of 16 (default 32)"
+    )
+    p_sim.add_argument("--gpu-blocks", type=_positive_int, default=None, help="GPU KV capacity in 16-token GPU blocks")
+    p_sim.add_argument("--conversations", type=_positive_int, default=None)
+    p_sim.add_argument("--seed", type=_non_negative_int, default=0)
+    p_sim.add_argument(
+        "--out", default="simulate-out", help="directory for hit_rate.png, results.csv, results.json (./simulate-out)"
+    )
+    p_sim.set_defaults(func=_cmd_simulate)
+
+    p_bench = sub.add_parser("bench", help="transfer, manager and scheduler benchmarks")
+    p_bench.add_argument("--quick", action="store_true", help="small sizes (a minute or so)")
+    p_bench.add_argument("--only", default=None, help="comma-separated subset of transfer,manager,scheduler")
+    p_bench.add_argument("--out", default=None, help="results JSON path (default bench/results/<slug>.json)")
+    p_bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvoffload`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KVOffloadError as exc:
+        print(f"kvoffload: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""``python -m kvoffload simulate``: how much host memory, and which policy?
+
+Replays a workload (the demo's multi-turn chat, or a JSONL trace) through the reference engine,
+its scheduler and a :class:`~kvoffload.cache.manager.CPUOffloadingManager` for every policy and
+a range of CPU-tier capacities, without moving KV bytes (:class:`NullTransferWorker`, a one-row
+KV). Capacities are reported in bytes of host memory for a stated model shape
+(:class:`ModelShape`; default an 8B-class model) as well as in offloaded blocks. Writes
+``hit_rate.png``, ``results.csv`` and ``results.json`` into the output directory (default
+``./simulate-out``); the report is in :mod:`kvoffload.app.simulate_report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvoffload.app.demo import DemoSettings, drive
+from kvoffload.cache.policies.base import available_policies, get_policy_class
+from kvoffload.errors import InvalidArgumentError
+from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens
+from kvoffload.sim.engine import Engine
+from kvoffload.sim.null_worker import NullTransferWorker
+from kvoffload.sim.request import SimRequest
+from kvoffload.sim.sweep import (
+    DTYPE_BYTES,
+    HASH_BLOCK_TOKENS,
+    MODEL_SHAPES,
+    ModelShape,
+    SimPoint,
+    default_capacities,
+    working_set_blocks,
+)
+from kvoffload.sim.workload import TraceRequest, read_trace
+
+__all__ = [
+    "DTYPE_BYTES",
+    "MODEL_SHAPES",
+    "ModelShape",
+    "SimPoint",
+    "default_capacities",
+    "parse_capacity",
+    "run_simulate",
+    "simulate",
+    "working_set_blocks",
+]
+
+
+def _to_request(t: TraceRequest) -> SimRequest:
+    if t.token_ids is not None:
+        return SimRequest(t.request_id, t.token_ids, t.max_tokens)
+    return SimRequest(
+        t.request_id, None, t.max_tokens, prompt_block_hashes=t.block_hashes, num_prompt_tokens=t.num_tokens
+    )
+
+
+def parse_capacity(text: str) -> tuple[float, str]:
+    """One ``--capacities`` item: a positive int (offloaded blocks) or a size such as ``2GiB``,
+    ``512MiB``, ``1.5GB``. Returns ``(value, unit)`` with unit ``"blocks"`` or a byte unit."""
+    s = text.strip()
+    for unit, _ in _UNITS:
+        if s.lower().endswith(unit.lower()):
+            try:
+                value = float(s[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value, unit
+            break
+    else:
+        if s.isdigit() and int(s) > 0:
+            return float(int(s)), "blocks"
+    raise argparse.ArgumentTypeError(
+        f"expected a positive integer (offloaded blocks) or a size such as 2GiB or 512MiB, got {text!r}"
+    )
+
+
+_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("GB", 10**9), ("MB", 10**6))
+
+
+def _to_blocks(value: float, unit: str, block_bytes: int) -> int:
+    if unit == "blocks":
+        return int(value)
+    nbytes = value * dict(_UNITS)[unit]
+    blocks = int(nbytes // block_bytes)
+    if blocks < 1:
+        raise InvalidArgumentError(
+            f"--capacities {value:g}{unit} holds no offloaded block of {block_bytes:,} bytes for this model shape"
+        )
+    return blocks
+
+
+def simulate(
+    items: list[Any],
+    settings: DemoSettings,
+    policies: list[str],
+    capacities: list[int],
+    verbose: bool = True,
+    block_bytes: int = 0,
+) -> list[SimPoint]:
+    """Run every (policy, capacity) pair; items are chat turns or :class:`TraceRequest`\\ s.
+
+    ``block_bytes`` (bytes of one offloaded block for the model shape) only converts capacities
+    to ``cpu_gib``; the simulated engine moves no bytes.
+    """
+    group = GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, 1)
+    points: list[SimPoint] = []
+    width = max(len(p) for p in policies)
+    for policy in policies:
+        for cap in capacities:
+            config = EngineConfig(
+                groups=(group,),
+                num_gpu_blocks=settings.gpu_blocks,
+                num_cpu_blocks=cap,
+                num_heads=1,
+                head_dim=4,
+                max_num_seqs=settings.max_concurrent,
+                verify_loads=False,
+                track_stored_keys=True,
+                cache_policy=policy,
+                seed=settings.seed,
+                device="cpu",
+            )
+            engine = Engine(config, worker=NullTransferWorker())
+            t0 = time.perf_counter()
+            # Trace requests are single-use objects: rebuild them for every run.
+            run_items = [_to_request(it) if isinstance(it, TraceRequest) else it for it in items]
+            drive(engine, run_items, settings.max_concurrent)
+            engine.shutdown()
+            s = engine.stats
+            served = s.served_tokens
+            p = SimPoint(
+                policy=policy,
+                cpu_blocks=cap,
+                cpu_gib=cap * block_bytes / 2**30,
+                cpu_tokens=cap * group.offloaded_block_size,
+                prompt_tokens=s.prompt_tokens,
+                served_tokens=served,
+                cpu_hit_tokens=s.prefill_loaded_tokens,
+                gpu_hit_tokens=s.prefill_gpu_hit_tokens,
+                computed_prefill_tokens=s.prefill_computed_tokens,
+                cpu_hit_rate=s.prefill_loaded_tokens / served if served else 0.0,
+                hit_rate=(s.prefill_loaded_tokens + s.prefill_gpu_hit_tokens) / served if served else 0.0,
+                cpu_evictions=s.cpu_evictions,
+                distinct_blocks_stored=s.distinct_blocks_stored,
+                preemptions=s.preemptions,
+                seconds=time.perf_counter() - t0,
+            )
+            points.append(p)
+            if verbose:
+                size = f"{p.cpu_gib:8.2f} GiB " if block_bytes else ""
+                print(
+                    f"  {policy:<{width}}  {size}{cap:>8,} blocks   from CPU tier {p.cpu_hit_rate:6.1%}   "
+                    f"GPU + CPU {p.hit_rate:6.1%}   evicted {p.cpu_evictions:>8,} blocks   ({p.seconds:.1f} s)",
+                    flush=True,
+                )
+    return points
+
+
+def _shape(args: argparse.Namespace) -> ModelShape:
+    base = MODEL_SHAPES[args.model]
+    return ModelShape(
+        args.layers or base.layers,
+        args.kv_heads or base.kv_heads,
+        args.head_dim or base.head_dim,
+        args.dtype or base.dtype,
+    )
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """CLI entry: validate every flag and the trace, simulate, write PNG/CSV/JSON, print the report."""
+    from kvoffload.app.simulate_report import SweepReport
+
+    policies = available_policies() if not args.policies else [p.strip() for p in args.policies.split(",") if p]
+    if not policies:
+        raise InvalidArgumentError("--policies must name at least one policy")
+    for p in policies:
+        get_policy_class(p)
+    if args.block_size % HASH_BLOCK_TOKENS:
+        raise InvalidArgumentError(
+            f"--block-size must be a multiple of the {HASH_BLOCK_TOKENS}-token GPU block, got {args.block_size}"
+        )
+    shape = _shape(args)
+    factor = args.block_size // HASH_BLOCK_TOKENS
+    block_bytes = shape.bytes_per_token * args.block_size
+    overrides: dict[str, Any] = {"seed": args.seed, "gpu_block_size": HASH_BLOCK_TOKENS, "block_size_factor": factor}
+    if args.gpu_blocks:
+        overrides["gpu_blocks"] = args.gpu_blocks
+    if args.conversations:
+        overrides["conversations"] = args.conversations
+    settings = replace(DemoSettings(), **overrides)
+    if args.trace:
+        items: list[Any] = list(read_trace(args.trace, HASH_BLOCK_TOKENS))
+        source = f"trace {args.trace} ({len(items):,} requests)"
+        _check_fits(items, settings, args.trace)
+    else:
+        items = list(settings.workload())
+        source = f"chat workload ({settings.conversations} conversations x {settings.turns} turns)"
+    ws = working_set_blocks(items, HASH_BLOCK_TOKENS, factor)
+    if args.capacities:
+        capacities = sorted({_to_blocks(v, unit, block_bytes) for v, unit in args.capacities})
+    else:
+        capacities = default_capacities(ws)
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
+    torch.set_num_threads(1)  # tiny tensors: more threads only contend
+    report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes)
+    print(report.header(), flush=True)
+    points = simulate(items, settings, policies, capacities, block_bytes=block_bytes)
+    print(report.finish(points, out))
+    return 0
+
+
+def _check_fits(items: list[TraceRequest], settings: DemoSettings, path: str) -> None:
+    """Every trace request must fit the GPU cache (prompt + max_tokens), checked before the run."""
+    room = max_request_tokens(settings.gpu_blocks, settings.gpu_block_size)
+    for it in items:
+        if it.num_tokens + it.max_tokens > room:
+            raise InvalidArgumentError(
+                f"{path}:{it.line}: request_id {it.request_id!r} needs {it.num_tokens + it.max_tokens:,} tokens "
+                f"(num_tokens + max_tokens), the GPU cache holds {room:,}: raise --gpu-blocks"
+            )

@@ -1,0 +1,238 @@
+"""What ``kvoffload simulate`` prints and writes: header, table, diagnosis, PNG, CSV, JSON.
+
+Capacities are shown in GiB of host memory for the stated model shape and in offloaded blocks;
+hit rates are shares of the prompt tokens (plus generated tokens prefilled again after a
+preemption, when there were any), counted over each request's completed admission.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kvoffload.app.demo import DemoSettings, gib
+from kvoffload.sim.sweep import ModelShape, SimPoint
+
+__all__ = ["SweepReport", "plot_hit_rates"]
+
+
+def _size(nbytes: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= div:
+            value = nbytes / div
+            return f"{value:g} {unit}" if value == int(value) else f"{value:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+class SweepReport:
+    """The report of one capacity x policy sweep (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: str,
+        shape: ModelShape,
+        settings: DemoSettings,
+        policies: list[str],
+        capacities: list[int],
+        working_set_blocks: int,
+        block_bytes: int,
+    ) -> None:
+        self.source, self.shape, self.settings = source, shape, settings
+        self.policies, self.capacities = policies, capacities
+        self.ws, self.block_bytes = working_set_blocks, block_bytes
+        self.block_tokens = settings.gpu_block_size * settings.block_size_factor
+
+    def header(self) -> str:
+        s, shape = self.settings, self.shape
+        gpu_bytes = s.gpu_blocks * s.gpu_block_size * shape.bytes_per_token
+        caps, bb = self.capacities, self.block_bytes
+        return "\n".join(
+            [
+                f"simulating {self.source}",
+                f"  model shape:     {shape.describe()} = {_size(shape.bytes_per_token)} of KV per token",
+                f"  offloaded block: {self.block_tokens} tokens = {_size(self.block_bytes)}; GPU KV cache: "
+                f"{s.gpu_blocks:,} GPU blocks of {s.gpu_block_size} tokens = {gib(gpu_bytes)}",
+                f"  working set:     {self.ws:,} distinct offloaded blocks in the prompts = {gib(self.ws * bb)} "
+                f"(each full {self.block_tokens}-token block of every prompt, counted once by its chained hash)",
+                f"  sweep:           policies {', '.join(self.policies)}; {len(caps)} capacities from {caps[0]:,} to "
+                f"{caps[-1]:,} offloaded blocks ({gib(caps[0] * bb)} to {gib(caps[-1] * bb)})",
+            ]
+        )
+
+    def settings_dict(self) -> dict[str, Any]:
+        """What the sweep was (``results.json``'s ``sweep``): workload, model shape, sizes, policies, capacities."""
+        s = self.settings
+        return {
+            "source": self.source,
+            "model_shape": {**asdict(self.shape), "bytes_per_token": self.shape.bytes_per_token},
+            "gpu_block_tokens": s.gpu_block_size,
+            "offloaded_block_tokens": self.block_tokens,
+            "offloaded_block_bytes": self.block_bytes,
+            "gpu_blocks": s.gpu_blocks,
+            "gpu_kv_bytes": s.gpu_blocks * s.gpu_block_size * self.shape.bytes_per_token,
+            "max_concurrent_requests": s.max_concurrent,
+            "seed": s.seed,
+            "policies": self.policies,
+            "capacities_blocks": self.capacities,
+            "capacities_gib": [c * self.block_bytes / 2**30 for c in self.capacities],
+        }
+
+    def table(self, points: list[SimPoint]) -> str:
+        """Share of prompt tokens loaded from the CPU tier, one row per capacity, one column per policy."""
+        by = {(p.policy, p.cpu_blocks): p for p in points}
+        widths = [max(len(p), 6) for p in self.policies]
+        head = f"{'host memory':>12}  {'blocks':>8}  " + "  ".join(
+            f"{p:>{w}}" for p, w in zip(self.policies, widths, strict=True)
+        )
+        lines = ["prompt tokens loaded from the CPU tier, % of prompt tokens:", head]
+        for cap in self.capacities:
+            cells = "  ".join(
+                f"{by[(p, cap)].cpu_hit_rate:>{w}.1%}" for p, w in zip(self.policies, widths, strict=True)
+            )
+            lines.append(f"{_size(cap * self.block_bytes):>12}  {cap:>8,}  {cells}")
+        return "\n".join(lines)
+
+    def diagnosis(self, points: list[SimPoint]) -> list[str]:
+        """What the sweep says, in sentences that hold for these numbers."""
+        bb = self.block_bytes
+        top = _largest_run(points)
+        stored = top.distinct_blocks_stored
+        room = (
+            "and evicted none: the room to keep everything"
+            if top.cpu_evictions == 0
+            else f"and still evicted {top.cpu_evictions:,}"
+        )
+        lines = [
+            f"stored: the largest run ({top.cpu_blocks:,} blocks, {top.policy}) stored {stored:,} distinct offloaded "
+            f"blocks ({gib(stored * bb)}) {room}; at most {self.ws:,} of them hold prompt tokens, the others were "
+            "filled by generated tokens, which take room too but are reused only if a later prompt repeats them"
+        ]
+        if any(p.served_tokens != p.prompt_tokens for p in points):
+            lines.append(
+                "(some runs preempted requests: their shares are of prompt tokens plus the generated tokens "
+                "prefilled again on re-admission)"
+            )
+        for policy in self.policies:
+            pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
+            best = max(pts, key=lambda p: p.cpu_hit_rate)
+            if best.cpu_hit_rate == 0:
+                lines.append(f"{policy}: nothing loaded from the CPU tier at any capacity tried")
+                continue
+            enough = next(p for p in pts if p.cpu_hit_rate >= 0.95 * best.cpu_hit_rate)
+            lines.append(
+                f"{policy}: best {best.cpu_hit_rate:.1%} of prompt tokens at {best.cpu_blocks:,} blocks "
+                f"({gib(best.cpu_blocks * bb)}); 95% of that from {enough.cpu_blocks:,} blocks "
+                f"({gib(enough.cpu_blocks * bb)})"
+            )
+        if all(p.cpu_hit_rate == 0 for p in points):
+            if top.cpu_evictions:
+                lines.append(
+                    f"no capacity tried kept a block until a request asked for it again: the largest, "
+                    f"{top.cpu_blocks:,} blocks ({gib(top.cpu_blocks * bb)}), still evicted {top.cpu_evictions:,}; "
+                    f"try capacities around the prompts' working set ({self.ws:,} blocks, {gib(self.ws * bb)}) "
+                    f"and up to what was stored ({stored:,} blocks, {gib(stored * bb)})"
+                )
+            else:
+                lines.append(
+                    f"nothing was evicted and nothing loaded: the GPU prefix cache ({self.settings.gpu_blocks:,} GPU "
+                    f"blocks) served all reuse ({top.gpu_hit_tokens / max(top.served_tokens, 1):.1%} of prompt "
+                    "tokens); a smaller --gpu-blocks makes the CPU tier matter"
+                )
+        elif any(p.cpu_evictions for p in points if p.cpu_blocks == top.cpu_blocks):
+            lines.append("the largest capacity still evicted: larger ones may load a little more")
+        return lines
+
+    def finish(self, points: list[SimPoint], out: Path) -> str:
+        """Write ``results.csv``, ``results.json`` and ``hit_rate.png`` into ``out``; return the report text."""
+        rows = [asdict(p) for p in points]
+        csv_path, json_path, png_path = out / "results.csv", out / "results.json", out / "hit_rate.png"
+        with csv_path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        stored = max(p.distinct_blocks_stored for p in points)
+        doc = {
+            "sweep": self.settings_dict(),
+            "working_set": {
+                "prompt_blocks": self.ws,
+                "prompt_bytes": self.ws * self.block_bytes,
+                "stored_blocks": stored,
+                "stored_bytes": stored * self.block_bytes,
+                "how_counted": "prompt_blocks: distinct full offloaded blocks of the prompts, by chained hash; "
+                "stored_blocks: distinct offloaded blocks stored in the run that stored the most "
+                "(prompts and generated tokens)",
+            },
+            "points": rows,
+        }
+        json_path.write_text(json.dumps(doc, indent=2) + "\n")
+        plot_hit_rates(points, png_path, self)
+        for path in (csv_path, json_path, png_path):
+            os.chmod(path, 0o644)
+        return "\n".join([self.table(points), *self.diagnosis(points), f"wrote {png_path}, {csv_path}, {json_path}"])
+
+
+def _largest_run(points: list[SimPoint]) -> SimPoint:
+    """The run with the most CPU blocks (of those, the one that stored the most distinct blocks)."""
+    return max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
+
+
+def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
+    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes' height)."""
+    ax.axvline(x, color="grey", linestyle=linestyle, linewidth=1)
+    ax.annotate(
+        label,
+        (x, y),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        fontsize=8,
+        color="dimgrey",
+    )
+
+
+def plot_hit_rates(points: list[SimPoint], path: Path, report: SweepReport) -> Path:
+    """Share of prompt tokens loaded from the CPU tier vs host memory (GiB), one line per policy;
+    offloaded blocks on the top axis, the prompts' working set as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gib_per_block = report.block_bytes / 2**30
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for policy in report.policies:
+        pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
+        ax.plot(
+            [p.cpu_blocks * gib_per_block for p in pts], [100 * p.cpu_hit_rate for p in pts], marker="o", label=policy
+        )
+    ws_gib = report.ws * gib_per_block
+    _mark(ax, ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB")
+    top_run = _largest_run(points)
+    if top_run.cpu_evictions == 0 and top_run.distinct_blocks_stored > report.ws:
+        all_gib = top_run.distinct_blocks_stored * gib_per_block
+        n_all = top_run.distinct_blocks_stored
+        _mark(ax, all_gib, ":", 0.6, f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:.2f} GiB")
+    ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
+    ax.set_ylabel("% of prompt tokens loaded from the CPU tier")
+
+    def to_blocks(gib: Any) -> Any:
+        return gib / gib_per_block
+
+    def to_gib(blocks: Any) -> Any:
+        return blocks * gib_per_block
+
+    top = ax.secondary_xaxis("top", functions=(to_blocks, to_gib))
+    top.set_xlabel(f"offloaded blocks of {report.block_tokens} tokens ({_size(report.block_bytes)} each)")
+    fig.suptitle(f"How much host memory? {report.source}", fontsize=11)
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="eviction policy", loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

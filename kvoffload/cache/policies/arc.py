@@ -1,0 +1,228 @@
+"""Adaptive Replacement Cache with vLLM's semantics (docs/contract.md §3), on numpy slot lists."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from itertools import repeat
+
+import numpy as np
+
+from kvoffload.cache.keytable import SlotTable
+from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.policies.lru import first_occurrences
+from kvoffload.cache.policies.order import SlotOrder
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ARCPolicy"]
+
+_T1 = 1
+_T2 = 2
+
+
+class ARCPolicy(CachePolicy):
+    """ARC: T1 (blocks seen once), T2 (seen again), ghost lists B1/B2, adaptive T1 target.
+
+    * New (pending) blocks go to the most-recent end of T1 in call order, and leave B1/B2.
+    * ``touch`` (keys processed last to first, so ``keys[0]`` ends most recent): a T1 block
+      still pending stays in T1 (moved to most recent); a ready T1 block moves to T2 (most
+      recent); a T2 block is refreshed; a ghost hit in B1 raises the target by
+      ``max(1, |B2|/|B1|)`` (capped at capacity), in B2 lowers it by ``max(1, |B1|/|B2|)``
+      (floored at 0); the ghost entry moves to its list's most-recent end.
+    * Eviction of ``n`` blocks, atomic: while ``|T1|`` (minus the T1 victims already chosen)
+      is at least ``int(target)``, the next evictable T1 block, else the next evictable T2
+      block. Evicted keys go to the most-recent end of B1/B2; then each ghost list is
+      trimmed (oldest first) to ``capacity`` entries.
+
+    One deliberate difference from vLLM: when T2 has no evictable block left while T1 is
+    below its target, vLLM gives up (the store fails although T1 holds evictable blocks,
+    and a pool full of T1 blocks with a high target can then refuse every multi-block
+    store for good). Here the remaining victims come from T1, so ``prepare_store`` fails
+    only when room really cannot be made (docs/contract.md §2).
+
+    Storage: two :class:`~kvoffload.cache.policies.order.SlotOrder` lists sharing one
+    ``int8`` membership and one ``int64`` position array; ghosts are ``OrderedDict`` s of
+    keys (bounded to ``capacity`` each). Costs are O(k) amortised for ``k`` keys.
+    """
+
+    name = "arc"
+
+    def __init__(self, capacity: int, table: SlotTable) -> None:
+        super().__init__(capacity, table)
+        self.member = np.zeros(capacity, dtype=np.int8)
+        self.pos = np.zeros(capacity, dtype=np.int64)
+        self.t1 = SlotOrder(_T1, self.member, self.pos, capacity)
+        self.t2 = SlotOrder(_T2, self.member, self.pos, capacity)
+        self.b1: OrderedDict[bytes, None] = OrderedDict()
+        self.b2: OrderedDict[bytes, None] = OrderedDict()
+        self.target_t1_size: float = 0.0
+
+    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
+        self.t1.push_back(slots)
+        for ghost in (self.b1, self.b2):
+            if ghost:
+                deque(map(ghost.pop, keys, repeat(None)), maxlen=0)
+
+    def remove(self, slots: np.ndarray) -> None:
+        self.t1.discard(slots)
+        self.t2.discard(slots)
+
+    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
+        present_mask = slots >= 0
+        present = slots[present_mask]
+        if len(present):
+            rp = (present if unique else first_occurrences(present))[::-1]
+            in_t1 = self.member[rp] == _T1
+            ready = self.table.ref[rp] >= 0
+            promote = in_t1 & ready
+            if promote.any():
+                self.t1.discard(rp[promote])
+            self.t1.push_back(rp[in_t1 & ~ready], members=True)
+            self.t2.push_back(rp[~in_t1 | ready])
+        if (self.b1 or self.b2) and len(present) < len(keys):
+            self._ghost_hits([keys[i] for i in (~present_mask).nonzero()[0][::-1].tolist()])
+
+    def _ghost_hits(self, keys: Sequence[bytes]) -> None:
+        """Adapt the target for each ghost hit among ``keys`` (absent keys), in this order."""
+        b1, b2 = self.b1, self.b2
+        for key in keys:
+            if key in b1:
+                delta = max(1.0, len(b2) / len(b1))
+                self.target_t1_size = min(self.target_t1_size + delta, float(self.capacity))
+                b1.move_to_end(key)
+            elif key in b2:
+                delta = max(1.0, len(b1) / len(b2))
+                self.target_t1_size = max(self.target_t1_size - delta, 0.0)
+                b2.move_to_end(key)
+
+    def on_store_miss(self, keys: Sequence[bytes]) -> None:
+        """Ghost hits among keys offered for storing adapt the target (last key first), as in touch."""
+        if self.b1 or self.b2:
+            self._ghost_hits(list(reversed(keys)))
+
+    def on_request_finished(
+        self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
+    ) -> None:
+        """vLLM's request-scoped ARC: a block the request only stored is refreshed in its own list
+        (a store is not a second access, so T1 stays T1); a ready block it reused moves from T1
+        to T2 or is refreshed in T2; other keys are left alone. Ghost lists are not consulted
+        here (that happens at store time, :meth:`on_store_miss`)."""
+        present = slots >= 0
+        if not present.any():
+            return
+        idx = present.nonzero()[0]
+        sl = slots[idx]
+        _, first = np.unique(sl, return_index=True)
+        if len(first) != len(sl):  # keep each slot's first occurrence
+            idx = idx[np.sort(first)]
+        idx = idx[::-1]
+        rp = slots[idx]
+        ins, reu = inserted_only[idx], reused[idx] & ~inserted_only[idx]
+        in_t1 = self.member[rp] == _T1
+        promote = in_t1 & reu
+        if promote.any():
+            self.t1.discard(rp[promote])
+        self.t1.push_back(rp[in_t1 & ins], members=True)
+        self.t2.push_back(rp[promote | (~in_t1 & (ins | reu))])
+
+    def on_request_finished_list(
+        self, keys: Sequence[bytes], slots: list[int], inserted_only: list[bool], reused: list[bool]
+    ) -> None:
+        """:meth:`on_request_finished` for a few keys, without numpy."""
+        seen: set[int] = set()
+        order = []
+        for i, s in enumerate(slots):
+            if s >= 0 and s not in seen:
+                seen.add(s)
+                order.append(i)
+        member = self.member
+        stay, promote, to_t2 = [], [], []
+        for i in reversed(order):
+            s = slots[i]
+            ins, reu = inserted_only[i], reused[i] and not inserted_only[i]
+            if member[s] == _T1:
+                if ins:
+                    stay.append(s)
+                elif reu:
+                    promote.append(s)
+                    to_t2.append(s)
+            elif ins or reu:
+                to_t2.append(s)
+        if promote:
+            self.t1.discard_list(promote)
+        self.t1.push_back_list(stay, members=True)
+        self.t2.push_back_list(to_t2)
+
+    def on_evictable(self, slots: np.ndarray) -> None:
+        self.t1.on_evictable(slots)
+        self.t2.on_evictable(slots)
+
+    def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
+        ref = self.table.ref
+        target = int(self.target_t1_size)
+        vt1 = len(self.t1)
+        picks: list[tuple[np.ndarray, bool]] = []
+        rem = n
+        t1_left = True
+        if vt1 >= target:
+            want = min(rem, vt1 - target + 1)
+            got = self.t1.take(want, ref, protected, self.table.prot_mark)
+            picks.append((got, True))
+            rem -= len(got)
+            t1_left = len(got) == want
+        if rem > 0:
+            got = self.t2.take(rem, ref, protected, self.table.prot_mark)
+            picks.append((got, False))
+            rem -= len(got)
+        if rem > 0 and t1_left:
+            got = self.t1.take(rem, ref, protected, self.table.prot_mark)
+            picks.append((got, True))
+            rem -= len(got)
+        if rem > 0:
+            for got, from_t1 in picks:
+                (self.t1 if from_t1 else self.t2).restore(got)
+            return None
+        keys = self.table.keys
+        for got, from_t1 in picks:
+            if len(got) == 0:
+                continue
+            (self.t1 if from_t1 else self.t2).discard(got)
+            ghost = self.b1 if from_t1 else self.b2
+            ghost.update(zip([keys[s] for s in got.tolist()], repeat(None)))  # type: ignore[misc]
+        for ghost in (self.b1, self.b2):
+            for _ in range(len(ghost) - self.capacity):
+                ghost.popitem(last=False)
+        return picks[0][0] if len(picks) == 1 else np.concatenate([g for g, _ in picks])
+
+    # scalar forms for small batches (see CachePolicy); eviction and touch use the array forms
+    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
+        self.t1.push_back_list(slots)
+        for ghost in (self.b1, self.b2):
+            if ghost:
+                for key in keys:
+                    ghost.pop(key, None)
+
+    def remove_list(self, slots: list[int]) -> None:
+        self.t1.discard_list(slots)
+        self.t2.discard_list(slots)
+
+    def on_evictable_list(self, slots: list[int]) -> None:
+        self.t1.on_evictable_list(slots)
+        self.t2.on_evictable_list(slots)
+
+    def clear(self) -> None:
+        self.member[:] = 0
+        self.t1.clear()
+        self.t2.clear()
+        self.b1.clear()
+        self.b2.clear()
+        self.target_t1_size = 0.0
+
+    def ordered_slots(self) -> tuple[list[int], list[int]]:
+        """(T1, T2) slots, least recent first (O(capacity); tests/debugging)."""
+        return self.t1.ordered(), self.t2.ordered()
+
+    def metadata_nbytes(self) -> int:
+        return self.member.nbytes + self.pos.nbytes + self.t1.buf.nbytes + self.t2.buf.nbytes

@@ -1,0 +1,173 @@
+"""The cache-policy contract of :class:`~kvoffload.cache.manager.CPUOffloadingManager`, and its registry.
+
+A policy decides *order* (which ready block goes first); the manager owns everything else:
+the key index, slot allocation, ref counts, pending/ready states, events and statistics
+(:class:`~kvoffload.cache.keytable.SlotTable`). Policies work on slot ids (``int64`` numpy
+arrays), never on per-block objects.
+
+Out-of-tree policies: subclass :class:`CachePolicy` and either :func:`register_policy` it or
+pass ``"package.module:ClassName"`` as ``cache_policy``.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvoffload.cache.keytable import SlotTable
+from kvoffload.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CachePolicy", "POLICIES", "register_policy", "get_policy_class", "available_policies"]
+
+
+class CachePolicy(ABC):
+    """Ordering and victim selection over the slots of a :class:`SlotTable`.
+
+    The manager calls, with ``int64`` slot arrays:
+
+    * :meth:`insert` for blocks that just became pending (in call order),
+    * :meth:`remove` for pending blocks whose store failed,
+    * :meth:`touch` with the keys of a ``touch`` call and their slots (``-1`` = absent),
+    * :meth:`on_evictable` when ready blocks reach ref count 0 (store completed, or last
+      load completed),
+    * :meth:`evict` to pick victims, and :meth:`clear` on reset.
+
+    A block is *evictable* iff ``table.ref[s] == 0``. ``evict`` must pick only evictable
+    slots not in ``protected`` (also marked 1 in ``table.prot_mark`` during the call); it
+    either returns exactly ``n`` slots (and forgets them) or returns None and leaves every
+    observable decision unchanged. The manager only calls ``evict`` when at least ``n``
+    evictable, unprotected blocks exist.
+
+    Args:
+        capacity: number of slots (``table.num_blocks``).
+        table: the manager's slot table (read ``ref``/``keys`` from it; never mutate it).
+    """
+
+    #: Registry name (informational).
+    name: str = ""
+
+    def __init__(self, capacity: int, table: SlotTable) -> None:
+        self.capacity = capacity
+        self.table = table
+
+    @abstractmethod
+    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
+        """New pending blocks ``slots`` holding ``keys`` (same order, call order)."""
+
+    @abstractmethod
+    def remove(self, slots: np.ndarray) -> None:
+        """Forget ``slots`` (failed stores; still pending)."""
+
+    @abstractmethod
+    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
+        """Mark recently used; ``slots[i]`` is the slot of ``keys[i]`` or -1 if absent.
+
+        The first key ends up most recent. Keys may repeat unless ``unique`` is True.
+        """
+
+    def on_evictable(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """``slots`` just became evictable (ref count 0)."""
+
+    def on_store_miss(self, keys: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
+        """``keys`` (absent) are about to be offered for storing. Request-scoped engines (vLLM)
+        never call ``touch``: this is where a policy with history (ARC's ghost lists) learns."""
+
+    def on_request_finished(
+        self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
+    ) -> None:
+        """One finished request's accesses, applied at once (request-scoped engines).
+
+        ``keys`` head first (the first ends up most recent), ``slots[i]`` its slot or -1;
+        ``inserted_only[i]`` / ``reused[i]`` (bool arrays): the request only stored the key /
+        read a ready copy of it. The default treats every key as touched.
+        """
+        self.touch(keys, slots)
+
+    @abstractmethod
+    def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
+        """Pick and forget exactly ``n`` evictable slots not in ``protected``, in eviction order."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget everything (blocks, history, adaptive state)."""
+
+    def metadata_nbytes(self) -> int:
+        """Bytes held by the policy's arrays (for memory reports)."""
+        return 0
+
+    # ------------------------------------------------------------------ small batches
+    # The manager handles calls on a few keys (``SMALL_BATCH``) without numpy: slots come
+    # as Python lists of ints. These defaults convert to arrays and call the methods above,
+    # so a policy only has to implement the array forms; the built-in ones override them
+    # with scalar code (a numpy call costs ~1 us whatever its size).
+    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
+        """:meth:`insert` with ``slots`` as a list."""
+        self.insert(np.array(slots, dtype=np.int64), keys)
+
+    def remove_list(self, slots: list[int]) -> None:
+        """:meth:`remove` with ``slots`` as a list."""
+        self.remove(np.array(slots, dtype=np.int64))
+
+    def touch_list(self, keys: Sequence[bytes], slots: list[int]) -> None:
+        """:meth:`touch` with ``slots`` as a list (``-1`` = absent; keys may repeat)."""
+        self.touch(keys, np.array(slots, dtype=np.int64), unique=False)
+
+    def on_request_finished_list(
+        self, keys: Sequence[bytes], slots: list[int], inserted_only: list[bool], reused: list[bool]
+    ) -> None:
+        """:meth:`on_request_finished` with lists."""
+        self.on_request_finished(
+            keys, np.array(slots, dtype=np.int64), np.array(inserted_only, dtype=bool), np.array(reused, dtype=bool)
+        )
+
+    def on_evictable_list(self, slots: list[int]) -> None:
+        """:meth:`on_evictable` with ``slots`` as a list."""
+        self.on_evictable(np.array(slots, dtype=np.int64))
+
+    def evict_list(self, n: int, protected: list[int]) -> list[int] | None:
+        """:meth:`evict` with ``protected`` and the result as lists."""
+        got = self.evict(n, np.array(protected, dtype=np.int64) if protected else np.zeros(0, dtype=np.int64))
+        return None if got is None else got.tolist()
+
+
+#: the cache policies by name (built-ins imported on first use)
+POLICIES: Registry[CachePolicy] = Registry(
+    "cache_policy",
+    CachePolicy,
+    {
+        "lru": "kvoffload.cache.policies.lru:LRUPolicy",
+        "arc": "kvoffload.cache.policies.arc:ARCPolicy",
+        "s3fifo": "kvoffload.cache.policies.s3fifo:S3FIFOPolicy",
+    },
+)
+
+
+def register_policy(name: str, cls: type[CachePolicy], *, replace: bool = False) -> None:
+    """Make ``cls`` selectable as ``cache_policy=name`` (:meth:`kvoffload.registry.Registry.register`).
+
+    Args:
+        name: the registry name.
+        cls: a concrete :class:`CachePolicy` subclass (abstract classes are refused here rather
+            than failing when a manager is built).
+        replace: replace a name that is already taken -- a built-in (``lru``, ``arc``,
+            ``s3fifo``) or an earlier registration of another class. Without it, that is an
+            :class:`~kvoffload.errors.InvalidArgumentError`; registering the same class again
+            is a no-op.
+    """
+    POLICIES.register(name, cls, replace=replace)
+
+
+def get_policy_class(name: str) -> type[CachePolicy]:
+    """The policy class for ``name``: a registered name, a built-in, or ``'module:Class'``
+    (:meth:`kvoffload.registry.Registry.get`)."""
+    return POLICIES.get(name)
+
+
+def available_policies() -> list[str]:
+    """Names accepted by :func:`get_policy_class` (besides ``'module:Class'``)."""
+    return POLICIES.names()

@@ -1,0 +1,381 @@
+"""The transfer worker: moves offloaded blocks between the GPU KV cache and the host pool.
+
+One :class:`TransferWorker` per engine worker (GPU). The scheduler side hands it jobs as spec
+pairs; each job becomes ONE ``backend.pack`` (store, GPU -> CPU) or ``backend.unpack`` (load,
+CPU -> GPU) launch covering every layer of every KV-cache group of the job.
+
+How a job maps blocks to host bytes is documented in :mod:`kvoffload.transfer.job_mapping`::
+
+    GPU block j of group g  <->  host pool bytes
+        slot * slot_bytes + ((skip_g + j) % factor_g) * record_bytes_g  (record_bytes_g bytes)
+    slot = cpu_ids_g[(skip_g + j) // factor_g],  skip_g = block_indices[g] % factor_g,
+    group g uses ceil((skip_g + group_sizes[g]) / factor_g) slots of the CPU spec (0 if empty).
+
+Ordering and completion on CUDA:
+
+* every job runs on the worker's own high-priority CUDA stream, after what ``transfer_async``'s
+  ``after`` names (events or streams of the engine), by default the work already enqueued on the
+  calling thread's *current* stream at submit time (an event recorded there, waited on by the
+  worker stream; no host sync). Stores therefore read the KV cache only once the forward pass that
+  wrote it is done; loads overwrite GPU blocks only once earlier kernels that might still read them
+  are done. Submitting while the current stream captures a CUDA graph raises StreamCaptureError.
+* jobs run in submission order (one stream), so a load never overtakes an earlier store.
+* completion is an event per job, polled with ``event.query()`` in :meth:`get_finished`.
+* **the engine must not read GPU blocks written by a load (nor reuse GPU blocks read by a store)
+  before the job is reported by** :meth:`get_finished` **or waited for with** :meth:`wait`.
+
+Without CUDA (KV cache on CPU tensors) a job runs synchronously inside :meth:`transfer_async`
+and is reported by the next :meth:`get_finished`.
+
+Not thread-safe: call it from the engine worker's loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvoffload.checks import check_int
+from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.kernels.backend import KernelBackend
+from kvoffload.kernels.config import launch_config
+from kvoffload.kernels.device import check_not_capturing
+from kvoffload.kernels.layout import KVCacheTable
+from kvoffload.kernels.paths import DataPath
+from kvoffload.transfer import worker_args
+from kvoffload.transfer.host_pool import HostPool
+from kvoffload.transfer.job_mapping import GroupGeometry, JobArrays, map_job
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TransferResult", "TransferWorker", "STORE", "LOAD"]
+
+#: Priority of the worker's CUDA stream (lower is higher; CUDA clamps to the device's range): KV
+#: transfers are latency-critical for the requests waiting on them.
+STREAM_PRIORITY = -1
+
+#: ``transfer_type`` of a store (GPU -> CPU) and of a load (CPU -> GPU).
+STORE: tuple[str, str] = ("GPU", "CPU")
+LOAD: tuple[str, str] = ("CPU", "GPU")
+
+
+@dataclass
+class TransferResult:
+    """The outcome of one job, reported once by :meth:`TransferWorker.get_finished`.
+
+    Attributes:
+        job_id: the id given to :meth:`TransferWorker.transfer_async`.
+        success: False if the backend raised or CUDA reported an error for the job.
+        transfer_size: bytes of the pages moved (0 for a failed job).
+        transfer_time: seconds the copy took (CUDA events on GPU, wall clock on CPU; 0 on failure).
+        transfer_type: ``("GPU", "CPU")`` for a store, ``("CPU", "GPU")`` for a load.
+    """
+
+    job_id: int
+    success: bool
+    transfer_size: int
+    transfer_time: float
+    transfer_type: tuple[str, str]
+
+
+@dataclass
+class _InFlight:
+    """A CUDA job between submit and report. Holds its arrays so they outlive the launch."""
+
+    job_id: int
+    transfer_type: tuple[str, str]
+    transfer_size: int
+    start: Any  # torch.cuda.Event
+    end: Any  # torch.cuda.Event
+    ok: bool
+    arrays: JobArrays
+
+
+class TransferWorker:
+    """Moves jobs between the KV cache described by ``table`` and a pinned host pool.
+
+    Args:
+        table: the engine's KV cache, from :meth:`KVCacheTable.from_tensors`.
+        num_cpu_blocks: host pool slots (offloaded blocks), ``>= 1``.
+        block_size_factors: per group, GPU blocks per offloaded block -- it must equal the
+            group's offloaded block size / GPU block size (in tokens). One int for all groups, or
+            one entry per group: an int, or an object with ``gpu_block_size`` and
+            ``offloaded_block_size`` (e.g. the scheduler's ``GroupOffloadConfig``) from which the
+            factor is computed and checked here (whole quotient; the GPU block size must match
+            the tensors' where the layout tells it) -- not at the first transfer.
+        backend: kernel backend name (``"triton"``, ``"torch"``, ``"page_loop"``, ``"module:Class"``),
+            an instance, or None (``KVOFFLOAD_BACKEND``, else the device's default).
+        max_programs: cap on the kernel's concurrent programs (SM budget) for a backend chosen by
+            name whose constructor takes ``num_programs`` (``triton``); ignored by backends that
+            launch no programs (``torch``, ``page_loop``); None keeps the backend's default. An error
+            together with a backend instance (configure the instance instead).
+        path: data path of every job: ``"auto"`` (per device and job size from the per-GPU
+            config), ``"direct"`` (the kernel reads/writes the pinned pool), ``"staged"`` (copy
+            engines + a GPU staging ring) or ``"dma"`` (copy engines only: no SM used, for
+            engines that cannot spare any). See :mod:`kvoffload.kernels.paths`.
+        staging_bytes: size of the GPU staging ring (default: the per-GPU config).
+
+    At construction the backend builds its device tables and compiles both directions
+    (:meth:`KernelBackend.prepare`), so :meth:`transfer_async` neither compiles nor waits.
+
+    Attributes:
+        host_pool: the :class:`HostPool`, ``num_cpu_blocks`` slots of
+            ``slot_bytes = max_g(factor_g * record_bytes_g)`` bytes (sized for the largest group).
+        backend: the :class:`KernelBackend` in use.
+        paths: the :class:`~kvoffload.kernels.paths.DataPath` choosing and running each job's path.
+        factors: ``int64[G]`` block size factor per group.
+
+    Raises:
+        InvalidTypeError / InvalidArgumentError: bad arguments (checked before allocating).
+        BackendUnavailableError: the backend cannot run on the table's device.
+    """
+
+    def __init__(
+        self,
+        table: KVCacheTable,
+        num_cpu_blocks: int,
+        block_size_factors: int | Sequence[Any] = 1,
+        backend: str | KernelBackend | None = None,
+        max_programs: int | None = None,
+        path: str = "auto",
+        staging_bytes: int | None = None,
+    ) -> None:
+        if not isinstance(table, KVCacheTable):
+            raise InvalidTypeError(f"table must be a KVCacheTable, got {type(table).__name__}")
+        num_slots = check_int(num_cpu_blocks, "num_cpu_blocks", 1)
+        if len(table.groups) == 0:
+            raise InvalidArgumentError("table has no KV-cache group")
+        factors = worker_args.block_size_factors(table, block_size_factors)
+        if max_programs is not None:
+            max_programs = check_int(max_programs, "max_programs", 1)
+        config = launch_config(table.device)
+        if staging_bytes is not None:
+            config = config.merged({"staging_bytes": check_int(staging_bytes, "staging_bytes", 1)}, "staging_bytes")
+
+        record_bytes = np.array([grp.record_bytes for grp in table.groups], dtype=np.int64)
+        self.factors = np.array(factors, dtype=np.int64)
+        slot_bytes = int((record_bytes * self.factors).max())
+        if slot_bytes <= 0:
+            raise InvalidArgumentError("table has no pages in any group: nothing to offload")
+
+        self.backend = worker_args.resolve_backend(backend, table.device, max_programs)
+        self.table = table
+        self.device: torch.device = table.device
+        self._cuda = self.device.type == "cuda"
+        self.geometry = GroupGeometry(
+            record_bytes=record_bytes,
+            num_gpu_blocks=np.array([grp.num_blocks for grp in table.groups], dtype=np.int64),
+            factors=self.factors,
+            slot_bytes=slot_bytes,
+            num_slots=num_slots,
+        )
+        self.paths = DataPath(self.backend, table, path, config=config)
+        self.host_pool = HostPool(num_slots, slot_bytes, device=self.device)
+        self._stream: Any = None
+        if self._cuda:
+            self._stream = torch.cuda.Stream(device=self.device, priority=STREAM_PRIORITY)
+        # every host offset is slot * slot_bytes + k * record_bytes_g: one alignment for all jobs
+        host_bits = self.host_pool.buffer.data_ptr() | slot_bytes | int(np.bitwise_or.reduce(record_bytes))
+        stream_ctx = torch.cuda.stream(self._stream) if self._cuda else contextlib.nullcontext()
+        with stream_ctx:
+            self.backend.prepare(table, host_bits & -host_bits)  # device tables + both directions compiled
+        self._inflight: dict[int, _InFlight] = {}
+        self._finished: list[TransferResult] = []
+        self._closed = False
+        logger.info(
+            "transfer worker: %d slots x %d bytes (%s), backend %s, factors %s, device %s, data path %s",
+            num_slots,
+            slot_bytes,
+            "pinned" if self.host_pool.pinned else "pageable",
+            type(self.backend).__name__,
+            factors,
+            self.device,
+            self.paths.describe(),
+        )
+
+    # ------------------------------------------------------------------ submit
+    def _parse(self, job_id: object, spec: object) -> tuple[int, JobArrays, bool]:
+        jid = check_int(job_id, "job_id")
+        if jid in self._inflight or any(r.job_id == jid for r in self._finished):
+            raise InvalidArgumentError(f"job_id {jid} is already in flight or not reported yet")
+        if not isinstance(spec, (tuple, list)) or len(spec) != 2:
+            raise InvalidTypeError(f"spec must be a (src_spec, dst_spec) pair, got {type(spec).__name__}")
+        src, dst = spec
+        if not isinstance(src, LoadStoreSpec) or not isinstance(dst, LoadStoreSpec):
+            raise InvalidTypeError(
+                f"spec must hold two LoadStoreSpecs, got ({type(src).__name__}, {type(dst).__name__})"
+            )
+        if isinstance(src, GPULoadStoreSpec) and isinstance(dst, CPULoadStoreSpec):
+            return jid, map_job(src, dst, self.geometry, store=True), True
+        if isinstance(src, CPULoadStoreSpec) and isinstance(dst, GPULoadStoreSpec):
+            return jid, map_job(dst, src, self.geometry, store=False), False
+        raise InvalidTypeError(
+            "spec must be (GPULoadStoreSpec, CPULoadStoreSpec) for a store or (CPULoadStoreSpec, "
+            f"GPULoadStoreSpec) for a load, got ({type(src).__name__}, {type(dst).__name__})"
+        )
+
+    def transfer_async(self, job_id: int, spec: tuple[LoadStoreSpec, LoadStoreSpec], *, after: Any = None) -> bool:
+        """Submit one job. Never waits for the device.
+
+        Args:
+            job_id: an int, unique among the jobs not yet reported by :meth:`get_finished`.
+            spec: ``(GPULoadStoreSpec, CPULoadStoreSpec)`` stores GPU -> CPU;
+                ``(CPULoadStoreSpec, GPULoadStoreSpec)`` loads CPU -> GPU.
+            after: what the job must wait for on the GPU before it touches the KV cache: a
+                ``torch.cuda.Event`` (e.g. recorded by the engine after the forward pass that
+                wrote the KV a store reads), a ``torch.cuda.Stream`` (everything enqueued on it so
+                far), or a sequence of them. None (default): the calling thread's current stream
+                of the cache's device. Must be None without CUDA.
+
+        Returns:
+            True: the job was accepted and exactly one :class:`TransferResult` will be reported
+            for it (``success=False`` if the backend raised or CUDA failed). False: the worker is
+            shut down; nothing was done and no result will come.
+
+        Raises:
+            InvalidTypeError / InvalidArgumentError: bad id, specs (wrong pair of types,
+                lengths that disagree, slot or block ids out of range, duplicate destinations)
+                or ``after``. Raised before anything is moved.
+            StreamCaptureError: called while the current CUDA stream captures a CUDA graph.
+        """
+        if self._closed:
+            logger.error("transfer_async(job %r) after shutdown: not submitted", job_id)
+            return False
+        check_not_capturing(self.device, "TransferWorker.transfer_async")
+        producers = worker_args.producer_events(after, self._cuda)
+        jid, arrays, store = self._parse(job_id, spec)
+        kind = STORE if store else LOAD
+        if len(arrays) == 0:
+            self._finished.append(TransferResult(jid, True, 0, 0.0, kind))
+            return True
+        if self._cuda:
+            self._submit_cuda(jid, arrays, store, kind, producers)
+        else:
+            self._run_sync(jid, arrays, store, kind)
+        return True
+
+    def _launch(self, arrays: JobArrays, store: bool) -> None:
+        fn = self.paths.pack if store else self.paths.unpack
+        fn(self.host_pool.buffer, arrays.block_ids, arrays.group_ids, arrays.host_offsets)
+
+    def _run_sync(self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._launch(arrays, store)
+        except Exception:
+            logger.exception("transfer job %d (%s->%s) failed", jid, *kind)
+            self._finished.append(TransferResult(jid, False, 0, 0.0, kind))
+            return
+        self._finished.append(TransferResult(jid, True, arrays.transfer_size, time.perf_counter() - t0, kind))
+
+    def _submit_cuda(
+        self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str], producers: list[Any]
+    ) -> None:
+        stream = self._stream
+        ok = True
+        try:
+            with torch.cuda.device(self.device):
+                for p in producers or [torch.cuda.current_stream(self.device)]:
+                    if isinstance(p, torch.cuda.Stream):
+                        ready = torch.cuda.Event()
+                        ready.record(p)
+                        stream.wait_event(ready)
+                    else:
+                        stream.wait_event(p)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                with torch.cuda.stream(stream):
+                    start.record(stream)
+                    try:
+                        self._launch(arrays, store)
+                    except Exception:
+                        # Report only once whatever the backend may have enqueued has drained.
+                        logger.exception("transfer job %d (%s->%s) failed at launch", jid, *kind)
+                        ok = False
+                    end.record(stream)
+        except Exception:  # CUDA itself failed (e.g. a sticky error): report at once
+            logger.exception("transfer job %d (%s->%s): CUDA error at submit", jid, *kind)
+            self._finished.append(TransferResult(jid, False, 0, 0.0, kind))
+            return
+        self._inflight[jid] = _InFlight(jid, kind, arrays.transfer_size, start, end, ok, arrays)
+
+    # ---------------------------------------------------------------- complete
+    def _complete(self, job: _InFlight) -> TransferResult:
+        if not job.ok:
+            return TransferResult(job.job_id, False, 0, 0.0, job.transfer_type)
+        try:
+            seconds = job.start.elapsed_time(job.end) / 1000.0
+        except Exception:
+            logger.exception("transfer job %d: CUDA error at completion", job.job_id)
+            return TransferResult(job.job_id, False, 0, 0.0, job.transfer_type)
+        return TransferResult(job.job_id, True, job.transfer_size, seconds, job.transfer_type)
+
+    def get_finished(self) -> list[TransferResult]:
+        """Results of the jobs that finished since the last call, each job reported exactly once.
+
+        Never blocks: CUDA jobs are polled with ``event.query()``.
+        """
+        out, self._finished = self._finished, []
+        for jid, job in list(self._inflight.items()):
+            try:
+                done = bool(job.end.query())
+            except Exception:
+                logger.exception("transfer job %d: CUDA error while polling", jid)
+                job.ok, done = False, True
+            if done:
+                del self._inflight[jid]
+                out.append(self._complete(job))
+        return out
+
+    def wait(self, job_ids: Collection[int]) -> None:
+        """Block until the given jobs have finished (their results still come from :meth:`get_finished`).
+
+        Ids that are not in flight (never submitted, already finished, or already reported) are
+        ignored, so the caller may wait on jobs it has not tracked precisely.
+
+        Raises:
+            InvalidTypeError: ``job_ids`` is not a collection of ints.
+        """
+        if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Collection):
+            raise InvalidTypeError(f"job_ids must be a collection of ints, got {type(job_ids).__name__}")
+        ids = [check_int(j, f"job_ids[{i}]") for i, j in enumerate(job_ids)]
+        for jid in ids:
+            job = self._inflight.get(jid)
+            if job is None:
+                continue
+            try:
+                job.end.synchronize()
+            except Exception:
+                logger.exception("transfer job %d: CUDA error while waiting", jid)
+                job.ok = False
+
+    @property
+    def num_in_flight(self) -> int:
+        """Jobs submitted and not yet reported (including finished-but-unreported ones)."""
+        return len(self._inflight) + len(self._finished)
+
+    def shutdown(self) -> None:
+        """Wait for every in-flight job, then free the host pool. Idempotent.
+
+        Results not collected yet stay available to :meth:`get_finished`; later
+        :meth:`transfer_async` calls return False.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._stream is not None and self._inflight:
+            try:
+                self._stream.synchronize()
+            except Exception:
+                logger.exception("transfer worker: CUDA error while draining at shutdown")
+                for job in self._inflight.values():
+                    job.ok = False
+        self.host_pool.shutdown()
