@@ -1,27 +1,24 @@
 """A model-free engine loop around vLLM's real Scheduler and OffloadingConnector (both roles), on CPU.
 
-Used by the integration tests and ``bench/bench_vllm.py``, and handy to try a configuration
-without a GPU: the "model" writes, for every scheduled token, a known value per (token id,
-position, channel) into a CPU KV tensor; :meth:`Engine.check` (run after every step) verifies
-every computed position of every running request against it. The model config is written to a
-temporary folder (OPT-shaped, tiny) and ``HF_HUB_OFFLINE=1`` is set: nothing is downloaded.
+Test infrastructure of the integration tests: the "model" writes, for every scheduled token, a
+known value per (token id, position, channel) into a CPU KV tensor; :meth:`Engine.check` (run
+after every step) verifies every computed position of every running request against it. The model
+config is written to a temporary folder (OPT-shaped, tiny); import this module after
+:func:`tests.integrations.vllm_env.require_vllm`, which sets ``HF_HUB_OFFLINE=1`` so that nothing
+is downloaded.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import os
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import torch
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from transformers import OPTConfig  # noqa: E402
-from vllm.config import (  # noqa: E402
+from transformers import OPTConfig
+from vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
@@ -29,22 +26,22 @@ from vllm.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
     SlidingWindowSpec,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
 BLOCK_SIZE = 4  # tokens per GPU block
 HEADS, HEAD_DIM = 2, 4  # page = 2 (K, V) * 4 tokens * 2 heads * 4 dims * 4 bytes = 256 bytes
