@@ -15,7 +15,7 @@ random host slots, it times in ONE run (``triton.testing.do_bench``, median, CUD
 * ``dma``      -- kvoffload's copy-engine-only path (coalesced copies, batched when possible).
 
 Every row carries its ratio to ``P`` and to both baselines (``loop``, ``batched``) of the same case.
-Targets (issue 10): pack >= 0.9 P and unpack >= 0.8 P at 32 KiB, >= 0.6 P at 4 KiB; >= 5x the
+Targets: pack >= 0.9 P and unpack >= 0.8 P at 32 KiB, >= 0.6 P at 4 KiB; >= 5x the
 per-page loop and >= 1.5x the batched copy at 4-24 KiB with >= 1k pages, using <= 16 programs.
 
 On a CPU-only machine the same methods run on CPU tensors (the torch reference as the kernel,

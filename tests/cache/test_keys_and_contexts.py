@@ -49,8 +49,8 @@ def test_numpy_array_strips_the_nul_bytes_of_group_0_keys() -> None:
 
 
 def test_store_of_a_numpy_key_array_is_rejected_instead_of_leaking_pending_slots() -> None:
-    """The review's scenario: prepare_store(np.array(keys)) stored truncated keys, the caller's
-    complete_store(keys) was ignored and the slots stayed pending forever."""
+    """prepare_store(np.array(keys)) is refused: the truncated keys it would store could never be
+    completed by the caller's complete_store(keys), and their slots would stay pending forever."""
     m = CPUOffloadingManager(8)
     with pytest.raises(InvalidTypeError, match="keys"):
         m.prepare_store(np.array(K0[:4]), CTX)

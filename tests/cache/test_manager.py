@@ -1,4 +1,4 @@
-"""CPUOffloadingManager: the worked LRU scenario of issue 3 and the state machine of docs/contract.md §2."""
+"""CPUOffloadingManager: a worked LRU scenario and the state machine of docs/contract.md §2."""
 
 from __future__ import annotations
 

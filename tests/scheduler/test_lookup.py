@@ -1,4 +1,4 @@
-"""Pure lookup functions (worked numbers from issue 5) and their batched, chunked twins."""
+"""Pure lookup functions (worked numbers) and their batched, chunked twins."""
 
 from __future__ import annotations
 
