@@ -42,7 +42,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,7 @@ class Setting:
     chunk_tokens: int  # tokens per CPU chunk (offloaded block): a multiple of block_size
     gpu_blocks: int
     max_batched_tokens: int
+    small_trace: bool = False  # the original small trace, its KV written and checked every step
 
     @property
     def max_prompt(self) -> int:
@@ -95,7 +96,7 @@ class Setting:
 
 
 SETTINGS = {
-    "small": Setting("small", 4, 16, 8, 3, 1, 32, 24, 24, 4, 512, 4, 48, 64),
+    "small": Setting("small", 4, 16, 8, 3, 1, 32, 24, 24, 4, 512, 4, 48, 64, small_trace=True),
     # prompts 2k, 4k, 6k, 8k tokens; pool 2.6M tokens, GPU cache 0.54M
     "64req-1e4": Setting("64req-1e4", 16, 64, 160, 4, 4, 1536, 512, 2048, 8, 10_000, 256, 64 * 530, 8192),
     # prompts 2k, 9.6k, 17k, 24.6k, 32k tokens; pool 25.6M tokens, GPU cache 8.4M
@@ -109,14 +110,14 @@ def _trace(s: Setting) -> list[list[tuple[str, list[int]]]]:
     keeps the original trace (one system prompt, deterministic turn tokens)."""
     rng = np.random.default_rng(7)
     systems = [rng.integers(1, 997, s.system_tokens).tolist() for _ in range(s.system_prompts)]
-    if s.name == "small":
+    if s.small_trace:
         systems = [[(i * 37) % 997 + 1 for i in range(s.system_tokens)]]
     history = {c: list(systems[c % s.system_prompts]) for c in range(s.conversations)}
     waves = []
     for t in range(s.turns):
         wave = []
         for c in range(s.conversations):
-            if s.name == "small":
+            if s.small_trace:
                 history[c] += [(c * 131 + t * 17 + i * 7) % 997 + 1 for i in range(s.turn_tokens)]
             else:
                 n = s.first_turn_tokens if t == 0 else s.turn_tokens
@@ -165,7 +166,7 @@ def _run_once(
     }
     if s.chunk_tokens != s.block_size:
         extra["block_size"] = s.chunk_tokens
-    e = Engine(extra, num_gpu_blocks=s.gpu_blocks, shape=shape, check_kv=s.name == "small")
+    e = Engine(extra, num_gpu_blocks=s.gpu_blocks, shape=shape, check_kv=s.small_trace)
     sched = e.connector.connector_scheduler
     if use_vllm_manager:
         sched.manager = CPUOffloadingManager(s.chunks, cache_policy=policy)
@@ -228,8 +229,14 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
     return rows
 
 
-def run(quick: bool = False, settings: tuple[str, ...] | None = None, repeats: int | None = None) -> dict[str, Any]:
-    """Every setting in ``settings`` (default: the realistic ones; ``quick``: the small trace)."""
+def run(
+    quick: bool = False,
+    settings: tuple[str, ...] | None = None,
+    repeats: int | None = None,
+    chunk_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Every setting in ``settings`` (default: the realistic ones; ``quick``: the small trace),
+    with ``chunk_tokens`` tokens per CPU chunk instead of the setting's when given."""
     import vllm
 
     names = settings or (("small",) if quick else REALISTIC)
@@ -237,7 +244,9 @@ def run(quick: bool = False, settings: tuple[str, ...] | None = None, repeats: i
     out: dict[str, Any] = {"vllm_version": vllm.__version__, "repeats": reps, "settings": {}, "rows": []}
     for name in names:
         s = SETTINGS[name]
-        out["settings"][name] = asdict(s)
+        if chunk_tokens is not None:
+            s = replace(s, name=f"{name}-c{chunk_tokens}", chunk_tokens=chunk_tokens)
+        out["settings"][s.name] = asdict(s)
         out["rows"] += run_setting(s, reps)
     return out
 
@@ -247,10 +256,16 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="the small trace only (about a minute)")
     ap.add_argument("--setting", action="append", choices=sorted(SETTINGS), help="run these settings (repeatable)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per manager and policy (best counts)")
+    ap.add_argument("--chunk-tokens", type=int, default=None, help="tokens per CPU chunk (default: the setting's)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the harness's model config is local
-    result = run(quick=args.quick, settings=tuple(args.setting) if args.setting else None, repeats=args.repeats)
+    result = run(
+        quick=args.quick,
+        settings=tuple(args.setting) if args.setting else None,
+        repeats=args.repeats,
+        chunk_tokens=args.chunk_tokens,
+    )
     if not args.no_write:
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
