@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from kvoffload.checks import check_bool
 from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
@@ -39,7 +39,8 @@ class Registry(Generic[T]):
         builtins: name -> ``"module:Class"`` of the built-in entries, imported on first use.
     """
 
-    def __init__(self, kind: str, base: type[T], builtins: dict[str, str]) -> None:
+    def __init__(self, kind: str, base: type, builtins: dict[str, str]) -> None:
+        # ``base`` is typed ``type``, not ``type[T]``: it is usually abstract
         self.kind = kind
         self.base = base
         self._builtins = frozenset(builtins)
@@ -58,7 +59,7 @@ class Registry(Generic[T]):
         if inspect.isabstract(cls):
             missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
             raise InvalidTypeError(f"{what} {cls.__qualname__} is abstract: it does not implement {missing}")
-        return cls
+        return cast("type[T]", cls)
 
     def _load(self, spec: str) -> type[T]:
         module_name, _, attr = spec.partition(":")
