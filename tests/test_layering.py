@@ -1,7 +1,8 @@
 """docs/contract.md §1 import direction, checked on the source: kernels -> the leaf modules (errors, checks,
 registry) only; core -> leaves only; cache -> core;
 transfer -> core, kernels; cache and transfer never import each other; scheduler -> core, cache; nothing
-inside the library imports sim, app, testing or integrations; cache, core and the leaves never import torch."""
+inside the library imports sim, app, testing or integrations; cache, core and the leaves never import torch; tiers
+-> leaves, core only, never torch."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import kvoffload
 PKG = Path(kvoffload.__file__).resolve().parent
 TOP_LAYER = {"sim", "app", "__main__", "testing", "integrations"}
 FORBIDDEN = {
+    "tiers": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
     "kernels": {"core", "cache", "transfer", "scheduler"} | TOP_LAYER,
     "core": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
     "cache": {"kernels", "transfer", "scheduler"} | TOP_LAYER,
@@ -60,6 +62,13 @@ def test_layer_imports_run_one_way(layer: str) -> None:
 
 #: modules every layer may import; they import nothing of kvoffload but each other
 LEAVES = {"errors", "checks", "registry"}
+
+
+def test_tiers_import_only_leaves_and_core() -> None:
+    """Tiers move bytes between a store and host records: no torch, no cache/scheduler layers."""
+    for f in (PKG / "tiers").rglob("*.py"):
+        assert _kvoffload_imports(f) <= {"tiers", "core"} | LEAVES, f
+        assert "torch" not in _top_level_imports(f), f
 
 
 @pytest.mark.parametrize("layer", ["kernels", "core"])

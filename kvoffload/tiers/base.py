@@ -1,0 +1,399 @@
+"""The tier interface: a store beneath the host pool, batched and asynchronous.
+
+A :class:`Tier` moves whole host-pool records (one offloaded block each) between the host pool's
+record array and a store (Redis, a directory...). Every method is called from one engine thread
+and returns without waiting on the store; the bytes move on the tier's own threads:
+
+* :meth:`Tier.lookup` answers per key from verdicts already known and queues the rest, which
+  answer :data:`TIER_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
+  queued keys as **one** probe batch (one pipelined round trip) to the tier's lookup thread.
+* :meth:`Tier.submit_store` / :meth:`Tier.submit_load` start jobs that copy records to / from the
+  store; :meth:`Tier.get_finished` reports them with per-key success.
+* a store that cannot be reached puts the tier in back-off: lookups miss, stores are dropped
+  (counted), loads fail; after the back-off the next operation reconnects.
+
+Backends implement :meth:`Tier._probe`, :meth:`Tier._store_batch`, :meth:`Tier._load_batch` and
+:meth:`Tier._close_backend`, all called on tier threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Literal
+
+import numpy as np
+
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError
+from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
+from kvoffload.tiers.health import Health, TierUnavailable
+from kvoffload.tiers.jobs import Job
+from kvoffload.tiers.namespace import TierNamespace
+from kvoffload.tiers.record import RecordCodec
+from kvoffload.tiers.types import TIER_HIT, TIER_MISS, TIER_RETRY, TierJobResult, TierStats
+
+__all__ = ["Tier", "STORED", "PRESENT", "FAILED"]
+
+logger = logging.getLogger(__name__)
+
+#: Per-key outcomes a backend's :meth:`Tier._store_batch` returns.
+FAILED = 0
+STORED = 1
+PRESENT = 2
+
+
+class Tier(ABC):
+    """A secondary KV tier over a host pool's records (see the module docstring and contract §8).
+
+    Args:
+        records: the host pool's records, a writable C-contiguous ``np.uint8`` array or 2-D
+            ``memoryview`` of shape ``(num_slots, record_bytes)``; slot ``i`` is row ``i``.
+        namespace: what the bytes depend on; only values with the same fingerprint are used.
+        name: the tier's name in logs and reports.
+        integrity_key: optional shared secret (>= 16 bytes): values carry an HMAC-SHA256 and
+            values without a valid one are rejected.
+        io_threads: threads moving bytes (each with its own connection / file handles).
+        batch_keys: keys per store/load task (one pipeline / one thread's batch).
+        max_pending_write_bytes: record bytes of accepted, unfinished stores above which new
+            stores are dropped (back-pressure).
+        lookup_ttl_steps: engine steps a probed verdict is reused before the key is probed again.
+        backoff_initial / backoff_max: back-off after the store is unreachable, in seconds.
+    """
+
+    def __init__(
+        self,
+        records: np.ndarray | memoryview,
+        namespace: TierNamespace,
+        *,
+        name: str,
+        integrity_key: bytes | None = None,
+        io_threads: int = 4,
+        batch_keys: int = 4,
+        max_pending_write_bytes: int = 256 << 20,
+        lookup_ttl_steps: int = 8,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+    ) -> None:
+        self.records = check_records(records)
+        if not isinstance(namespace, TierNamespace):
+            raise InvalidArgumentError(f"namespace must be a TierNamespace, got {type(namespace).__name__}")
+        check_tier_options(
+            io_threads, batch_keys, max_pending_write_bytes, lookup_ttl_steps, backoff_initial, backoff_max
+        )
+        self.name = name
+        self.io_threads = io_threads
+        self.namespace = namespace
+        self.fingerprint = namespace.fingerprint()
+        self.num_slots, self.record_bytes = (int(d) for d in self.records.shape)
+        self.codec = RecordCodec(self.fingerprint, self.record_bytes, integrity_key)
+        self._batch_keys = batch_keys
+        self._max_pending_write = max_pending_write_bytes
+        self._ttl = lookup_ttl_steps
+        self._health = Health(name, backoff_initial, backoff_max)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._stats = TierStats()
+        self._jobs: dict[int, Job] = {}
+        self._finished: list[TierJobResult] = []
+        self._pending_write_bytes = 0
+        self._probes_in_flight = 0
+        self._logged: set[str] = set()
+        self._closed = False
+        # engine-thread lookup state
+        self._step = 0
+        self._verdicts: dict[bytes, tuple[int, int]] = {}  # key -> (code, step resolved)
+        self._queued: dict[bytes, None] = {}
+        self._in_flight: set[bytes] = set()
+        self._probe_q: queue.SimpleQueue[list[bytes] | None] = queue.SimpleQueue()
+        self._probe_done: queue.SimpleQueue[tuple[list[bytes], list[bool] | None]] = queue.SimpleQueue()
+        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvoffload-tier-{name}")
+        self._lookup_thread = threading.Thread(
+            target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
+        )
+        self._lookup_thread.start()
+
+    # ------------------------------------------------------------------ engine-thread API
+    def lookup(self, keys: Sequence[bytes]) -> np.ndarray:
+        """Per key :data:`TIER_HIT` / :data:`TIER_MISS` / :data:`TIER_RETRY` (``np.int8``), never blocking.
+
+        A key without a fresh verdict is queued for the next :meth:`end_step` and answers
+        ``TIER_RETRY`` until its probe has returned; while the tier is in back-off new keys miss.
+        """
+        keys = check_keys(keys, "keys")
+        self._apply_probe_results()
+        out = np.empty(len(keys), dtype=np.int8)
+        down = self._health.is_down()
+        for i, key in enumerate(keys):
+            v = self._verdicts.get(key)
+            if v is not None and self._step - v[1] < self._ttl:
+                out[i] = v[0]
+            elif key in self._in_flight or key in self._queued:
+                out[i] = TIER_RETRY
+            elif down:
+                out[i] = TIER_MISS
+            else:
+                self._queued[key] = None
+                out[i] = TIER_RETRY
+        return out
+
+    def end_step(self) -> None:
+        """Send this step's queued lookups as one probe batch; call once per engine step."""
+        self._apply_probe_results()
+        if self._queued:
+            batch = list(self._queued)
+            self._queued.clear()
+            self._in_flight.update(batch)
+            with self._lock:
+                self._probes_in_flight += 1
+            self._probe_q.put(batch)
+        self._step += 1
+        if self._step % 64 == 0:
+            self._verdicts = {k: v for k, v in self._verdicts.items() if self._step - v[1] < self._ttl}
+
+    def submit_store(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
+        """Copy the records in ``slots`` to the tier under ``keys`` (parallel), asynchronously.
+
+        The slots must stay unchanged until the job is reported by :meth:`get_finished`. Keys
+        already in the tier are left as they are (reported ok). When the tier is in back-off or
+        its write queue is full the whole job is dropped at once (reported failed, counted in
+        ``dropped_writes``).
+        """
+        job_id, keys, slots = self._check_job(job_id, keys, slots)
+        if not keys:
+            self._finish_empty(job_id, "store")
+            return
+        nbytes = len(keys) * self.record_bytes
+        with self._lock:
+            reason = "unreachable" if self._health.is_down() else None
+            if reason is None and self._pending_write_bytes + nbytes > self._max_pending_write:
+                reason = "write queue full"
+            if reason is not None:
+                self._stats.dropped_writes += len(keys)
+                self._finished.append(TierJobResult(job_id, "store", tuple(keys), (False,) * len(keys), 0, 0.0))
+                self._log_once(f"drop-{reason}", "tier %s drops stores: %s (counted in dropped_writes)", reason)
+                return
+            self._pending_write_bytes += nbytes
+            job = self._jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
+        for start, stop in job.batches():
+            self._pool.submit(self._run_store, job, start, stop, slots[start:stop])
+
+    def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
+        """Copy the values of ``keys`` into the records in ``slots``, asynchronously.
+
+        A key that is absent, rejected (corrupt or foreign, then deleted) or unreachable is a
+        failed key; its slot's bytes are then unspecified and must not be used.
+        """
+        job_id, keys, slots = self._check_job(job_id, keys, slots)
+        if not keys:
+            self._finish_empty(job_id, "load")
+            return
+        with self._lock:
+            job = self._jobs[job_id] = Job(job_id, "load", keys, len(keys), self._batch_keys)
+        for start, stop in job.batches():
+            self._pool.submit(self._run_load, job, start, stop, slots[start:stop])
+
+    def get_finished(self) -> list[TierJobResult]:
+        """The jobs finished since the last call (also updates lookup verdicts from them)."""
+        with self._lock:
+            done, self._finished = self._finished, []
+        for res in done:
+            code = TIER_HIT if res.kind == "store" else TIER_MISS
+            for key, ok in zip(res.keys, res.ok, strict=True):
+                if ok == (res.kind == "store"):
+                    self._verdicts[key] = (code, self._step)
+        return done
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Block until every submitted job and probe has finished; False on timeout.
+
+        Results stay queued for :meth:`get_finished`. Not for the engine's step loop.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._jobs or self._probes_in_flight:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        """Probe ``keys`` now on the calling thread (blocking; tools and tests, not the engine)."""
+        keys = check_keys(keys, "keys")
+        try:
+            return self._probe(keys)
+        except TierUnavailable:
+            return [False] * len(keys)
+
+    def stats(self) -> TierStats:
+        """A snapshot of the tier's cumulative counters."""
+        with self._lock:
+            return replace(self._stats)
+
+    def close(self) -> None:
+        """Wait for submitted work, stop the threads and release connections (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.drain()
+        self._probe_q.put(None)
+        self._lookup_thread.join()
+        self._pool.shutdown(wait=True)
+        self._close_backend()
+
+    def __enter__(self) -> Tier:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ backend hooks
+    @abstractmethod
+    def _probe(self, keys: list[bytes]) -> list[bool]:
+        """Which ``keys`` the store holds, in one round trip; raise TierUnavailable if unreachable."""
+
+    @abstractmethod
+    def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
+        """Store ``records[slots]`` under ``keys``; per key STORED / PRESENT / FAILED."""
+
+    @abstractmethod
+    def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
+        """Load ``keys`` into ``records[slots]`` after :meth:`RecordCodec.check`; per key ok.
+
+        Rejected values are deleted and counted with :meth:`_count_rejected`.
+        """
+
+    @abstractmethod
+    def _close_backend(self) -> None:
+        """Release connections / files."""
+
+    # ------------------------------------------------------------------ internals
+    def _count_rejected(self, reason: str) -> None:
+        with self._lock:
+            self._stats.rejected_values += 1
+            self._log_once(f"reject-{reason}", "tier %s rejected a stored value: %s (counted, not loaded)", reason)
+
+    def _count_error(self, kind: str, exc: BaseException) -> None:
+        with self._lock:
+            self._stats.errors += 1
+            self._log_once(f"error-{kind}", "tier %s: %s", f"{kind} failed: {exc!r}")
+
+    def _log_once(self, tag: str, fmt: str, arg: str) -> None:
+        """Log ``fmt % (name, arg)`` at WARNING the first time ``tag`` is seen (caller holds the lock)."""
+        if tag not in self._logged:
+            self._logged.add(tag)
+            logger.warning(fmt, self.name, arg)
+
+    def _check_job(
+        self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray
+    ) -> tuple[int, list[bytes], np.ndarray]:
+        if self._closed:
+            raise InvalidArgumentError(f"tier {self.name} is closed")
+        job_id = check_int(job_id, "job_id")
+        keys = check_keys(keys, "keys")
+        slot_arr = check_slots(slots, "slots", len(keys), self.num_slots)
+        with self._lock:
+            if job_id in self._jobs:
+                raise InvalidArgumentError(f"job_id {job_id} is already in flight on tier {self.name}")
+        return job_id, keys, slot_arr
+
+    def _lookup_loop(self) -> None:
+        while (batch := self._probe_q.get()) is not None:
+            found: list[bool] | None = None
+            if not self._health.is_down():
+                try:
+                    found = self._probe(batch)
+                    self._health.succeeded()
+                except TierUnavailable as exc:
+                    self._health.failed(exc)
+                except Exception as exc:  # a backend bug must not kill the lookup thread
+                    self._count_error("lookup", exc)
+            with self._lock:
+                self._stats.lookup_round_trips += found is not None
+                self._stats.lookups += len(batch) if found is not None else 0
+                self._stats.hits += sum(found) if found is not None else 0
+            self._probe_done.put((batch, found))
+            with self._idle:
+                self._probes_in_flight -= 1
+                self._idle.notify_all()
+
+    def _apply_probe_results(self) -> None:
+        while True:
+            try:
+                batch, found = self._probe_done.get_nowait()
+            except queue.Empty:
+                return
+            for i, key in enumerate(batch):
+                self._in_flight.discard(key)
+                hit = found is not None and found[i]
+                self._verdicts[key] = (TIER_HIT if hit else TIER_MISS, self._step)
+
+    def _run_store(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
+        keys = job.keys[start:stop]
+        t0 = time.perf_counter()
+        outcome = [FAILED] * len(keys)
+        dropped = self._health.is_down()
+        if not dropped:
+            try:
+                outcome = self._store_batch(keys, slots)
+                self._health.succeeded()
+            except TierUnavailable as exc:
+                self._health.failed(exc)
+            except Exception as exc:
+                self._count_error("store", exc)
+        dt = time.perf_counter() - t0
+        stored = outcome.count(STORED)
+        with self._lock:
+            s = self._stats
+            s.blocks_written += stored
+            s.bytes_written += stored * self.record_bytes
+            s.write_seconds += dt if stored else 0.0
+            s.writes_skipped += outcome.count(PRESENT)
+            if dropped:
+                s.dropped_writes += len(keys)
+            else:
+                s.write_failures += outcome.count(FAILED)
+            self._pending_write_bytes -= len(keys) * self.record_bytes
+            ok = [o != FAILED for o in outcome]
+            self._finish_batch(job, start, ok, stored * self.record_bytes)
+
+    def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
+        keys = job.keys[start:stop]
+        t0 = time.perf_counter()
+        ok = [False] * len(keys)
+        if not self._health.is_down():
+            try:
+                ok = self._load_batch(keys, slots)
+                self._health.succeeded()
+            except TierUnavailable as exc:
+                self._health.failed(exc)
+            except Exception as exc:
+                self._count_error("load", exc)
+        dt = time.perf_counter() - t0
+        n_ok = sum(ok)
+        with self._lock:
+            s = self._stats
+            s.blocks_read += n_ok
+            s.bytes_read += n_ok * self.record_bytes
+            s.read_seconds += dt if n_ok else 0.0
+            s.read_failures += len(keys) - n_ok
+            self._finish_batch(job, start, ok, n_ok * self.record_bytes)
+
+    def _finish_empty(self, job_id: int, kind: Literal["store", "load"]) -> None:
+        """A job without keys: finished (successfully) at submission."""
+        with self._lock:
+            self._finished.append(TierJobResult(job_id, kind, (), (), 0, 0.0))
+
+    def _finish_batch(self, job: Job, start: int, ok: list[bool], nbytes: int) -> None:
+        """Record one batch's outcome (caller holds the lock); completes the job after its last batch."""
+        if job.record(start, ok, nbytes):
+            del self._jobs[job.job_id]
+            self._finished.append(job.result())
+            self._idle.notify_all()

@@ -1,0 +1,199 @@
+"""DiskTier: one content-addressed file per block in a directory (local disk or a shared filesystem).
+
+Files live in ``<path>/kvoffload-<fingerprint hex>/<id[:2]>/<id>.kv`` where ``id`` is the hex
+BLAKE2b-128 of the key (the key itself is in the value's header and checked on every load). A
+file is the value (header + record), zero-padded to 4 KiB when written with O_DIRECT.
+Values are written under a temporary name in the same directory and renamed, so no reader ever
+sees a partial value; temporary files left by a crash are removed at start. The index of files
+(size, recency) is rebuilt from a directory scan at start, so a restart keeps the cache; files
+written by another process sharing the directory are found by the lookup probe.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.tiers.args import MAX_KEY_BYTES, check_records
+from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
+from kvoffload.tiers.disk_index import VALUE_SUFFIX, DiskIndex
+from kvoffload.tiers.disk_io import BounceBuffers, file_bytes, probe_o_direct, read_value, write_value
+from kvoffload.tiers.namespace import TierNamespace
+from kvoffload.tiers.record import FIXED_HEADER_BYTES, ValueRejected
+
+__all__ = ["DiskTier"]
+
+logger = logging.getLogger(__name__)
+
+
+def _file_id(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=16).digest()
+
+
+class DiskTier(Tier):
+    """A tier on a directory (docs/contract.md §8).
+
+    Args:
+        records: the host pool's records (see :class:`~kvoffload.tiers.Tier`).
+        namespace: the namespace; its fingerprint names the tier's subdirectory.
+        path: the directory (created if missing; may be shared by several engines).
+        max_bytes: byte budget of the value files this tier keeps (least recently used evicted
+            first); ``None`` for no budget.
+        o_direct: ``None`` probes the filesystem once (O_DIRECT where accepted, else buffered
+            I/O); ``True`` requires O_DIRECT; ``False`` uses buffered I/O.
+        **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
+            :class:`~kvoffload.tiers.Tier`.
+    """
+
+    def __init__(
+        self,
+        records: np.ndarray | memoryview,
+        namespace: TierNamespace,
+        path: str | os.PathLike[str],
+        *,
+        max_bytes: int | None = None,
+        o_direct: bool | None = None,
+        **tier_options: Any,
+    ) -> None:
+        recs = check_records(records)
+        if not isinstance(namespace, TierNamespace):
+            raise InvalidTypeError(f"namespace must be a TierNamespace, got {type(namespace).__name__}")
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise InvalidTypeError(f"path must be a non-empty str or path, got {path!r}")
+        self.max_bytes = None if max_bytes is None else check_int(max_bytes, "max_bytes", 1)
+        if o_direct is not None and not isinstance(o_direct, bool):
+            raise InvalidTypeError(f"o_direct must be a bool or None, got {type(o_direct).__name__}")
+        base = os.path.abspath(os.fspath(path))
+        if os.path.exists(base) and not os.path.isdir(base):
+            raise InvalidArgumentError(f"path {base!r} exists and is not a directory")
+        self.root = os.path.join(base, f"kvoffload-{namespace.fingerprint().hex()}")
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise InvalidArgumentError(f"path {base!r}: cannot create the tier directory ({exc.strerror})") from None
+        try:
+            probed = probe_o_direct(self.root)
+        except OSError as exc:  # not writable here: stores will fail (counted), loads still work
+            logger.warning("disk tier %s: cannot write (%s); stores will fail", self.root, exc.strerror)
+            probed = False
+        if o_direct and not probed:
+            raise InvalidArgumentError(f"o_direct=True but the filesystem at {base!r} does not accept O_DIRECT")
+        self.o_direct = probed if o_direct is None else o_direct
+        if o_direct is None and not probed:
+            logger.info("disk tier %s: O_DIRECT not supported, using buffered I/O", self.root)
+        self.index = DiskIndex()
+        self.temp_files_removed = self.index.scan(self.root)
+        tier_options.setdefault("name", f"disk:{base}")
+        super().__init__(recs, namespace, **tier_options)
+        self._bufs = BounceBuffers(FIXED_HEADER_BYTES + MAX_KEY_BYTES + self.record_bytes)
+        self._subdirs: set[str] = set()
+
+    def file_bytes(self, key: bytes) -> int:
+        """Bytes on disk of ``key``'s value file (what ``max_bytes`` counts)."""
+        return file_bytes(self.codec.value_bytes(key), self.o_direct)
+
+    def value_path(self, key: bytes) -> str:
+        """The file that holds ``key``'s value."""
+        h = _file_id(key).hex()
+        return os.path.join(self.root, h[:2], h + VALUE_SUFFIX)
+
+    # ------------------------------------------------------------------ backend hooks
+    def _probe(self, keys: list[bytes]) -> list[bool]:
+        out = []
+        for key in keys:
+            fid = _file_id(key)
+            if fid in self.index:
+                out.append(True)
+                continue
+            try:
+                size = os.stat(self.value_path(key)).st_size
+            except FileNotFoundError:
+                out.append(False)
+                continue
+            self.index.add(fid, size)  # written by another process sharing the directory
+            out.append(True)
+        return out
+
+    def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
+        buf = self._bufs.get()
+        out = []
+        for key, slot in zip(keys, slots, strict=True):
+            fid, path = _file_id(key), self.value_path(key)
+            if fid in self.index or os.path.exists(path):
+                self.index.touch(fid)
+                out.append(PRESENT)
+                continue
+            size = file_bytes(self.codec.value_bytes(key), self.o_direct)
+            if self.max_bytes is not None and size > self.max_bytes:
+                self._count_error("store", OSError(errno.EFBIG, f"a value of {size} bytes exceeds max_bytes"))
+                out.append(FAILED)
+                continue
+            payload = self.records[slot]
+            try:
+                sub = os.path.dirname(path)
+                if sub not in self._subdirs:
+                    os.makedirs(sub, exist_ok=True)
+                    self._subdirs.add(sub)
+                write_value(path, self.codec.header(key, payload), payload, buf, self.o_direct)
+            except OSError as exc:
+                self._count_error("store", exc)
+                out.append(FAILED)
+                continue
+            self.index.add(fid, size)
+            out.append(STORED)
+            if self.max_bytes is not None and self.index.total_bytes > self.max_bytes:
+                self._evict(fid)
+        return out
+
+    def _evict(self, keep: bytes) -> None:
+        assert self.max_bytes is not None
+        victims = self.index.victims(self.max_bytes, keep)
+        for fid in victims:
+            h = fid.hex()
+            try:
+                os.unlink(os.path.join(self.root, h[:2], h + VALUE_SUFFIX))
+            except FileNotFoundError:
+                pass
+        with self._lock:
+            self._stats.evictions += len(victims)
+
+    def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
+        buf = self._bufs.get()
+        ok = [False] * len(keys)
+        for i, (key, slot) in enumerate(zip(keys, slots, strict=True)):
+            fid, path = _file_id(key), self.value_path(key)
+            try:
+                value = read_value(path, buf, self.o_direct)
+                want = self.codec.value_bytes(key)
+                if len(value) == file_bytes(want, True) and len(value) != want:
+                    value = value[:want]  # an O_DIRECT file: the value, then zero padding
+                payload = self.codec.check(key, value)
+            except FileNotFoundError:
+                self.index.remove(fid)
+                continue
+            except ValueRejected as rej:
+                self._count_rejected(rej.reason)
+                if rej.delete:
+                    self.index.remove(fid)
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+                continue
+            except OSError as exc:
+                self._count_error("load", exc)
+                continue
+            self.records[slot] = np.frombuffer(payload, dtype=np.uint8)
+            self.index.touch(fid)
+            ok[i] = True
+        return ok
+
+    def _close_backend(self) -> None:
+        """Nothing to release: files are opened and closed per value."""

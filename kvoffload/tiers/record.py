@@ -1,0 +1,143 @@
+"""The tier value format: one object per offloaded block, a header followed by the record bytes.
+
+Header (little-endian, ``FIXED_HEADER_BYTES`` + ``len(key)`` bytes)::
+
+    magic        4s   b"KVOT"
+    version      H    RECORD_FORMAT_VERSION
+    flags        H    bit 0: ``digest`` is an HMAC-SHA256 (the writer had an integrity key)
+    fingerprint  16s  TierNamespace.fingerprint() of the writer
+    key_len      H    length of the key that follows the fixed part
+    reserved     H    0
+    payload_len  Q    record bytes after the header
+    digest       32s  CRC-32 (4 bytes, zero padded) or HMAC-SHA256 over everything else
+    key          key_len bytes
+
+The digest covers the header fields (digest zeroed), the key and the payload, so a value copied
+under another key, truncated, extended or altered is rejected. A reader with an integrity key
+accepts only MAC'd values whose MAC verifies; a reader without one rejects MAC'd values
+(it cannot check them) but does not delete them (see :attr:`ValueRejected.delete`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+import zlib
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = ["MAGIC", "FIXED_HEADER_BYTES", "ValueRejected", "RecordCodec"]
+
+MAGIC = b"KVOT"
+_FIXED = struct.Struct("<4sHH16sHHQ32s")
+FIXED_HEADER_BYTES = _FIXED.size
+_FLAG_MAC = 1
+_DIGEST_OFFSET = FIXED_HEADER_BYTES - 32
+_ZERO_DIGEST = bytes(32)
+
+
+class ValueRejected(Exception):
+    """A stored value failed validation (internal to the tiers: reported as a miss / failed key).
+
+    Attributes:
+        reason: short name of the check that failed (``"magic"``, ``"version"``, ``"fingerprint"``,
+            ``"key"``, ``"length"``, ``"checksum"``, ``"mac"``, ``"mac-unverifiable"``, ``"truncated"``).
+        delete: whether the value is wrong for everyone (deleted) rather than unreadable by this
+            reader's configuration only.
+    """
+
+    def __init__(self, reason: str, delete: bool = True) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delete = delete
+
+
+class RecordCodec:
+    """Builds and checks tier values for one namespace and record size.
+
+    Args:
+        fingerprint: the namespace fingerprint (16 bytes) every value carries.
+        record_bytes: the payload length of every value.
+        integrity_key: optional shared secret; when given values carry an HMAC-SHA256.
+    """
+
+    def __init__(self, fingerprint: bytes, record_bytes: int, integrity_key: bytes | None = None) -> None:
+        if not isinstance(fingerprint, bytes) or len(fingerprint) != 16:
+            raise InvalidArgumentError(f"fingerprint must be 16 bytes, got {fingerprint!r}")
+        self.fingerprint = fingerprint
+        self.record_bytes = check_int(record_bytes, "record_bytes", 1)
+        if integrity_key is not None:
+            if not isinstance(integrity_key, bytes):
+                raise InvalidTypeError(f"integrity_key must be bytes or None, got {type(integrity_key).__name__}")
+            if len(integrity_key) < 16:
+                raise InvalidArgumentError(f"integrity_key must be at least 16 bytes, got {len(integrity_key)}")
+        self._mac_key = integrity_key
+
+    def header_bytes(self, key: bytes) -> int:
+        """Length of the header of ``key``'s value."""
+        return FIXED_HEADER_BYTES + len(key)
+
+    def value_bytes(self, key: bytes) -> int:
+        """Length of ``key``'s whole value."""
+        return FIXED_HEADER_BYTES + len(key) + self.record_bytes
+
+    def _digest(self, fixed_zeroed: bytes, key: bytes, payload: Buffer) -> bytes:
+        if self._mac_key is not None:
+            mac = hmac.new(self._mac_key, fixed_zeroed, hashlib.sha256)
+            mac.update(key)
+            mac.update(payload)
+            return mac.digest()
+        crc = zlib.crc32(payload, zlib.crc32(key, zlib.crc32(fixed_zeroed)))
+        return crc.to_bytes(4, "little") + bytes(28)
+
+    def header(self, key: bytes, payload: np.ndarray) -> bytes:
+        """The header for ``payload`` (``record_bytes`` long) stored under ``key``."""
+        flags = _FLAG_MAC if self._mac_key is not None else 0
+        fixed = _FIXED.pack(
+            MAGIC, RECORD_FORMAT_VERSION, flags, self.fingerprint, len(key), 0, self.record_bytes, _ZERO_DIGEST
+        )
+        digest = self._digest(fixed, key, payload.data)
+        return fixed[:_DIGEST_OFFSET] + digest + key
+
+    def encode(self, key: bytes, payload: np.ndarray) -> bytes:
+        """Header + payload as one bytes object (what a Redis ``SET`` sends)."""
+        return b"".join((self.header(key, payload), payload.data))
+
+    def check(self, key: bytes, value: Buffer) -> memoryview:
+        """The payload of ``value`` (a view into it) after every check, or :class:`ValueRejected`."""
+        mv = memoryview(value).cast("B")
+        if len(mv) < FIXED_HEADER_BYTES:
+            raise ValueRejected("truncated")
+        magic, version, flags, fp, key_len, _res, payload_len, digest = _FIXED.unpack_from(mv)
+        if magic != MAGIC:
+            raise ValueRejected("magic")
+        if version != RECORD_FORMAT_VERSION:
+            raise ValueRejected("version")
+        if fp != self.fingerprint:
+            raise ValueRejected("fingerprint")
+        if bytes(mv[FIXED_HEADER_BYTES : FIXED_HEADER_BYTES + key_len]) != key:
+            raise ValueRejected("key")
+        start = FIXED_HEADER_BYTES + key_len
+        if payload_len != self.record_bytes:
+            raise ValueRejected("length")
+        if len(mv) != start + payload_len:
+            raise ValueRejected("truncated" if len(mv) < start + payload_len else "length")
+        if flags & _FLAG_MAC and self._mac_key is None:
+            raise ValueRejected("mac-unverifiable", delete=False)
+        if not flags & _FLAG_MAC and self._mac_key is not None:
+            raise ValueRejected("mac")
+        fixed_zeroed = bytes(mv[:_DIGEST_OFFSET]) + _ZERO_DIGEST
+        payload = mv[start:]
+        want = self._digest(fixed_zeroed, key, payload)
+        if not hmac.compare_digest(want, digest):
+            raise ValueRejected("mac" if self._mac_key is not None else "checksum")
+        return payload

@@ -1,0 +1,96 @@
+"""Fixtures of the tier tests: real ``redis-server`` processes, records, namespaces.
+
+Without ``redis-server`` the Redis tests are skipped with the reason; ``KVOFFLOAD_REQUIRE_REDIS=1``
+(set by ``.ci/run``) turns that skip into a failure, so CI never skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvoffload.testing.redis_server import RedisCluster3, RedisServer, redis_binaries_problem
+from kvoffload.tiers import TIER_RETRY, Tier, TierNamespace
+
+NS = TierNamespace("test/model@1", "float16", "float16", "flash_attn", (2, 16, 4, 64), 16)
+
+
+def require_redis() -> None:
+    """Skip (or, with KVOFFLOAD_REQUIRE_REDIS=1, fail) when the Redis binaries are missing."""
+    problem = redis_binaries_problem()
+    if problem is None:
+        return
+    if os.environ.get("KVOFFLOAD_REQUIRE_REDIS") == "1":
+        pytest.fail(f"KVOFFLOAD_REQUIRE_REDIS=1 but {problem}")
+    pytest.skip(f"Redis tier tests need Debian's redis-server: {problem}")
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One server shared by a module's tests (flushed before each test by ``redis_url``)."""
+    require_redis()
+    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The shared server's URL, emptied first."""
+    redis_server.cli("flushall")
+    return redis_server.url
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server of this test alone (tests that kill or restart it)."""
+    require_redis()
+    srv = RedisServer(tmp_path / "redis").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster3]:
+    """A 3-master Redis Cluster on loopback."""
+    require_redis()
+    cl = RedisCluster3(tmp_path_factory.mktemp("cluster")).start()
+    yield cl
+    cl.stop()
+
+
+def make_records(num_slots: int, record_bytes: int, seed: int) -> np.ndarray:
+    """Host records filled with bytes that are a function of (seed, slot)."""
+    return np.random.default_rng(seed).integers(0, 256, (num_slots, record_bytes), dtype=np.uint8)
+
+
+def make_keys(n: int, tag: bytes = b"k") -> list[bytes]:
+    """``n`` distinct 36-byte keys (a 32-byte hash + a 4-byte group index)."""
+    return [(tag + i.to_bytes(4, "big")).ljust(32, b".") + (0).to_bytes(4, "big") for i in range(n)]
+
+
+def settle(tier: Tier, keys: list[bytes], timeout: float = 10.0) -> np.ndarray:
+    """Run engine steps (lookup + end_step) until no key answers RETRY; returns the codes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = tier.lookup(keys)
+        tier.end_step()
+        if not (codes == TIER_RETRY).any():
+            return codes
+        assert time.monotonic() < deadline, "lookups still RETRY after the timeout"
+        tier.drain(timeout=1.0)
+
+
+def run_job(tier: Tier, kind: str, job_id: int, keys: list[bytes], slots: list[int]) -> tuple[bool, ...]:
+    """Submit one job, wait for it, return its per-key ok."""
+    submit = tier.submit_store if kind == "store" else tier.submit_load
+    submit(job_id, keys, slots)
+    assert tier.drain(timeout=30.0)
+    done = [r for r in tier.get_finished() if r.job_id == job_id]
+    assert len(done) == 1 and done[0].kind == kind
+    return done[0].ok
