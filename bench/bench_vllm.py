@@ -12,7 +12,8 @@ swapped in (same policy, same capacity; the worker side is the same). Workload: 
 conversations, each opening with one of a few shared system prompts, each turn's prompt extending
 the previous turn's (its earlier turns are a shared prefix), more conversations than the engine
 runs at once so that earlier turns leave the GPU cache and come back from the CPU tier, which is
-under eviction pressure too. Settings (:data:`SETTINGS`; the default runs all realistic ones):
+under eviction pressure too. Settings (:data:`SETTINGS`; without ``--setting`` only ``64req-1e4``
+runs, ``--setting 64req-1e4 --setting 256req-1e5`` runs both realistic ones):
 
 * ``64req-1e4``: 16-token GPU blocks, 64 concurrent requests of 160 conversations, prompts of
   2k-8k tokens, a CPU pool of 10^4 chunks;
@@ -29,8 +30,8 @@ Timed: the scheduler-role connector calls of each step (``get_num_new_matched_to
 ``request_finished``), which is where the manager is called, and inside them the manager's own
 calls (both managers behind the same timing wrapper). Reported per setting and policy (LRU, ARC):
 µs per engine step for both and their ratios (kvoffload / vLLM; below 1 is faster), the two runs
-alternated, best of ``--repeats`` each (default 1 for the realistic settings, about 6 minutes on a
-2-core machine; 3 for the small trace). Both runs must produce the same tokens and the same
+alternated, best of ``--repeats`` each (default 1 for the realistic settings: 64req-1e4 takes a
+few minutes on a 2-core machine, 256req-1e5 about half an hour; 3 for the small trace). Both runs must produce the same tokens and the same
 CPU-tier loads, else the comparison is void (asserted).
 """
 
@@ -103,6 +104,9 @@ SETTINGS = {
     "256req-1e5": Setting("256req-1e5", 16, 256, 640, 5, 8, 1536, 512, 7552, 8, 100_000, 256, 256 * 2060, 16384),
 }
 REALISTIC = ("64req-1e4", "256req-1e5")
+#: what a run without ``--setting`` measures: a few minutes on a 2-core machine (256req-1e5 takes
+#: about 7 minutes per run there, 4 runs per repeat)
+DEFAULT = ("64req-1e4",)
 
 
 def _trace(s: Setting) -> list[list[tuple[str, list[int]]]]:
@@ -235,11 +239,11 @@ def run(
     repeats: int | None = None,
     chunk_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Every setting in ``settings`` (default: the realistic ones; ``quick``: the small trace),
+    """Every setting in ``settings`` (default: :data:`DEFAULT`; ``quick``: the small trace),
     with ``chunk_tokens`` tokens per CPU chunk instead of the setting's when given."""
     import vllm
 
-    names = settings or (("small",) if quick else REALISTIC)
+    names = settings or (("small",) if quick else DEFAULT)
     reps = repeats or (3 if names == ("small",) else 1)
     out: dict[str, Any] = {"vllm_version": vllm.__version__, "repeats": reps, "settings": {}, "rows": []}
     for name in names:
