@@ -31,8 +31,8 @@ Timed: the scheduler-role connector calls of each step (``get_num_new_matched_to
 calls (both managers behind the same timing wrapper). Reported per setting and policy (LRU, ARC):
 µs per engine step for both and their ratios (kvoffload / vLLM; below 1 is faster), the two runs
 alternated, best of ``--repeats`` each (default 1 for the realistic settings: 64req-1e4 takes a
-few minutes on a 2-core machine, 256req-1e5 about half an hour; 3 for the small trace). Both runs must produce the same tokens and the same
-CPU-tier loads, else the comparison is void (asserted).
+few minutes on a 2-core machine, 256req-1e5 about half an hour; 3 for the small trace). Both runs
+must produce the same tokens and the same CPU-tier loads, else the comparison is void (asserted).
 """
 
 from __future__ import annotations
