@@ -6,7 +6,7 @@ and its :class:`~kvoffload.cache.stores.Stores` (stores and evictions). Each ope
 its start, then runs one of two paths side by side: a few keys (a ``list`` of at most
 :data:`SMALL_BATCH`, e.g. one block per request in decode) take scalar code, since a numpy call
 costs about a microsecond whatever its size; larger calls a fixed number of numpy operations.
-Both give the same results, errors and statistics. A :class:`~kvoffload.cache.keytable.KeyBatch`
+Both give the same results, errors and statistics. A :class:`~kvoffload.cache.batch.KeyBatch`
 from :meth:`CPUOffloadingManager.key_batch` (the outer door of a manager stack) is taken as it
 is: no second check or key probe.
 """
@@ -21,15 +21,13 @@ import numpy as np
 
 from kvoffload.cache.batch import KeyBatch, Resolved
 from kvoffload.cache.keytable import PENDING, ClosedIndex, SlotTable
-from kvoffload.cache.lookup_result import LOOKUP_CODES, make_lookup
+from kvoffload.cache.lookups import LOOKUP_CODES, make_lookup
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.request_hooks import apply_request_access
-from kvoffload.cache.stats import Counters, OffloadingStats, check_bool
+from kvoffload.cache.stats import Counters, OffloadingStats
 from kvoffload.cache.stores import CPU_MEDIUM, Stores, cpu_spec
+from kvoffload.checks import check_bool
 from kvoffload.core.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -38,6 +36,7 @@ from kvoffload.core.base import (
     ReqContext,
     check_req_context,
 )
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import KeyStateError
 
 logger = logging.getLogger(__name__)

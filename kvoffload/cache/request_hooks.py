@@ -23,11 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.lookup_result import LookupResult, as_lookup_result
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.core.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -35,6 +32,7 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
 )
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LookupResult, lookup_code
 from kvoffload.errors import InvalidTypeError
 
 logger = logging.getLogger(__name__)
@@ -187,7 +185,7 @@ class RequestHooksManager(OffloadingManager):
 
     def lookup_result(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """:meth:`lookup` as a four-valued :class:`LookupResult` (never ``RETRY`` here)."""
-        return as_lookup_result(self._backing.lookup(key, req_context))
+        return lookup_code(self._backing.lookup(key, req_context))
 
     # ------------------------------------------------------------------ recorded
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:

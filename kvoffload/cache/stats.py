@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from kvoffload.errors import InvalidTypeError
-
-__all__ = ["OffloadingStats", "COUNTERS", "Counters", "check_bool"]
+__all__ = ["OffloadingStats", "COUNTERS", "Counters"]
 
 
 @dataclass
@@ -79,9 +75,3 @@ class Counters:
             setattr(self, name, 0)
         stats.lookups = stats.hits + stats.pending_hits + stats.misses
         return stats
-
-
-def check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)

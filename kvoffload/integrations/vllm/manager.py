@@ -45,8 +45,8 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.request_hooks import RequestHooksManager
 from kvoffload.cache.reuse import FilteredReuseManager
-from kvoffload.core.base import LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.core.base import OffloadingManager as CoreManager
+from kvoffload.core.lookup_result import LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
 
 logger = logging.getLogger(__name__)

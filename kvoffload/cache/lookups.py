@@ -1,56 +1,22 @@
-"""Lookup answers: the four-valued result of vLLM's current manager contract, the per-key
-lookup closure of :class:`~kvoffload.cache.manager.CPUOffloadingManager` and its code table.
-
-kvoffload's :meth:`~kvoffload.core.base.OffloadingManager.lookup` answers ``True`` / ``False``
-/ ``None`` (ready / absent / store in flight). vLLM's manager contract has a fourth answer,
-``RETRY`` ("ask again later": e.g. a lower tier is still being searched). :class:`LookupResult`
-carries all four; its values equal the ``LOOKUP_*`` codes of ``lookup_batch`` where they exist.
-"""
+"""The per-key lookup closure of :class:`~kvoffload.cache.manager.CPUOffloadingManager` and its
+table from slot class to lookup code (codes: :mod:`kvoffload.core.lookup_result`)."""
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
 from kvoffload.cache.stats import Counters
-from kvoffload.core.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
-    OffloadKey,
-    ReqContext,
-    check_req_context,
-    validate_keys,
-)
+from kvoffload.core.base import OffloadKey, ReqContext, check_req_context, validate_keys
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
-__all__ = ["LookupResult", "LOOKUP_RETRY", "LOOKUP_CODES", "as_lookup_result", "make_lookup"]
+__all__ = ["LOOKUP_CODES", "make_lookup"]
 
 #: lookup code by slot class (0 absent, 1 unused, 2 pending, 3 ready)
 LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
-
-#: Code for "look again later" (never produced by kvoffload's own CPU manager).
-LOOKUP_RETRY = 3
-
-
-class LookupResult(IntEnum):
-    """MISS: absent. HIT: stored and ready. HIT_PENDING: stored, its store still in flight
-    (the scheduler defers the request). RETRY: unknown yet, ask again next step."""
-
-    MISS = LOOKUP_MISS
-    HIT = LOOKUP_HIT
-    HIT_PENDING = LOOKUP_PENDING
-    RETRY = LOOKUP_RETRY
-
-
-def as_lookup_result(value: bool | None) -> LookupResult:
-    """Map a seed-API lookup answer (True / False / None) to a :class:`LookupResult`."""
-    if value is None:
-        return LookupResult.HIT_PENDING
-    return LookupResult.HIT if value else LookupResult.MISS
 
 
 def make_lookup(
