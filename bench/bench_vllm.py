@@ -33,6 +33,8 @@ calls (both managers behind the same timing wrapper). Reported per setting and p
 alternated, best of ``--repeats`` each (default 1 for the realistic settings: 64req-1e4 takes a
 few minutes on a 2-core machine, 256req-1e5 about half an hour; 3 for the small trace). Both runs
 must produce the same tokens and the same CPU-tier loads, else the comparison is void (asserted).
+Once the engine is built the GC heap is frozen (``gc.freeze``), as vLLM's ``EngineCore`` does after
+start-up, so that collections during the run do not rescan the engine's start-up objects.
 """
 
 from __future__ import annotations
