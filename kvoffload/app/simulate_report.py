@@ -75,8 +75,8 @@ class SweepReport:
                 f"{caps[-1]:,} offloaded blocks ({gib(caps[0] * bb)} to {gib(caps[-1] * bb)})",
                 *(
                     [
-                        "  shared tier:     "
-                        + ", ".join(f"{gib(t * bb)} ({_tokens(t * self.block_tokens)} tokens)" for t in self.tiers)
+                        "  shared tier:     none, "
+                        + ", ".join(f"{gib(t * bb)} ({_tokens(t * self.block_tokens)} tokens)" for t in self.tiers if t)
                         + " beneath each (an LRU model of Redis with allkeys-lru, written through, promoted on hits)"
                     ]
                     if len(self.tiers) > 1
@@ -360,16 +360,21 @@ def plot_hit_rates(
 
     gib_per_block = report.block_bytes / 2**30
     fig, ax = plt.subplots(figsize=(8, 5))
+    colors: dict[str, Any] = {}
     for policy in report.policies:
         pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
-        ax.plot(
+        (line,) = ax.plot(
             [p.cpu_blocks * gib_per_block for p in pts], [100 * p.cpu_hit_rate for p in pts], marker="o", label=policy
         )
+        colors[policy] = line.get_color()
+    styles = ("-.", (0, (5, 2)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1)))
+    tier_sizes = sorted({p.tier_blocks for p in tiered or []})
     for (policy, tier), pts in _by_policy_and_tier(tiered or []).items():
         ax.plot(
             [p.cpu_blocks * gib_per_block for p in pts],
             [100 * p.hit_rate for p in pts],
-            linestyle="-.",
+            color=colors.get(policy),
+            linestyle=styles[tier_sizes.index(tier) % len(styles)],
             marker="s",
             markersize=4,
             label=f"{policy} + {_size(tier * report.block_bytes)} shared tier",
@@ -396,11 +401,7 @@ def plot_hit_rates(
         n_all = top_run.distinct_blocks_stored
         _mark(ax, all_gib, ":", 0.6, f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:.2f} GiB")
     ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
-    ax.set_ylabel(
-        "% of prompt tokens loaded (host memory" + (", + shared tier where named)" if tiered else ")")
-        if tiered
-        else "% of prompt tokens loaded from the CPU tier"
-    )
+    ax.set_ylabel("% of prompt tokens loaded" if tiered else "% of prompt tokens loaded from the CPU tier")
 
     def to_blocks(gib: Any) -> Any:
         return gib / gib_per_block

@@ -61,7 +61,9 @@ def _run(task: _Task) -> ReplayResult:
 def _cost(task: _Task) -> float:
     """Rough relative cost, to start the long runs first (lru is the cheapest policy)."""
     name, capacity, tier_capacity = task
-    return (0.2 if name == BELADY else 1.0 if name == "lru" else 3.0) * (1 + capacity**0.1) * (1.5 if tier_capacity else 1)
+    return (
+        (0.2 if name == BELADY else 1.0 if name == "lru" else 3.0) * (1 + capacity**0.1) * (1.5 if tier_capacity else 1)
+    )
 
 
 def sweep_cache(
