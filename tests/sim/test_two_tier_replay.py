@@ -179,3 +179,15 @@ def test_lru_tier_model_touch_rules() -> None:
     with pytest.raises(InvalidArgumentError, match="tier capacity"):
         LRUTierModel(-1)
     assert np.array_equal(np.zeros(0), np.zeros(0))
+
+
+def test_more_tier_capacity_can_load_less(tmp_path: Path) -> None:
+    """Not monotone, so not claimed: a larger tier promotes more blocks, each promotion evicts in
+    host memory, and the blocks it evicts may be gone from the tier too. On this trace 30 tier
+    blocks (over 12 host blocks) load fewer blocks than 27; both stay within the infinite cache."""
+    bt = _trace(tmp_path, 200, 500, max_blocks=12)
+    small, large = (replay_cache(bt, "lru", 12, tier_capacity=t) for t in (27, 30))
+    assert large.hit_blocks < small.hit_blocks
+    reqs = _requests(bt)
+    assert [sum(reference_two_tier(reqs, 12, t)[0]) for t in (27, 30)] == [small.hit_blocks, large.hit_blocks]
+    assert small.hit_blocks <= replay_infinite(bt).hit_blocks
