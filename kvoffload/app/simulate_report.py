@@ -167,10 +167,10 @@ class SweepReport:
                 for pol in self.policies:
                     p = by[(pol, cap, t)]
                     cells.append(f"{p.cpu_hit_rate:6.1%} + {p.tier_hit_rate:5.1%} = {p.hit_rate:5.1%}".rjust(cell))
+                tsize, ttok = (_size(t * self.block_bytes), _tokens(t * self.block_tokens)) if t else ("-", "-")
                 lines.append(
                     f"{_size(cap * self.block_bytes):>12}  {_tokens(cap * self.block_tokens):>8}  "
-                    f"{_size(t * self.block_bytes) if t else '-':>12}  {_tokens(t * self.block_tokens):>8}  "
-                    + "  ".join(cells)
+                    f"{tsize:>12}  {ttok:>8}  " + "  ".join(cells)
                 )
         return "\n".join(lines)
 

@@ -18,11 +18,12 @@ Redis 7 (``src/db.c``, ``src/t_string.c``):
   the capacity, one command at a time (Redis frees memory before each command it runs).
 
 Redis's LRU is an approximation: it evicts the least recent of a small random sample of keys
-(``maxmemory-samples``, 5 by default) from a pool of good candidates, not the least recent of all
-keys. This model is the exact LRU that approximation aims at; a real server evicts somewhat worse,
-so its figures are an upper bound of what Redis of that size keeps, close to it in practice with
-the default sampling. Verdict caches and probe latency are not modelled either: a lookup sees the
-tier as it is at that moment.
+(``maxmemory-samples``, 5 by default, through a pool of good candidates), not the least recent of
+all keys. This model is the exact LRU that approximation aims at; a real server's figures differ
+somewhat (not always downward). The capacity counts block values only: a server's ``maxmemory``
+also holds the keys, kvoffload's value headers and Redis's per-key overhead, so it needs a little
+more than the tier capacity given here. Verdict caches and probe latency are not modelled either:
+a lookup sees the tier as it is at that moment.
 """
 
 from __future__ import annotations
