@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from kvoffload.errors import check_int
+from kvoffload.checks import check_int
 
 __all__ = ["LRUTierModel"]
 
