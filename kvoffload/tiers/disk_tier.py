@@ -104,6 +104,18 @@ class DiskTier(Tier):
         self._bufs = BounceBuffers(self.record_bytes)
         self._in_place = is_page_aligned(self.records)
         self._subdirs: set[str] = set()
+        self._make_subdirs()
+
+    def _make_subdirs(self) -> None:
+        """Create the 256 ``<id[:2]>`` subdirectories now, off the store path (best effort: a
+        directory that cannot be created here is tried again by the store that needs it)."""
+        for i in range(256):
+            sub = os.path.join(self.root, f"{i:02x}")
+            try:
+                os.makedirs(sub, exist_ok=True)
+            except OSError:
+                return
+            self._subdirs.add(sub)
 
     def file_bytes(self, key: bytes) -> int:
         """Bytes on disk of ``key``'s value file (what ``max_bytes`` counts)."""
@@ -145,14 +157,16 @@ class DiskTier(Tier):
                 out.append(FAILED)
                 continue
             payload = self.records[slot]
+            sub = os.path.dirname(path)
             try:
-                sub = os.path.dirname(path)
                 if sub not in self._subdirs:
                     os.makedirs(sub, exist_ok=True)
                     self._subdirs.add(sub)
                 header = self.codec.header(key, payload)
                 write_value(path, header, payload, self._bufs, self.o_direct, self._in_place)
             except OSError as exc:
+                if exc.errno == errno.ENOENT:  # the subdirectory was removed: re-create it next time
+                    self._subdirs.discard(sub)
                 self._count_error("store", exc)
                 out.append(FAILED)
                 continue
