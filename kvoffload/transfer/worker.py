@@ -121,6 +121,11 @@ class TransferWorker:
             engines + a GPU staging ring) or ``"dma"`` (copy engines only: no SM used, for
             engines that cannot spare any). See :mod:`kvoffload.kernels.paths`.
         staging_bytes: size of the GPU staging ring (default: the per-GPU config).
+        host_memory / host_offset: put the host pool in this shared mapping, ``host_offset``
+            bytes in (see :class:`HostPool`'s ``memory``), e.g. vLLM's shared offload region
+            that the scheduler process maps too.
+        slot_stride: bytes from one host slot to the next (default: the slot size); a larger
+            stride leaves room between slots (another worker's records in a shared region).
 
     At construction the backend builds its device tables and compiles both directions
     (:meth:`KernelBackend.prepare`), so :meth:`transfer_async` neither compiles nor waits.
@@ -146,6 +151,9 @@ class TransferWorker:
         max_programs: int | None = None,
         path: str = "auto",
         staging_bytes: int | None = None,
+        host_memory: Any = None,
+        host_offset: int = 0,
+        slot_stride: int | None = None,
     ) -> None:
         if not isinstance(table, KVCacheTable):
             raise InvalidTypeError(f"table must be a KVCacheTable, got {type(table).__name__}")
@@ -164,6 +172,10 @@ class TransferWorker:
         slot_bytes = int((record_bytes * self.factors).max())
         if slot_bytes <= 0:
             raise InvalidArgumentError("table has no pages in any group: nothing to offload")
+        if slot_stride is not None:
+            if check_int(slot_stride, "slot_stride", 1) < slot_bytes:
+                raise InvalidArgumentError(f"slot_stride must be >= the slot size {slot_bytes}, got {slot_stride}")
+            slot_bytes = slot_stride
 
         self.backend = worker_args.resolve_backend(backend, table.device, max_programs)
         self.table = table
@@ -177,7 +189,7 @@ class TransferWorker:
             num_slots=num_slots,
         )
         self.paths = DataPath(self.backend, table, path, config=config)
-        self.host_pool = HostPool(num_slots, slot_bytes, device=self.device)
+        self.host_pool = HostPool(num_slots, slot_bytes, device=self.device, memory=host_memory, offset=host_offset)
         self._stream: Any = None
         if self._cuda:
             self._stream = torch.cuda.Stream(device=self.device, priority=STREAM_PRIORITY)

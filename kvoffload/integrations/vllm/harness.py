@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -69,15 +71,23 @@ def kv_value(token: int, pos: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def _base_config() -> VllmConfig:
-    d = tempfile.mkdtemp(prefix="kvoffload-opt-")
-    OPTConfig(
-        num_hidden_layers=1,
-        hidden_size=HEADS * HEAD_DIM,
-        num_attention_heads=HEADS,
-        ffn_dim=16,
-        vocab_size=1000,
-        max_position_embeddings=MAX_LEN,
-    ).save_pretrained(d)
+    # one fixed folder per user: engines in several processes name the same model (the model name
+    # is part of a shared tier's namespace)
+    d = os.path.join(tempfile.gettempdir(), f"kvoffload-opt-{os.getuid()}-{MAX_LEN}-{HEADS}x{HEAD_DIM}")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        tmp = tempfile.mkdtemp(prefix="kvoffload-opt-")
+        OPTConfig(
+            num_hidden_layers=1,
+            hidden_size=HEADS * HEAD_DIM,
+            num_attention_heads=HEADS,
+            ffn_dim=16,
+            vocab_size=1000,
+            max_position_embeddings=MAX_LEN,
+        ).save_pretrained(tmp)
+        try:
+            os.rename(tmp, d)  # atomic; another process may have won
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
     mc = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, dtype="float32", max_model_len=MAX_LEN, seed=0)
     sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=MAX_LEN, is_encoder_decoder=False)
     sc.async_scheduling = False
@@ -279,6 +289,20 @@ class Engine:
         assert self.scheduler.kv_cache_manager.reset_prefix_cache()
         for kv in self.kvs:
             kv.zero_()
+
+    def settle(self, timeout: float = 60.0) -> None:
+        """Step until the offloading manager has no transfer in flight (tier cascades included)."""
+        deadline = time.monotonic() + timeout
+        while self.manager.has_pending_work():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"offloading transfers still pending after {timeout} s")
+            self.step()
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        """Shut the manager and the worker down (releases a shared region and tier connections)."""
+        self.manager.shutdown()
+        self.worker.shutdown()
 
     def finished_ok(self, req_id: str) -> bool:
         return req_id not in self.scheduler.requests and len(self.outputs[req_id]) > 0
