@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--policy", default="lru", help="eviction policy name or module:Class (default lru)")
     p_demo.add_argument("--cpu-blocks", type=_positive_int, default=None, help="CPU tier capacity in offloaded blocks")
     p_demo.add_argument("--gpu-blocks", type=_positive_int, default=None, help="GPU KV capacity in GPU blocks")
-    p_demo.add_argument("--backend", default=None, help="kernel backend: triton, torch, dma or module:Class")
+    p_demo.add_argument("--backend", default=None, help="kernel backend: triton, torch, page_loop or module:Class")
     p_demo.add_argument("--conversations", type=_positive_int, default=None, help="number of conversations")
     p_demo.add_argument("--seed", type=_non_negative_int, default=0)
     p_demo.add_argument(

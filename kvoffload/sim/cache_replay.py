@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.core.base import LOOKUP_HIT, OffloadKey, ReqContext
+from kvoffload.core.base import OffloadKey, ReqContext
+from kvoffload.core.lookup_result import LOOKUP_HIT
 from kvoffload.sim.block_trace import BlockTrace
 
 __all__ = ["ReplayResult", "replay_cache"]

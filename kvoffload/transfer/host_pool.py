@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError, check_int
+from kvoffload.checks import check_bool, check_int
+from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +183,8 @@ class HostPool:
                 f"memory of {len(memory)} bytes from offset {offset} cannot hold {self.num_slots} slots "
                 f"{self.slot_bytes} bytes apart"
             )
-        if pin is not None and not isinstance(pin, bool):
-            raise InvalidTypeError(f"pin must be a bool or None, got {type(pin).__name__}")
+        if pin is not None:
+            pin = check_bool(pin, "pin")
         if not isinstance(device, (torch.device, str)):
             raise InvalidTypeError(f"device must be a torch.device or str, got {type(device).__name__}")
         try:

@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvoffload.checks import check_int
 from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import launch_config
 from kvoffload.kernels.device import check_not_capturing
@@ -110,11 +111,11 @@ class TransferWorker:
             ``offloaded_block_size`` (e.g. the scheduler's ``GroupOffloadConfig``) from which the
             factor is computed and checked here (whole quotient; the GPU block size must match
             the tensors' where the layout tells it) -- not at the first transfer.
-        backend: kernel backend name (``"triton"``, ``"torch"``, ``"dma"``, ``"module:Class"``),
+        backend: kernel backend name (``"triton"``, ``"torch"``, ``"page_loop"``, ``"module:Class"``),
             an instance, or None (``KVOFFLOAD_BACKEND``, else the device's default).
         max_programs: cap on the kernel's concurrent programs (SM budget) for a backend chosen by
             name whose constructor takes ``num_programs`` (``triton``); ignored by backends that
-            launch no programs (``torch``, ``dma``); None keeps the backend's default. An error
+            launch no programs (``torch``, ``page_loop``); None keeps the backend's default. An error
             together with a backend instance (configure the instance instead).
         path: data path of every job: ``"auto"`` (per device and job size from the per-GPU
             config), ``"direct"`` (the kernel reads/writes the pinned pool), ``"staged"`` (copy

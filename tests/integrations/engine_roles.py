@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from kvoffload.integrations.vllm.harness import Engine
+from tests.integrations.vllm_harness import Engine
 
 ROW = 4096  # one chunk of the harness model (256 KV bytes) rounded up to the page by the region
 

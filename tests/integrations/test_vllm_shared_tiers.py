@@ -27,10 +27,10 @@ import redis  # noqa: E402
 
 from kvoffload.errors import InvalidArgumentError  # noqa: E402
 from kvoffload.integrations.vllm import KVOffloadSpec  # noqa: E402
-from kvoffload.integrations.vllm.harness import BLOCK_SIZE, Engine, KVMismatch  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer  # noqa: E402
 from tests.integrations import tier_roles  # noqa: E402
 from tests.integrations.engine_roles import PROMPTS, extra, prompt, run_prompts, run_until_done  # noqa: E402
+from tests.integrations.vllm_harness import BLOCK_SIZE, Engine, KVMismatch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "kvoffload.integrations.vllm"

@@ -146,7 +146,7 @@ def _adapter_name(vllm_cls: type) -> str:
     if name is None:
         name = f"vllm/{vllm_cls.__module__}.{vllm_cls.__qualname__}"
         cls = type(f"VLLMPolicyAdapter[{vllm_cls.__qualname__}]", (VLLMPolicyAdapter,), {"vllm_policy_cls": vllm_cls})
-        register_policy(name, cls, override=True)
+        register_policy(name, cls, replace=True)
         _ADAPTERS[vllm_cls] = name
     return name
 

@@ -15,7 +15,7 @@ Keys read from ``kv_connector_extra_config`` (the same as vLLM's own CPU spec, p
   per offer, as vLLM counts); below 2 (default 0) every block is stored.
 * ``max_tracker_size``: blocks the reuse counter remembers (default 64000).
 * ``offload_prompt_only``: read by vLLM's connector itself (default True).
-* ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``dma`` / ``module:Class``;
+* ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``page_loop`` / ``module:Class``;
   default: ``KVOFFLOAD_BACKEND`` or the device's default (Triton on CUDA).
 * ``secondary_tiers``: tiers beneath the CPU pool, as in vLLM's ``TieringOffloadingSpec``: a list
   of ``{"type": ..., ["module_path": ...], ...tier options}`` -- kvoffload's ``KVOffloadRedisTier``

@@ -62,7 +62,7 @@ class KVOffloadWorker(OffloadingWorker):
         kv_caches: vLLM's ``CanonicalKVCaches``.
         num_cpu_blocks: host pool chunks (same number as the scheduler-side manager's).
         blocks_per_chunk: GPU blocks per chunk.
-        backend: kvoffload kernel backend (``triton``, ``torch``, ``dma``, ``module:Class``) or
+        backend: kvoffload kernel backend (``triton``, ``torch``, ``page_loop``, ``module:Class``) or
             None for the device's default.
         region: a :class:`~kvoffload.integrations.vllm.shared_region.WorkerRegion`: the host pool
             lives in vLLM's shared offload region (``secondary_tiers``), where the scheduler's
