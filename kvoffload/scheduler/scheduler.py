@@ -83,6 +83,19 @@ logger = logging.getLogger(__name__)
 __all__ = ["OffloadingScheduler"]
 
 
+def _step_hook(manager: Any) -> Any:
+    """The ``end_step`` of ``manager`` or of the first manager down its ``backing`` chain that has
+    one (a :class:`~kvoffload.cache.tiered.TieredManager` under a reuse filter), else None."""
+    seen: set[int] = set()
+    while manager is not None and id(manager) not in seen:
+        seen.add(id(manager))
+        hook = getattr(type(manager), "end_step", None)
+        if callable(hook):
+            return manager.end_step
+        manager = getattr(manager, "backing", None)
+    return None
+
+
 class OffloadingScheduler(JobCompletion):
     """Scheduler side of KV offloading for one engine (see the module docstring).
 
@@ -109,6 +122,7 @@ class OffloadingScheduler(JobCompletion):
         self._pending_loads: list[TransferJob] = []
         self._loading_keys: dict[bytes, int] = {}
         self._flush = FlushTracker(config.pool_of_group)
+        self._end_step = _step_hook(manager)
 
     # ------------------------------------------------------------------ state
     def _state(self, request: Any) -> RequestOffloadState:
@@ -258,6 +272,10 @@ class OffloadingScheduler(JobCompletion):
         Returns:
             flush job ids (wait for them before writing any GPU block this step), the load jobs
             built since the last call, and the store jobs of the blocks that fill up this step.
+
+        Last, it calls the manager's ``end_step()`` when it has one (or a manager down its
+        ``backing`` chain has): a :class:`~kvoffload.cache.tiered.TieredManager` sends the step's
+        tier probes, promotions and writes there, once per step.
         """
         num_groups = len(self._groups)
         preempted = check_preempted(preempted_req_ids, self._states)
@@ -301,6 +319,8 @@ class OffloadingScheduler(JobCompletion):
         for _, st, tokens, _ in run_checked:
             if tokens >= st.next_store_tokens:
                 self._maybe_store(st, tokens, stores)
+        if self._end_step is not None:
+            self._end_step()
         return out
 
     def _maybe_store(self, st: RequestOffloadState, tokens: int, out: list[TransferJob]) -> None:
