@@ -179,51 +179,54 @@ class TieredManager(OffloadingManager):
         if not self._polled:
             self._poll()
         codes = self.primary.lookup_batch(keys, req_context)
-        missing = np.flatnonzero(codes == LOOKUP_MISS)
-        if not missing.size:
-            return codes
-        codes = np.array(codes, dtype=np.int8)
+        cl: list[int] = codes.tolist()
+        try:
+            first = cl.index(LOOKUP_MISS)
+        except ValueError:
+            return codes  # everything is in the host pool (or on its way there)
         keys_l = keys if isinstance(keys, list) else list(keys)
-        source = np.full(len(keys_l), -1, dtype=np.int64)  # tier holding the key
-        todo = missing.tolist()
+        n = len(cl)
+        todo = [i for i in range(first, n) if cl[i] == LOOKUP_MISS]
+        source: dict[int, int] = {}  # position -> tier holding it
+        probing: list[int] = []  # positions whose probe is outstanding
         for t, tier in enumerate(self.tiers):
-            if not todo:
-                break
-            tc = tier.lookup([keys_l[i] for i in todo]).tolist()
             rest = []
-            for i, c in zip(todo, tc, strict=True):
+            for i, c in zip(todo, tier.lookup([keys_l[i] for i in todo]).tolist(), strict=True):
                 if c == TIER_HIT:
                     source[i] = t
                 elif c == TIER_RETRY:
-                    codes[i] = LOOKUP_PENDING
-                    source[i] = -2
+                    cl[i] = LOOKUP_PENDING
+                    probing.append(i)
                 else:
                     rest.append(i)
             todo = rest
+            if not todo:
+                break
+        if not source:
+            return np.array(cl, dtype=np.int8) if probing else codes
         # promote the tier hits before the first key missing everywhere or still being probed
-        stop = len(keys_l)
-        blocked = np.flatnonzero((source == -2) | ((codes == LOOKUP_MISS) & (source == -1)))
-        if blocked.size:
-            stop = int(blocked[0])
-        hits = np.flatnonzero(source >= 0)
-        later = hits[hits >= stop]
-        if later.size:  # after a probe in flight the request is deferred anyway; after a miss, useless
-            codes[later] = np.where(source[later] == -2, LOOKUP_PENDING, LOOKUP_MISS)
-        first = hits[hits < stop].tolist()
-        if first:
-            self._reserve(keys_l, first, source, codes, req_context)
-        return codes
+        stop = min(todo[0] if todo else n, min(probing, default=n))
+        after = LOOKUP_PENDING if stop < n and stop in probing else LOOKUP_MISS
+        promote = []
+        for i in source:
+            if i < stop:
+                promote.append(i)
+            else:  # behind a probe in flight the request is deferred anyway; behind a miss, useless
+                cl[i] = after
+        if promote:
+            self._reserve(keys_l, promote, source, cl, req_context)
+        return np.array(cl, dtype=np.int8)
 
     def _reserve(
-        self, keys: list[bytes], positions: list[int], source: np.ndarray, codes: np.ndarray, ctx: ReqContext
+        self, keys: list[bytes], positions: list[int], source: dict[int, int], codes: list[int], ctx: ReqContext
     ) -> None:
         """Reserve host slots for the tier hits at ``positions`` (all or none) and queue their promotion."""
         tier_of: dict[bytes, int] = {}
         for i in positions:
-            tier_of.setdefault(keys[i], int(source[i]))
+            tier_of.setdefault(keys[i], source[i])
         # the keys this batch found in the host pool are named too: prepare_store never evicts them
-        present = [k for k in dict.fromkeys(keys[i] for i in np.flatnonzero(codes == LOOKUP_HIT).tolist())]
-        out = self.primary.prepare_store([*tier_of, *(k for k in present if k not in tier_of)], ctx)
+        protect = [k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_HIT and k not in tier_of]
+        out = self.primary.prepare_store([*tier_of, *dict.fromkeys(protect)], ctx)
         got: dict[bytes, int] = {}
         if out is not None:
             got = dict(zip(out.keys_to_store, out.store_spec.block_ids.tolist(), strict=True))  # type: ignore[attr-defined]
