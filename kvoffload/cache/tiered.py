@@ -98,8 +98,9 @@ class TieredManager(OffloadingManager):
             of the records the tiers were built over.
         tiers: the tiers, fastest / first asked first; built over the host pool's records.
         max_write_blocks: most blocks pinned for tier writes at once (each write job pins its
-            blocks until the tier reports it); ``None``: a quarter of ``primary.num_blocks``
-            (unbounded when the primary has no ``num_blocks``). A write beyond it is dropped.
+            blocks until the tier reports it); ``None``: half of ``primary.num_blocks``
+            (unbounded when the primary has no ``num_blocks``). A write that would pin more is
+            dropped, unless no write is pinned at all.
 
     Raises:
         InvalidTypeError: ``primary`` lacks a manager method, a tier is not a ``Tier``.
@@ -120,7 +121,7 @@ class TieredManager(OffloadingManager):
             raise InvalidArgumentError("tiers must not name the same tier twice")
         if max_write_blocks is None:
             nb = getattr(primary, "num_blocks", None)
-            max_write_blocks = max(1, nb // 4) if isinstance(nb, int) else 1 << 62
+            max_write_blocks = max(1, nb // 2) if isinstance(nb, int) else 1 << 62
         self.max_write_blocks = check_int(max_write_blocks, "max_write_blocks", 1)
         self.primary = primary
         self.tiers = tiers
@@ -261,7 +262,7 @@ class TieredManager(OffloadingManager):
         keys_l = list(dict.fromkeys(keys))
         self.promoted.difference_update(keys_l)
         for t in range(len(self.tiers)):
-            if self._write_pinned + len(keys_l) > self.max_write_blocks:
+            if self._write_pinned and self._write_pinned + len(keys_l) > self.max_write_blocks:
                 self._usage[t].writes_dropped += len(keys_l)
                 self._log_once(
                     f"drop-{t}",
