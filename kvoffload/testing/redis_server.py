@@ -27,11 +27,14 @@ def redis_binaries_problem() -> str | None:
     return None
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(highest: int = 65535) -> int:
+    """A TCP port of 127.0.0.1 free right now, at most ``highest``."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port <= highest:
+            return port
 
 
 def _ping(port: int) -> bool:
@@ -58,7 +61,8 @@ class RedisServer:
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        # a cluster node also listens on port + 10000 (its bus), so its port must be <= 55535
+        self.port = free_port(55535 if cluster else 65535)
         self.maxmemory = maxmemory
         self.cluster = cluster
         self.extra = extra
