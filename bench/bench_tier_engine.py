@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import tempfile
@@ -134,14 +133,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {"conversations": conv, "reps": reps, "runs": runs}
     for name in ("redis-cold", "redis-warm"):
         pairs = list(zip(runs["none"], runs[name], strict=True))
-        for kind, step_key, run_key in (("wall", "us_per_step", "sched_seconds"), ("cpu", "cpu_us_per_step", "cpu_seconds")):
+        for kind, step_key, run_key in (
+            ("wall", "us_per_step", "sched_seconds"),
+            ("cpu", "cpu_us_per_step", "cpu_seconds"),
+        ):
             summary[f"{name}_{kind}_per_step_ratio"] = statistics.median(b[step_key] / a[step_key] for a, b in pairs)
             summary[f"{name}_{kind}_per_run_ratio"] = statistics.median(b[run_key] / a[run_key] for a, b in pairs)
     for name in runs:
         wall = statistics.median(r["us_per_step"] for r in runs[name])
         cpu = statistics.median(r["cpu_us_per_step"] for r in runs[name])
         steps = statistics.median(r["steps"] for r in runs[name])
-        print(f"{name:>11}: {wall:7.0f} us wall, {cpu:7.0f} us engine-thread CPU in scheduler calls per step ({steps:.0f} steps)")
+        print(
+            f"{name:>11}: {wall:7.0f} us wall, {cpu:7.0f} us engine-thread CPU in scheduler calls per step "
+            f"({steps:.0f} steps)"
+        )
     for name in ("redis-cold", "redis-warm"):
         print(
             f"{name:>11} / none: per step {summary[f'{name}_cpu_per_step_ratio']:.2f}x engine-thread CPU, "

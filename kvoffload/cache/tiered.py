@@ -107,7 +107,9 @@ class TieredManager(OffloadingManager):
         InvalidArgumentError: no tier, or the same tier twice.
     """
 
-    def __init__(self, primary: OffloadingManager, tiers: Sequence[Tier], *, max_write_blocks: int | None = None) -> None:
+    def __init__(
+        self, primary: OffloadingManager, tiers: Sequence[Tier], *, max_write_blocks: int | None = None
+    ) -> None:
         for name in ("lookup_batch", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store"):
             if not callable(getattr(primary, name, None)):
                 raise InvalidTypeError(f"primary must have a {name}() method ({type(primary).__name__} has none)")
@@ -227,7 +229,8 @@ class TieredManager(OffloadingManager):
             tier_of.setdefault(keys[i], source[i])
         # the keys this batch found in the host pool are named too: prepare_store never evicts them
         protect = [k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_HIT and k not in tier_of]
-        out = self.primary.prepare_store([*tier_of, *dict.fromkeys(protect)], ctx)
+        named: list[Any] = [*tier_of, *dict.fromkeys(protect)]
+        out = self.primary.prepare_store(named, ctx)
         got: dict[bytes, int] = {}
         if out is not None:
             got = dict(zip(out.keys_to_store, out.store_spec.block_ids.tolist(), strict=True))  # type: ignore[attr-defined]
@@ -320,9 +323,9 @@ class TieredManager(OffloadingManager):
     def _promoted(self, t: int, job: _Job, res: TierJobResult) -> None:
         u = self._usage[t]
         for ok in (True, False):
-            by_ctx: dict[int, tuple[ReqContext, list[bytes]]] = {}
+            by_ctx: dict[int, tuple[ReqContext, list[Any]]] = {}
             for k, c, good in zip(job.keys, job.ctxs, res.ok, strict=True):
-                if good is ok:
+                if bool(good) is ok:
                     by_ctx.setdefault(id(c), (c, []))[1].append(k)
             for c, ks in by_ctx.values():
                 self.primary.complete_store(ks, c, success=ok)
@@ -334,7 +337,7 @@ class TieredManager(OffloadingManager):
         self._reserved -= len(job.keys)
 
     def _written(self, t: int, job: _Job, res: TierJobResult) -> None:
-        by_ctx: dict[int, tuple[ReqContext, list[bytes]]] = {}
+        by_ctx: dict[int, tuple[ReqContext, list[Any]]] = {}
         for k, c in zip(job.keys, job.ctxs, strict=True):
             by_ctx.setdefault(id(c), (c, []))[1].append(k)
         for c, ks in by_ctx.values():
@@ -389,4 +392,3 @@ class TieredManager(OffloadingManager):
 
     def __repr__(self) -> str:
         return f"TieredManager({self.primary!r}, tiers=[{', '.join(t.name for t in self.tiers)}])"
-

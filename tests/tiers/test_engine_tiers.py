@@ -14,10 +14,10 @@ from typing import Any
 
 import redis
 
+from kvoffload.app.demo import drive
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.workload import ChatWorkload
-from kvoffload.app.demo import drive
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,11 @@ def test_two_replica_processes_share_a_redis_cluster(redis_cluster: RedisCluster
 
 
 CFG = EngineConfig(
-    groups=(GroupConfig(16, 2, None, 2),), num_gpu_blocks=96, num_cpu_blocks=48, max_num_seqs=8, max_num_batched_tokens=256
+    groups=(GroupConfig(16, 2, None, 2),),
+    num_gpu_blocks=96,
+    num_cpu_blocks=48,
+    max_num_seqs=8,
+    max_num_batched_tokens=256,
 )
 
 
