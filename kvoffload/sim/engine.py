@@ -110,6 +110,10 @@ class Engine(TransferHandling):
             )
         if isinstance(tiers, str):
             raise InvalidTypeError("tiers must be a list of tier specs, not a single str")
+        if tiers:
+            from kvoffload.sim.tiers import check_tier_specs
+
+            check_tier_specs(tiers)
         if worker is None:
             from kvoffload.kernels.layout import KVCacheTable
             from kvoffload.transfer.worker import TransferWorker

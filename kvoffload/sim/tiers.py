@@ -13,11 +13,13 @@ from typing import Any
 
 import torch
 
-from kvoffload.errors import InvalidArgumentError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.sim.config import EngineConfig
 from kvoffload.tiers import Tier, TierNamespace, open_tier
+from kvoffload.tiers.factory import parse_disk_spec
+from kvoffload.tiers.redis_url import parse_redis_url
 
-__all__ = ["engine_namespace", "open_engine_tiers"]
+__all__ = ["engine_namespace", "check_tier_specs", "open_engine_tiers"]
 
 
 def engine_namespace(cfg: EngineConfig, tag: str = "") -> TierNamespace:
@@ -45,6 +47,23 @@ def engine_namespace(cfg: EngineConfig, tag: str = "") -> TierNamespace:
         hash_algo=f"blake2b-16-chained/{cfg.scheduler_config().effective_hash_block_size}",
         tag=tag,
     )
+
+
+def check_tier_specs(specs: Sequence[str]) -> None:
+    """Check every tier spec's syntax and options before anything is allocated (typed errors
+    naming the spec; nothing connects)."""
+    for spec in specs:
+        if not isinstance(spec, str):
+            raise InvalidTypeError(f"tier spec must be a str, got {type(spec).__name__}")
+        scheme = spec.split(":", 1)[0].lower() if ":" in spec else ""
+        if scheme in ("redis", "rediss", "unix"):
+            parse_redis_url(spec)
+        elif scheme == "disk":
+            parse_disk_spec(spec)
+        else:
+            raise InvalidArgumentError(
+                f"tier spec {spec!r}: expected redis://, rediss://, unix:// or disk:<directory>"
+            )
 
 
 def open_engine_tiers(
