@@ -9,6 +9,7 @@ SIGKILL and :meth:`RedisServer.start` restarts on the same port.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -27,14 +28,22 @@ def redis_binaries_problem() -> str | None:
     return None
 
 
-def free_port(highest: int = 65535) -> int:
-    """A TCP port of 127.0.0.1 free right now, at most ``highest``."""
-    while True:
+def free_port(cluster: bool = False) -> int:
+    """A TCP port of 127.0.0.1 free right now; for a cluster node <= 55535 with port + 10000 free too."""
+    if not cluster:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port <= highest:
+            return int(s.getsockname()[1])
+    for _ in range(200):
+        port = random.randint(20000, 55535)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))  # the cluster bus
             return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
 def _ping(port: int) -> bool:
@@ -61,8 +70,7 @@ class RedisServer:
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # a cluster node also listens on port + 10000 (its bus), so its port must be <= 55535
-        self.port = free_port(55535 if cluster else 65535)
+        self.port = free_port(cluster)
         self.maxmemory = maxmemory
         self.cluster = cluster
         self.extra = extra

@@ -1,7 +1,8 @@
 """RedisTier: a tier on Redis or Redis Cluster (redis-py with hiredis), shared by every engine using it.
 
 Lookups are one pipeline of ``EXISTS``, loads pipelines of ``GET``, stores pipelines of
-``SET … NX`` (the first writer of a block wins; values are immutable). A cluster spreads keys
+``SET … NX`` (the first writer of a block wins; values are immutable). Stores and loads go through
+:mod:`kvoffload.tiers.redis_io`, which avoids redis-py's copies of multi-MiB values. A cluster spreads keys
 over its shards by hash slot; a pipeline is split per shard by redis-py.
 """
 
@@ -24,6 +25,7 @@ from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.health import TierUnavailable
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
+from kvoffload.tiers.redis_io import get_into, pools_for_keys, set_nx
 from kvoffload.tiers.redis_url import RedisConfig, parse_redis_url
 
 __all__ = ["RedisTier"]
@@ -88,6 +90,7 @@ class RedisTier(Tier):
         super().__init__(records, namespace, **tier_options)
         self._prefix = f"{self.config.key_prefix}:{self.fingerprint.hex()}:".encode()
         self._client_lock = threading.Lock()
+        self._local = threading.local()
         self._client: redis.Redis | RedisCluster | None = None
         self._pool_size = self.config.max_connections or (self.io_threads + 2)
 
@@ -183,45 +186,67 @@ class RedisTier(Tier):
         return [r is not None and not isinstance(r, Exception) and int(r) > 0 for r in self._execute(pipe)]
 
     def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
-        pipe = self._pipeline()
-        for k, s in zip(keys, slots, strict=True):
-            pipe.set(self._prefix + k, self.codec.encode(k, self.records[s]), nx=True)
-        out = []
-        for r in self._execute(pipe):
-            if isinstance(r, Exception):
-                self._count_error("store", r)
-                out.append(FAILED)
-            else:
-                out.append(STORED if r else PRESENT)
+        store_keys = [self._prefix + k for k in keys]
+        out = [FAILED] * len(keys)
+        try:
+            for pool, idx in pools_for_keys(self._get_client(), store_keys):
+                items = []
+                for i in idx:
+                    payload = self.records[slots[i]]
+                    items.append((store_keys[i], self.codec.header(keys[i], payload), payload.data))
+                for i, r in zip(idx, set_nx(pool, items), strict=True):
+                    if isinstance(r, Exception):
+                        self._count_error("store", r)
+                    else:
+                        out[i] = STORED if r else PRESENT
+        except _UNAVAILABLE as exc:
+            if self.config.cluster:
+                self._reset_cluster()
+            raise TierUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return out
 
+    def _bounce(self, nbytes: int) -> memoryview:
+        """This thread's receive buffer of at least ``nbytes`` (values are checked there, then copied)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < nbytes:
+            buf = self._local.buf = bytearray(nbytes)
+        return memoryview(buf)
+
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
-        pipe = self._pipeline()
-        for k in keys:
-            pipe.get(self._prefix + k)
-        values = self._execute(pipe)
+        store_keys = [self._prefix + k for k in keys]
+        expected = [self.codec.value_bytes(k) for k in keys]
         ok = [False] * len(keys)
         bad: list[bytes] = []
-        for i, (k, s, v) in enumerate(zip(keys, slots, values, strict=True)):
-            if v is None:
-                continue
-            if isinstance(v, Exception):
-                self._count_error("load", v)
-                continue
-            try:
-                payload = self.codec.check(k, v)
-            except ValueRejected as rej:
-                self._count_rejected(rej.reason)
-                if rej.delete:
-                    bad.append(self._prefix + k)
-                continue
-            self.records[s] = np.frombuffer(payload, dtype=np.uint8)
-            ok[i] = True
-        if bad:
-            pipe = self._pipeline()
-            for rk in bad:
-                pipe.delete(rk)
-            self._execute(pipe)
+        try:
+            for pool, idx in pools_for_keys(self._get_client(), store_keys):
+                dest = self._bounce(sum(expected[i] for i in idx))
+                got = get_into(pool, [store_keys[i] for i in idx], dest, [expected[i] for i in idx])
+                offset = 0
+                for i, n in zip(idx, got, strict=True):
+                    value = dest[offset : offset + expected[i]]
+                    offset += expected[i]
+                    if n is None:
+                        continue  # absent: evicted or deleted
+                    try:
+                        if n < 0:
+                            raise ValueRejected("length")
+                        payload = self.codec.check(keys[i], value)
+                    except ValueRejected as rej:
+                        self._count_rejected(rej.reason)
+                        if rej.delete:
+                            bad.append(store_keys[i])
+                        continue
+                    self.records[slots[i]] = np.frombuffer(payload, dtype=np.uint8)
+                    ok[i] = True
+            if bad:
+                pipe = self._pipeline()
+                for rk in bad:
+                    pipe.delete(rk)
+                self._execute(pipe)
+        except _UNAVAILABLE as exc:
+            if self.config.cluster:
+                self._reset_cluster()
+            raise TierUnavailable(f"{type(exc).__name__}: {exc}") from exc
         return ok
 
     def _close_backend(self) -> None:
