@@ -80,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"replica 2 loaded {tier2['blocks_loaded']:,} offloaded blocks ({tier2['tokens_loaded']:,} tokens, "
         f"{tier2['blocks_loaded'] * geo['offloaded_block_bytes'] / 2**20:,.0f} MiB) from the {written:,} that "
-        f"replica 1 computed and wrote to Redis ({keys:,} values in Redis at the end); "
-        f"{s2['tier_blocks_loaded']:,} offloaded blocks from the tier went on to the GPU"
+        f"replica 1 computed and wrote to Redis ({keys:,} values in Redis at the end); loads to the GPU of "
+        f"blocks that came from the tier: {s2['tier_blocks_loaded']:,} (once per request that needed one)"
     )
     print(
         f"replica 2 prompt tokens loaded instead of computed: {s2['prefill_loaded_tokens']:,} of "

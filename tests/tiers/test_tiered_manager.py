@@ -206,3 +206,30 @@ def test_bad_arguments_are_typed_errors(redis_url: str) -> None:
     with pytest.raises(InvalidArgumentError, match="max_write_blocks"):
         TieredManager(CPUOffloadingManager(2), [t], max_write_blocks=0)
     t.close()
+
+
+def test_the_readme_acl_is_enough(redis_server: RedisServer) -> None:
+    """The README's least-privilege ACL user can probe, write, read and delete (rejected values)."""
+    redis_server.cli("flushall")
+    redis_server.cli(
+        "acl", "setuser", "kvoffload", "reset", "on", ">readme-pw", "~kvo:*", "-@all",
+        "+get", "+set", "+exists", "+del", "+ping", "+hello",
+    )  # fmt: skip
+    assert "kvoffload" in redis_server.cli("acl", "users")
+    url = f"redis://kvoffload:readme-pw@127.0.0.1:{redis_server.port}"
+    keys = make_keys(3, b"acl")
+    src = make_records(3, RB, seed=9)
+    rec = np.zeros((4, RB), np.uint8)
+    a = TieredManager(CPUOffloadingManager(4), [RedisTier(rec, NS, url)])
+    _store(a, keys, rec, src)
+    _no_leak(a)
+    assert a.usage()[0].blocks_written == 3 and a.tiers[0].stats().errors == 0
+    a.close()
+    rec_b = np.zeros((4, RB), np.uint8)
+    b = TieredManager(CPUOffloadingManager(4), [RedisTier(rec_b, NS, url)])
+    assert (_settle(b, keys) == LOOKUP_HIT).all()
+    np.testing.assert_array_equal(rec_b[b.prepare_load(keys, CTX).block_ids], src)
+    b.complete_load(keys, CTX)
+    _no_leak(b)
+    b.close()
+    redis_server.cli("acl", "deluser", "kvoffload")
