@@ -145,7 +145,7 @@ def bench_disk(record_mib: list[int], total_mib: int, reps: int, base_dir: Path)
                 base_w.append(fio(d, "write", rb, n * rb))
                 base_r.append(fio(d, "read", rb, n * rb))
                 (d / "fio.dat").unlink()
-                with DiskTier(records, NS, d / "tier") as tier:
+                with DiskTier(records, NS, d / "tier", max_pending_write_bytes=n * rb) as tier:
                     o_direct = tier.o_direct
                     keys = _keys(n, f"d{mib}-{r}")
                     ours_w.append(n * rb / _timed_job(tier, "store", keys, list(range(n))) / 1e9)
@@ -168,7 +168,9 @@ def bench_disk(record_mib: list[int], total_mib: int, reps: int, base_dir: Path)
     return rows
 
 
-def run(quick: bool, reps: int, disk_dir: Path) -> dict[str, Any]:
+def run(quick: bool, reps: int = 3, disk_dir: Path | None = None) -> dict[str, Any]:
+    """The ``tiers`` section (the interface of every ``bench_*.run``; ``disk_dir`` defaults to the temp dir)."""
+    disk_dir = Path(tempfile.gettempdir()) if disk_dir is None else disk_dir
     for tool in ("redis-server", "redis-benchmark", "fio"):
         if shutil.which(tool) is None:
             raise SystemExit(f"bench_tiers needs {tool} (apt-get install -y redis-server redis-tools fio)")

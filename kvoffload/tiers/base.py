@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Literal
 
 import numpy as np
 
@@ -164,6 +165,9 @@ class Tier(ABC):
         ``dropped_writes``).
         """
         job_id, keys, slots = self._check_job(job_id, keys, slots)
+        if not keys:
+            self._finish_empty(job_id, "store")
+            return
         nbytes = len(keys) * self.record_bytes
         with self._lock:
             reason = "unreachable" if self._health.is_down() else None
@@ -186,6 +190,9 @@ class Tier(ABC):
         failed key; its slot's bytes are then unspecified and must not be used.
         """
         job_id, keys, slots = self._check_job(job_id, keys, slots)
+        if not keys:
+            self._finish_empty(job_id, "load")
+            return
         with self._lock:
             job = self._jobs[job_id] = Job(job_id, "load", keys, len(keys), self._batch_keys)
         for start, stop in job.batches():
@@ -377,6 +384,11 @@ class Tier(ABC):
             s.read_seconds += dt if n_ok else 0.0
             s.read_failures += len(keys) - n_ok
             self._finish_batch(job, start, ok, n_ok * self.record_bytes)
+
+    def _finish_empty(self, job_id: int, kind: Literal["store", "load"]) -> None:
+        """A job without keys: finished (successfully) at submission."""
+        with self._lock:
+            self._finished.append(TierJobResult(job_id, kind, (), (), 0, 0.0))
 
     def _finish_batch(self, job: Job, start: int, ok: list[bool], nbytes: int) -> None:
         """Record one batch's outcome (caller holds the lock); completes the job after its last batch."""

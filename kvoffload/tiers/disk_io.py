@@ -13,7 +13,16 @@ import numpy as np
 
 from kvoffload.tiers.record import ValueRejected
 
-__all__ = ["ALIGN", "probe_o_direct", "BounceBuffers", "write_value", "read_value", "temp_name", "is_stale_temp"]
+__all__ = [
+    "ALIGN",
+    "file_bytes",
+    "probe_o_direct",
+    "BounceBuffers",
+    "write_value",
+    "read_value",
+    "temp_name",
+    "is_stale_temp",
+]
 
 #: Alignment of O_DIRECT buffers and lengths.
 ALIGN = 4096
@@ -25,6 +34,11 @@ STALE_TEMP_SECONDS = 3600.0
 
 def _round_up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def file_bytes(value_bytes: int, o_direct: bool) -> int:
+    """Size of the file holding a value of ``value_bytes`` (O_DIRECT files are padded to :data:`ALIGN`)."""
+    return _round_up(value_bytes) if o_direct else value_bytes
 
 
 def probe_o_direct(directory: str) -> bool:
@@ -95,7 +109,8 @@ class BounceBuffers:
 def write_value(final: str, header: bytes, payload: np.ndarray, buf: np.ndarray, o_direct: bool) -> None:
     """Write ``header + payload`` to ``final`` atomically: a temp file in its directory, then rename.
 
-    With ``o_direct`` the value is written padded to :data:`ALIGN` and truncated to its length.
+    With ``o_direct`` the file is the value zero-padded to a multiple of :data:`ALIGN` (readers
+    take the value's length from what they expect: :func:`file_bytes`).
     A failure removes the temporary file and raises the ``OSError``.
     """
     n = len(header) + payload.size
@@ -111,8 +126,6 @@ def write_value(final: str, header: bytes, payload: np.ndarray, buf: np.ndarray,
             done = 0
             while done < length:
                 done += os.write(fd, view[done:])
-            if o_direct:
-                os.ftruncate(fd, n)
         finally:
             os.close(fd)
         os.replace(tmp, final)

@@ -1,7 +1,8 @@
 """DiskTier: one content-addressed file per block in a directory (local disk or a shared filesystem).
 
 Files live in ``<path>/kvoffload-<fingerprint hex>/<id[:2]>/<id>.kv`` where ``id`` is the hex
-BLAKE2b-128 of the key (the key itself is in the value's header and checked on every load).
+BLAKE2b-128 of the key (the key itself is in the value's header and checked on every load). A
+file is the value (header + record), zero-padded to 4 KiB when written with O_DIRECT.
 Values are written under a temporary name in the same directory and renamed, so no reader ever
 sees a partial value; temporary files left by a crash are removed at start. The index of files
 (size, recency) is rebuilt from a directory scan at start, so a restart keeps the cache; files
@@ -22,7 +23,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
 from kvoffload.tiers.args import MAX_KEY_BYTES, check_records
 from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.disk_index import VALUE_SUFFIX, DiskIndex
-from kvoffload.tiers.disk_io import BounceBuffers, probe_o_direct, read_value, write_value
+from kvoffload.tiers.disk_io import BounceBuffers, file_bytes, probe_o_direct, read_value, write_value
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import FIXED_HEADER_BYTES, ValueRejected
 
@@ -93,6 +94,10 @@ class DiskTier(Tier):
         self._bufs = BounceBuffers(FIXED_HEADER_BYTES + MAX_KEY_BYTES + self.record_bytes)
         self._subdirs: set[str] = set()
 
+    def file_bytes(self, key: bytes) -> int:
+        """Bytes on disk of ``key``'s value file (what ``max_bytes`` counts)."""
+        return file_bytes(self.codec.value_bytes(key), self.o_direct)
+
     def value_path(self, key: bytes) -> str:
         """The file that holds ``key``'s value."""
         h = _file_id(key).hex()
@@ -124,7 +129,7 @@ class DiskTier(Tier):
                 self.index.touch(fid)
                 out.append(PRESENT)
                 continue
-            size = self.codec.value_bytes(key)
+            size = file_bytes(self.codec.value_bytes(key), self.o_direct)
             if self.max_bytes is not None and size > self.max_bytes:
                 self._count_error("store", OSError(errno.EFBIG, f"a value of {size} bytes exceeds max_bytes"))
                 out.append(FAILED)
@@ -164,7 +169,11 @@ class DiskTier(Tier):
         for i, (key, slot) in enumerate(zip(keys, slots, strict=True)):
             fid, path = _file_id(key), self.value_path(key)
             try:
-                payload = self.codec.check(key, read_value(path, buf, self.o_direct))
+                value = read_value(path, buf, self.o_direct)
+                want = self.codec.value_bytes(key)
+                if len(value) == file_bytes(want, True) and len(value) != want:
+                    value = value[:want]  # an O_DIRECT file: the value, then zero padding
+                payload = self.codec.check(key, value)
             except FileNotFoundError:
                 self.index.remove(fid)
                 continue

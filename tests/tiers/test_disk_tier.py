@@ -82,14 +82,36 @@ def test_probe_agrees_with_an_independent_check(tmp_path: Path) -> None:
 def test_budget_evicts_least_recently_used(tmp_path: Path) -> None:
     src = make_records(10, RB, seed=32)
     keys = make_keys(10)
-    with DiskTier(src, NS, tmp_path, max_bytes=4 * RB + 4 * 200) as t:
-        vb = t.codec.value_bytes(keys[0])
+    with DiskTier(src, NS, tmp_path, o_direct=False, max_bytes=4 * (RB + 104) + 50) as t:  # 4 values fit
+        vb = t.file_bytes(keys[0])
         run_job(t, "store", 1, keys[:4], [0, 1, 2, 3])
         run_job(t, "load", 2, keys[:1], [9])  # keys[0] becomes most recently used
         run_job(t, "store", 3, keys[4:6], [4, 5])
         assert t.index.total_bytes <= t.max_bytes and t.stats().evictions == 2
         assert t.contains(keys[:6]) == [True, False, False, True, True, True]
         assert len(list(tmp_path.rglob("*.kv"))) == 4 and t.index.total_bytes == 4 * vb
+
+
+@pytest.mark.parametrize("o_direct", [True, False], ids=["o_direct", "buffered"])
+def test_corrupt_files_are_counted_misses_and_deleted(tmp_path: Path, o_direct: bool) -> None:
+    if o_direct and not _independent_o_direct_check(tmp_path):
+        pytest.skip(f"{tmp_path} does not accept O_DIRECT")
+    src = make_records(6, RB, seed=35)
+    keys = make_keys(4)
+    with DiskTier(src, NS, tmp_path, o_direct=o_direct) as t:
+        run_job(t, "store", 1, keys, [0, 1, 2, 3])
+        paths = [Path(t.value_path(k)) for k in keys]
+        good = paths[0].read_bytes()
+        paths[0].write_bytes(good[: len(good) // 2])  # truncated
+        flipped = bytearray(paths[1].read_bytes())
+        flipped[200] ^= 0xFF
+        paths[1].write_bytes(bytes(flipped))  # a flipped payload byte
+        paths[2].write_bytes(good)  # another key's value under this name
+        assert run_job(t, "load", 2, keys, [4, 5, 4, 5]) == (False, False, False, True)
+        np.testing.assert_array_equal(src[5], src[3])
+        assert t.stats().rejected_values == 3
+        assert [p.exists() for p in paths] == [False, False, False, True]
+        assert t.contains(keys) == [False, False, False, True]
 
 
 def test_stale_temp_files_cleaned_at_start_and_never_visible(tmp_path: Path) -> None:
@@ -191,6 +213,14 @@ def test_permission_denied_fails_the_stores_counted() -> None:
 def test_bad_specs_and_options_raise_typed_errors(spec: str, kw: dict, err: type, needle: str) -> None:
     with pytest.raises(err, match=needle):
         open_tier(spec, make_records(1, 64, 0), NS, **kw)
+
+
+def test_empty_jobs_finish_at_once(tmp_path: Path) -> None:
+    with DiskTier(make_records(2, 64, 0), NS, tmp_path) as t:
+        t.submit_store(1, [], [])
+        t.submit_load(2, [], [])
+        assert [(r.job_id, r.kind, r.success) for r in t.get_finished()] == [(1, "store", True), (2, "load", True)]
+        assert t.lookup([]).shape == (0,)
 
 
 def test_path_that_is_a_file_is_rejected(tmp_path: Path) -> None:
