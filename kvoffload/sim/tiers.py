@@ -61,9 +61,7 @@ def check_tier_specs(specs: Sequence[str]) -> None:
         elif scheme == "disk":
             parse_disk_spec(spec)
         else:
-            raise InvalidArgumentError(
-                f"tier spec {spec!r}: expected redis://, rediss://, unix:// or disk:<directory>"
-            )
+            raise InvalidArgumentError(f"tier spec {spec!r}: expected redis://, rediss://, unix:// or disk:<directory>")
 
 
 def open_engine_tiers(
