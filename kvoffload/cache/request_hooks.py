@@ -59,8 +59,10 @@ class RequestHooksManager(OffloadingManager):
 
     * ``prepare_store``: before delegating, the keys absent from the cache that this request
       has not offered yet go to the core's ``on_store_miss`` (ARC adapts on ghost hits there);
-      afterwards the keys the call inserted are recorded as *inserted*, the keys that were
-      already stored and ready as *reused*.
+      afterwards the call's store candidates (the absent keys, minus those a reuse filter below
+      holds back: its ``store_candidates``) and the keys already stored and ready are recorded
+      for the request -- also when the allocation failed (``None``), as vLLM records them
+      before allocating; the keys the call inserted are marked *inserted*, the ready ones *reused*.
     * ``prepare_load``: the keys are recorded as *reused* (unless this request inserted them).
     * ``on_request_finished``: the recorded keys, ordered head of the prompt first (by KV-cache
       group, then by token position when ``key_position`` knows every key), go to the core's
@@ -147,6 +149,11 @@ class RequestHooksManager(OffloadingManager):
         core = self._core
         codes = core.peek_list(keys)
         ready = {k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_HIT}
+        select = getattr(self._backing, "store_candidates", None)  # a reuse filter below says which pass
+        passed = None if select is None or LOOKUP_MISS not in codes else set(select(keys, req_context))
+        candidates = {
+            k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_MISS and (passed is None or k in passed)
+        }
         misses = None
         if getattr(core, "tracks_store_misses", True):
             seen = st.store_misses
@@ -157,8 +164,8 @@ class RequestHooksManager(OffloadingManager):
         if misses:
             st.store_misses.update(misses)
         inserted = set(out.keys_to_store) if out is not None else set()
-        if inserted or ready:
-            st.keys.update(dict.fromkeys(k for k in keys if k in inserted or k in ready))
+        if candidates or ready:  # recorded whether or not the allocation succeeded, as vLLM does
+            st.keys.update(dict.fromkeys(k for k in keys if k in candidates or k in ready))
             st.inserted |= inserted
             st.reused.update(k for k in ready if k not in st.inserted)
         return out

@@ -12,6 +12,7 @@ import numpy as np
 
 from kvoffload.cache.keytable import as_key_list
 from kvoffload.core.base import (
+    LOOKUP_MISS,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -41,9 +42,13 @@ class FilteredReuseManager(OffloadingManager):
 
     Counting follows vLLM's reuse filter: every :meth:`lookup` (and every key of
     :meth:`lookup_batch`) counts its key once, in a tracker of at most ``max_tracker_size``
-    keys that forgets the least-recently-counted key when full. :meth:`prepare_store` drops
-    the keys below the threshold *before* delegating, so they take no capacity; an
+    keys that forgets the least-recently-counted key when full. :meth:`prepare_store` holds
+    back the absent keys below the threshold *before* delegating, so they take no capacity; an
     all-filtered call still delegates an empty list (and returns the backing's empty result).
+    Keys the backing already holds are always delegated, whatever their count (the threshold
+    is about new stores; the backing then keeps them out of the call's evictions, and they are
+    not counted as skipped), as in vLLM's manager; the filter asks the backing's ``peek_list``
+    (read-only) which keys it holds.
 
     The fix over vLLM (its issue #52022): a prefix lookup stops at the first miss, so the keys
     after it were never counted and could never become eligible. Here ``prepare_store`` also
@@ -185,44 +190,68 @@ class FilteredReuseManager(OffloadingManager):
         self._note(req_context, keys)
         return out
 
+    def _resident(self, keys: list[OffloadKey]) -> set[OffloadKey]:
+        """The ``keys`` the backing holds (ready or pending), asked through its read-only
+        ``peek_list``; none when the backing has no such probe (every key then counts as new)."""
+        peek = getattr(self._backing, "peek_list", None)
+        if peek is None:
+            return set()
+        return {k for k, c in zip(keys, peek(keys), strict=True) if c != LOOKUP_MISS}
+
+    def _select(
+        self, keys: list[OffloadKey], req_context: ReqContext
+    ) -> tuple[list[OffloadKey], list[OffloadKey], int]:
+        """``(keys to delegate, keys this offer starts counting, absent keys held back)``; changes nothing.
+
+        A key is delegated when the backing holds it already (the threshold applies to new
+        stores only; the backing then protects it from the call's evictions, as vLLM's manager
+        protects every offered key) or when its count, this offer included, reaches the threshold.
+        """
+        counts, threshold = self.counts, self.store_threshold
+        if self.count_on == "offer":
+            new = self._offer_new_tracked(keys)
+            new_set = set(new)
+            held = [k for k in keys if (counts[k] + 1 if k in counts else int(k in new_set)) < threshold]
+        else:
+            new = []
+            if req_context.req_id:
+                seen = self._by_request.get(req_context.req_id)
+                new = keys if seen is None else [k for k in keys if k not in seen]
+            new_set = set(new)
+            held = [k for k in keys if counts.get(k, 0) + (k in new_set) < threshold]
+        if not held:
+            return keys, new, 0
+        held_set = set(held) - self._resident(held)
+        return [k for k in keys if k not in held_set], new, len(held_set)
+
+    def store_candidates(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
+        """The keys of an offer that :meth:`prepare_store` would delegate now (see there); changes nothing."""
+        if req_context.__class__ is not ReqContext:
+            check_req_context(req_context)
+        return self._select(as_key_list(keys, "keys", allow_duplicates=False), req_context)[0]
+
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        """Drop the keys below the threshold (counting the keys this request has not counted yet), delegate.
+        """Hold back the absent keys below the threshold (counting the keys this request has not
+        counted yet), delegate the others -- the keys the backing holds already included.
 
         The counts are updated once the backing returned; a key counted by this call is eligible
-        when its count including this call reaches the threshold.
+        when its count including this call reaches the threshold. ``stores_skipped`` counts the
+        absent keys held back.
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
         keys = as_key_list(keys, "keys", allow_duplicates=False)
+        delegated, new, n_held = self._select(keys, req_context)
+        out = self._backing.prepare_store(delegated, req_context)
         if self.count_on == "offer":
-            new = self._offer_new_tracked(keys)
-            counts, threshold = self.counts, self.store_threshold
-            new_set = set(new)
-            eligible = [k for k in keys if (counts[k] + 1 if k in counts else int(k in new_set)) >= threshold]
-            out = self._backing.prepare_store(eligible, req_context)
             self._count_offer(keys, new)
-            self._skipped += len(keys) - len(eligible)
-            return out
-        req_id = req_context.req_id
-        fresh: list[OffloadKey] = []
-        if req_id:
-            seen = self._by_request.get(req_id)
-            fresh = keys if seen is None else [k for k in keys if k not in seen]
-        threshold = self.store_threshold
-        counts = self.counts
-        if fresh:
-            fresh_set = set(fresh)
-            eligible = [k for k in keys if counts.get(k, 0) + (k in fresh_set) >= threshold]
-        else:
-            eligible = [k for k in keys if counts.get(k, 0) >= threshold]
-        out = self._backing.prepare_store(eligible, req_context)
-        if req_id:
-            for k in fresh:
+        elif req_context.req_id:
+            for k in new:
                 self._count(k)
-            self._seen_set(req_id).update(fresh)
-            self._num_pairs += len(fresh)
+            self._seen_set(req_context.req_id).update(new)
+            self._num_pairs += len(new)
             self._trim_requests()
-        self._skipped += len(keys) - len(eligible)
+        self._skipped += n_held
         return out
 
     # ------------------------------------------------------------------ delegated

@@ -17,7 +17,8 @@ An engine drives it like this (one engine step)::
     out = sched.build_step(new_requests, running_requests, preempted_req_ids)
     worker.wait(out.flush_job_ids); submit out.load_jobs; compute; submit out.store_jobs
     finished = sched.complete_jobs(worker.get_finished())   # FinishedJob list
-    sched.request_finished(req) when a request ends (its GPU blocks may be freed at once)
+    sched.request_finished(req) when a request ends or is aborted (its GPU blocks may be freed
+    at once; a request the scheduler never saw, or one finished already, is a no-op)
 
 Avoiding the load convoy (vLLM issue #44294). vLLM defers a request whenever any of its hit
 blocks is being loaded by another request; with many requests sharing a prefix whose blocks are
@@ -387,10 +388,18 @@ class OffloadingScheduler(JobCompletion):
         Its in-flight jobs still complete normally (with its ``ReqContext``); the GPU blocks they
         use are flushed before another request writes them (see :meth:`build_step`).
         ``block_ids`` is accepted for engines that pass it; the scheduler knows its jobs' blocks.
-        ``request`` (a request or its id) must be known: an unknown or already finished one is an
-        ``InvalidArgumentError``.
+
+        A request the scheduler does not track -- never looked up nor scheduled (aborted while
+        waiting), or already finished -- is a no-op, as in vLLM's offloading connector: offloading
+        never started for it, or was already wound down. ``request`` must be a request (with a
+        str ``request_id``) or its id str, else :class:`~kvoffload.errors.InvalidTypeError`.
         """
-        self._release_blocks(self._states.pop(check_finished(request, self._states)))
+        rid = check_finished(request)
+        st = self._states.pop(rid, None)
+        if st is None:
+            logger.debug("request_finished: %r is not tracked (never scheduled, or already finished)", rid)
+            return
+        self._release_blocks(st)
 
     def take_events(self) -> list[OffloadingEvent]:
         """The manager's events since the last call (stores and evictions)."""

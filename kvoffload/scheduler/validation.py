@@ -159,14 +159,13 @@ def check_preempted(preempted_req_ids: object, states: Mapping[str, Any]) -> lis
     return out
 
 
-def check_finished(request: object, states: Mapping[str, Any]) -> str:
-    """The id of a finished request (a request object or its id str), which must be known."""
-    rid = request if isinstance(request, str) else check_request_id(request, "request")
-    if rid not in states:
-        raise InvalidArgumentError(
-            f"request_finished: request {rid!r} is not known to the scheduler (never scheduled, or already finished)"
-        )
-    return rid
+def check_finished(request: object) -> str:
+    """The id of a finished request: a request object (with a str ``request_id``) or its id str.
+
+    Whether the scheduler knows the request is not checked here: an engine finishes requests
+    the scheduler never tracked (aborted while waiting) and may finish one twice.
+    """
+    return request if isinstance(request, str) else check_request_id(request, "request")
 
 
 def parse_results(results: Iterable[Any]) -> list[tuple[int, bool]]:

@@ -13,6 +13,10 @@ One :meth:`Engine.step`:
 4. sample one token per request that reached its end, finish requests (``request_finished``,
    blocks freed at once).
 
+:meth:`Engine.abort_request` (between steps) aborts a request in any state, as vLLM's
+``finish_requests`` does: the scheduler's ``request_finished`` is called also for a waiting
+request it never saw, and again for a request that already finished (both are no-ops there).
+
 The transfer worker moves the real bytes between the KV tensors and the host pool.
 """
 
@@ -35,7 +39,7 @@ from kvoffload.sim.config import EngineConfig, max_request_tokens
 from kvoffload.sim.delayed import DelayedWorker
 from kvoffload.sim.kvcache import GroupKVSpec, SimKVCache
 from kvoffload.sim.request import SimRequest
-from kvoffload.sim.seq import FINISHED, LOADING, RUNNING, WAITING, Seq
+from kvoffload.sim.seq import FINISHED, LOADING, READY, RUNNING, WAITING, Seq
 from kvoffload.sim.stats import EngineStats, StepStats, TransferRecord
 from kvoffload.sim.transfers import TransferHandling
 
@@ -177,6 +181,42 @@ class Engine(TransferHandling):
         self.stats.requests_added += 1
         self.stats.prompt_tokens += req.num_prompt_tokens
         return req
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort a request between steps, whatever its state; its GPU blocks are freed at once.
+
+        The scheduler is told in every case (``request_finished``), as an engine does: a waiting
+        request it never looked up, and a request that finished already, are no-ops there. A
+        loading request's job still completes (the scheduler flushes it before its blocks are
+        written again); its blocks are not used. Work the current admission computed counts as
+        ``discarded_tokens``.
+
+        Returns:
+            True if the request was aborted, False if it had finished already.
+
+        Raises:
+            InvalidArgumentError: ``request_id`` was never added.
+        """
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise InvalidArgumentError(f"request_id {request_id!r} was never added to this engine")
+        self.scheduler.request_finished(seq.req)
+        if seq.status == FINISHED:
+            return False
+        if seq.status == WAITING:  # a preemption already counted what it had computed
+            self.waiting.remove(seq)
+        else:
+            if seq.status == LOADING:
+                del self.loading[request_id]
+            elif seq.status == READY:
+                self.ready.remove(seq)
+            else:
+                self.running.remove(seq)
+            self.stats.discarded_tokens += seq.prefill + seq.decode
+        self.gpu.free(seq.tables)
+        seq.status = FINISHED
+        self.stats.requests_aborted += 1
+        return True
 
     def get_request(self, request_id: str) -> SimRequest:
         return self.requests[request_id]

@@ -45,11 +45,13 @@ class EngineStats:
             == prefill_gpu_hit_tokens + prefill_loaded_tokens + prefill_computed_tokens
         computed_tokens == prefill_computed_tokens + decode_tokens + discarded_tokens
 
-    (once every added request finished). ``prefill_loaded_tokens`` counts loaded tokens that
+    (once every added request finished, none aborted; the second sum holds with aborts too).
+    ``requests_aborted`` counts :meth:`~kvoffload.sim.engine.Engine.abort_request` calls that
+    aborted a live request. ``prefill_loaded_tokens`` counts loaded tokens that
     were not recomputed (a load that reaches the last token of the request leaves that one
     token to compute); ``readmitted_output_tokens`` are generated tokens that a request
     re-admitted after a preemption had to prefill again; ``discarded_tokens`` were computed by
-    admissions that a preemption then threw away.
+    admissions that a preemption or an abort then threw away.
 
     Transfer counters come from the workers' results: jobs, offloaded blocks, bytes and seconds
     each way. ``cpu_evictions`` counts offloaded blocks evicted from the CPU tier,
@@ -66,6 +68,7 @@ class EngineStats:
     steps: int = 0
     requests_added: int = 0
     requests_finished: int = 0
+    requests_aborted: int = 0
     prompt_tokens: int = 0
     admitted_tokens: int = 0
     gpu_hit_tokens: int = 0

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvoffload.scheduler.jobs import FinishedJob, TransferJob
 from kvoffload.sim.blocks import NULL_BLOCK
-from kvoffload.sim.seq import READY, Seq
+from kvoffload.sim.seq import FINISHED, READY, Seq
 from kvoffload.sim.stats import StepStats, TransferRecord
 
 logger = logging.getLogger("kvoffload.sim.engine")
@@ -81,6 +81,8 @@ class TransferHandling:
                 self._on_load_done(self._load_seq.pop(fj.job_id), job, fj)
 
     def _on_load_done(self, seq: Seq, job: TransferJob, fj: FinishedJob) -> None:
+        if seq.status == FINISHED:  # aborted while loading: its blocks went back to the pool
+            return
         req = seq.req
         del self.loading[req.request_id]
         if fj.success:

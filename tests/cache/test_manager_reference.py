@@ -130,7 +130,7 @@ class RefARC:
                 e = first(self.t2)
                 if e is not None:
                     pick = (e[0], e[1], False)
-                else:  # documented fix over vLLM: fall back to T1
+                else:  # T2 has no victim: fall back to T1 (as vLLM 0.32 does)
                     e = first(self.t1)
                     if e is None:
                         return None

@@ -128,7 +128,8 @@ def test_spec_reads_vllms_keys() -> None:
     m = s.get_manager()
     assert m is s.get_manager() and m.core.cache_policy == "arc" and m._filter.max_tracker_size == 7
     s2 = KVOffloadSpec(_spec_config({"cpu_bytes_to_use": 8192, "cache_policy_module_path": "my.mod"}, world=2))
-    assert s2.num_chunks == 2 and s2.eviction_policy == "my.mod:lru"
+    assert s2.num_chunks == 2 and (s2.eviction_policy, s2.cache_policy_module_path) == ("lru", "my.mod")
+    assert s2.get_manager().core.cache_policy == "lru"  # a registered name comes first, as in vLLM
     assert "num_chunks" in KVOffloadSpec.config_info_keys({})
     with pytest.raises(InvalidArgumentError):
         KVOffloadSpec(_spec_config({}))
@@ -136,12 +137,39 @@ def test_spec_reads_vllms_keys() -> None:
         KVOffloadSpec(_spec_config({"cpu_bytes_to_use": 100}))
 
 
+#: vLLM's own built-in policy classes, named as a vLLM user names an out-of-tree policy
+VLLM_CLASSES = {
+    "lru": ("LRUCachePolicy", "vllm.v1.kv_offload.cpu.policies.lru"),
+    "arc": ("ARCCachePolicy", "vllm.v1.kv_offload.cpu.policies.arc"),
+}
+
+
+def _policy_args(policy: str, via: str) -> dict[str, str]:
+    """kvoffload's own policy, or vLLM's class through the adapter (module path, or a name
+    registered with vLLM's CachePolicyFactory)."""
+    if via == "kvoffload":
+        return {"cache_policy": policy}
+    cls_name, module = VLLM_CLASSES[policy]
+    if via == "module-path":
+        return {"cache_policy": cls_name, "cache_policy_module_path": module}
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+
+    name = f"kvoffload-test-{policy}"
+    if name not in CachePolicyFactory._registry:
+        CachePolicyFactory.register_cache_policy(name, module, cls_name)
+    return {"cache_policy": name}
+
+
 @pytest.mark.parametrize("policy", ["lru", "arc"])
 @pytest.mark.parametrize("threshold", [0, 2])
-def test_same_decisions_as_vllms_manager(policy: str, threshold: int) -> None:
-    """A random request trace through vLLM's call sequence: same lookups, slots and evictions."""
+@pytest.mark.parametrize("via", ["kvoffload", "module-path", "vllm-factory"])
+def test_same_decisions_as_vllms_manager(policy: str, threshold: int, via: str) -> None:
+    """A random request trace through vLLM's call sequence: same lookups, slots and evictions --
+    with kvoffload's own policy, and with vLLM's own policy class run through the adapter."""
     rng = random.Random(7)
-    ours = KVOffloadManager(12, cache_policy=policy, store_threshold=threshold, max_tracker_size=50)
+    ours = KVOffloadManager(12, **_policy_args(policy, via), store_threshold=threshold, max_tracker_size=50)
+    if via != "kvoffload":
+        assert ours.core.cache_policy.startswith("vllm/vllm.v1.kv_offload.cpu.policies.")
     theirs = VLLMManager(12, cache_policy=policy, store_threshold=threshold, max_tracker_size=50)
     prompts = [[k(p * 100 + i) for i in range(rng.randint(2, 6))] for p in range(10)]
     for step in range(150):

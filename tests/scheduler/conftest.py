@@ -10,6 +10,9 @@ import pytest
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import ReqContext, make_offload_key
+from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
+from kvoffload.scheduler.jobs import ScheduledRequest
+from kvoffload.scheduler.scheduler import OffloadingScheduler
 
 
 @dataclass
@@ -100,3 +103,48 @@ class RecordingManager:
 @pytest.fixture
 def manager() -> RecordingManager:
     return RecordingManager(CPUOffloadingManager(256, enable_events=True))
+
+
+def sched_state(sched: OffloadingScheduler) -> object:
+    """Everything observable about the scheduler's bookkeeping."""
+    states = {
+        rid: (
+            [(list(g.keys), list(g.block_ids), g.next_store_block) for g in st.groups],
+            sorted(st.in_flight),
+            st.load_job_id,
+            st.offer,
+            st.next_store_tokens,
+        )
+        for rid, st in sched._states.items()
+    }
+    return (
+        states,
+        sorted(sched._jobs),
+        [j.job_id for j in sched._pending_loads],
+        dict(sched._loading_keys),
+        sched._next_job_id,
+        sorted(sched._flush._jobs),
+    )
+
+
+def manager_state(manager: RecordingManager) -> object:
+    s = manager.inner.get_stats()
+    return (dict(manager.inner.table.index), s.num_pending, s.num_pinned, len(manager.calls))
+
+
+@pytest.fixture
+def busy(manager: RecordingManager) -> tuple[OffloadingScheduler, RecordingManager]:
+    """Request "A" running with a store in flight, "B" waiting for its load job (in flight)."""
+    sched = OffloadingScheduler(OffloadingSchedulerConfig((GroupOffloadConfig(0, 4, 4),)), manager)
+    a = make_req("A", 16, 4, tag="a")
+    sched.update_state_after_alloc(a, [[1, 2, 3, 4]], 0)
+    (store,) = sched.build_step([ScheduledRequest(a, 0, 8, [[1, 2, 3, 4]])]).store_jobs
+    b = make_req("B", 12, 4, tag="b")
+    put(manager, [key(h) for h in b.block_hashes[:2]])
+    n, _ = sched.get_num_new_matched_tokens(b, 0)
+    assert n == 8
+    sched.update_state_after_alloc(b, [[5, 6, 7]], n)
+    (load,) = sched.build_step().load_jobs
+    manager.calls.clear()
+    sched.a, sched.b, sched.store, sched.load = a, b, store, load  # type: ignore[attr-defined]
+    return sched, manager

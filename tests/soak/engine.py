@@ -14,7 +14,9 @@ scheduling (running requests first, preempting from the back when blocks run out
 requests; waiting requests through ``get_num_new_matched_tokens`` / ``update_state_after_alloc``),
 ``build_step``, wait for the flush jobs, submit loads, compute (write every scheduled token's KV),
 submit stores, then sample/finish and free the sliding-window blocks that left the window
-(``free_blocks``, the table entry becoming the null block).
+(``free_blocks``, the table entry becoming the null block). Every request that ends (finished or
+aborted) is reported with ``request_finished`` as vLLM reports it: also a waiting request the
+scheduler never looked up, and every other request a second time (both must change nothing).
 
 Checks (a failure raises :class:`SoakFailure`):
 
@@ -155,11 +157,21 @@ class SoakEngine(EngineChecks):
         self._count("requests")
 
     def _end(self, seq: Seq, why: str) -> None:
-        st = self.sched.get_request_state(seq.req.request_id)
-        if st is not None and st.in_flight:
+        """Finish or abort ``seq``, telling the scheduler as vLLM does: also a waiting request it
+        never saw, and every other request a second time (both no-ops there)."""
+        rid = seq.req.request_id
+        st = self.sched.get_request_state(rid)
+        if st is None:
+            self._count(f"{why}_untracked")  # aborted before the scheduler ever looked it up
+        elif st.in_flight:
             self._count(f"{why}_with_jobs_in_flight")
-        if st is not None:  # aborted before the scheduler ever saw it: nothing to finish there
-            self.sched.request_finished(seq.req)
+        self.sched.request_finished(seq.req)
+        if int(rid[1:]) % 2:
+            before = (self.sched.num_in_flight_jobs, self._snapshot())
+            self.sched.request_finished(rid)
+            if (self.sched.num_in_flight_jobs, self._snapshot()) != before:
+                self._fail(f"a second request_finished({rid!r}) changed the scheduler or the manager")
+            self._count("finished_twice")
         self._release(seq)
         for lst in (self.running, self.ready):
             if seq in lst:
@@ -168,6 +180,11 @@ class SoakEngine(EngineChecks):
             self.waiting.remove(seq)
         self._count(f"{why}_{seq.status}")
         seq.status = "done"
+
+    def _snapshot(self) -> tuple[list[str], dict[bytes, list[Any]]]:
+        """The live requests the scheduler tracks, and the manager's model of the CPU tier."""
+        tracked = [s.req.request_id for s in self._live() if self.sched.get_request_state(s.req.request_id)]
+        return tracked, {k: list(v) for k, v in self.manager.model.items()}
 
     def _change_prompt(self, seq: Seq) -> None:
         """The engine re-submits a waiting request (known to the scheduler) with another prompt."""

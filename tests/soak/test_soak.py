@@ -45,6 +45,9 @@ def test_soak_short() -> None:
         assert total.get(what, 0) > 0, what
     for what in ("flush_jobs", "window_blocks_freed", "load_jobs_ok", "loaded_blocks_checked", "preempt_running"):
         assert total.get(what, 0) > 0, what
+    # aborted while waiting before the scheduler saw them, and finished twice, as an engine does
+    for what in ("abort_untracked", "abort_waiting", "finished_twice"):
+        assert total.get(what, 0) > 0, what
     assert total.get("quiescent_checks", 0) >= len(SHORT_RUNS)
 
 

@@ -36,11 +36,9 @@ class ARCPolicy(CachePolicy):
       block. Evicted keys go to the most-recent end of B1/B2; then each ghost list is
       trimmed (oldest first) to ``capacity`` entries.
 
-    One deliberate difference from vLLM: when T2 has no evictable block left while T1 is
-    below its target, vLLM gives up (the store fails although T1 holds evictable blocks,
-    and a pool full of T1 blocks with a high target can then refuse every multi-block
-    store for good). Here the remaining victims come from T1, so ``prepare_store`` fails
-    only when room really cannot be made (docs/contract.md §2).
+    When T2 has no evictable block left while T1 is below its target, the remaining victims
+    come from T1 (vLLM 0.32 does the same), so ``prepare_store`` fails only when room really
+    cannot be made (docs/contract.md §2).
 
     Storage: two :class:`~kvoffload.cache.policies.order.SlotOrder` lists sharing one
     ``int8`` membership and one ``int64`` position array; ghosts are ``OrderedDict`` s of

@@ -13,6 +13,8 @@ Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in the REA
 * the allocation-size histogram of a ``prepare_store`` that fails counts the absent keys offered
   (vLLM: the absent keys past the filter);
 * ``reset_cache`` also forgets the reuse filter's counts (vLLM's manager keeps them);
+* a vLLM ``CachePolicy`` runs through :class:`~kvoffload.integrations.vllm.policy.VLLMPolicyAdapter`
+  (see there for what it sees differently);
 * ``lock`` is a no-op context (the manager has no thread of its own) and ``on_reset_flushed``
   does nothing: kvoffload's transfer worker runs jobs in submission order, so a slot freed by
   ``reset_cache`` is never written by an older job after a newer one.
@@ -43,6 +45,7 @@ from kvoffload.cache.request_hooks import RequestHooksManager
 from kvoffload.cache.reuse import FilteredReuseManager
 from kvoffload.core.base import LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.core.base import OffloadingManager as CoreManager
+from kvoffload.integrations.vllm.policy import resolve_cache_policy
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +65,15 @@ class KVOffloadManager(OffloadingManager):
 
     Args:
         num_blocks: CPU chunks (one offloaded block = ``blocks_per_chunk`` GPU blocks).
-        cache_policy: kvoffload policy name (``lru``, ``arc``, ``s3fifo``, ``module:Class``).
+        cache_policy: a kvoffload policy (``lru``, ``arc``, ``s3fifo``, a registered name,
+            ``module:Class``) or a vLLM ``CachePolicy`` (a name registered with vLLM's
+            ``CachePolicyFactory``, or a class of ``cache_policy_module_path``), resolved as vLLM
+            resolves it (:func:`~kvoffload.integrations.vllm.policy.resolve_cache_policy`).
         store_threshold: offers a key needs before it is stored; below 2 nothing is filtered.
         max_tracker_size: keys the reuse filter tracks.
         enable_events: record store/evict events (vLLM's ``enable_kv_cache_events``).
         config_info: the labels :meth:`config_info` reports (vLLM 0.33).
+        cache_policy_module_path: the module of an out-of-tree ``cache_policy`` class (vLLM's key).
     """
 
     def __init__(
@@ -77,8 +84,11 @@ class KVOffloadManager(OffloadingManager):
         max_tracker_size: int = 64_000,
         enable_events: bool = False,
         config_info: dict[str, Any] | None = None,
+        cache_policy_module_path: str | None = None,
     ) -> None:
-        self.core = CPUOffloadingManager(num_blocks, cache_policy=cache_policy, enable_events=enable_events)
+        self.medium: Medium = Medium.CPU  # vLLM's managers name their medium (vLLM code reads it)
+        policy = resolve_cache_policy(cache_policy, cache_policy_module_path)
+        self.core = CPUOffloadingManager(num_blocks, cache_policy=policy, enable_events=enable_events)
         stack: CoreManager = self.core
         self.store_threshold = store_threshold
         self._filter: FilteredReuseManager | None = None
@@ -161,14 +171,14 @@ class KVOffloadManager(OffloadingManager):
         if removed:
             self._drain_core_events()
             self._events.append(
-                OffloadingEvent(keys=removed, medium=Medium.CPU, removed=True, metadata_only=True)  # type: ignore[call-arg]
+                OffloadingEvent(keys=removed, medium=self.medium, removed=True, metadata_only=True)  # type: ignore[call-arg]
             )
 
     # ------------------------------------------------------------------ events, stats, reset
     def _drain_core_events(self) -> None:
         assert self._events is not None
         for ev in self.hooks.take_events():
-            self._events.append(OffloadingEvent(keys=list(ev.keys), medium=Medium.CPU, removed=ev.removed))
+            self._events.append(OffloadingEvent(keys=list(ev.keys), medium=self.medium, removed=ev.removed))
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         if self._events is None:
@@ -208,10 +218,9 @@ class KVOffloadManager(OffloadingManager):
         return stats
 
     def reset_cache(self) -> None:
+        """Drop every chunk; what is not reported yet (events, allocation sizes, skipped stores)
+        is kept for the next :meth:`take_events` / :meth:`get_stats`, as vLLM's manager keeps it."""
         self.hooks.reset_cache()
-        if self._events is not None:
-            self._events.clear()
-        self._alloc_sizes.clear()
 
     def has_pending_work(self) -> bool:
         return False

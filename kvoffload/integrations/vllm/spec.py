@@ -7,14 +7,23 @@ Keys read from ``kv_connector_extra_config`` (the same as vLLM's own CPU spec, p
   world_size)`` chunks per worker.
 * ``block_size``: tokens per offloaded chunk, a multiple of the GPU block size (vLLM derives
   ``blocks_per_chunk`` from it; default: the GPU block size).
-* ``eviction_policy``: ``lru`` (default), ``arc``, ``s3fifo`` or a kvoffload ``module:Class``
-  cache policy; ``cache_policy_module_path``, when given, is prefixed: ``module:eviction_policy``.
+* ``eviction_policy``: ``lru`` (default), ``arc``, ``s3fifo``, a kvoffload ``module:Class`` cache
+  policy, or a vLLM ``CachePolicy``: a name registered with vLLM's ``CachePolicyFactory``, or a
+  class name in ``cache_policy_module_path`` (which may also hold a kvoffload policy class); see
+  :mod:`kvoffload.integrations.vllm.policy`.
 * ``store_threshold``: times a block must be offered for storing before it is stored (counted
   per offer, as vLLM counts); below 2 (default 0) every block is stored.
 * ``max_tracker_size``: blocks the reuse counter remembers (default 64000).
 * ``offload_prompt_only``: read by vLLM's connector itself (default True).
 * ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``dma`` / ``module:Class``;
   default: ``KVOFFLOAD_BACKEND`` or the device's default (Triton on CUDA).
+
+``KVOffloadSpec`` is registered as a virtual subclass of vLLM's ``CPUOffloadingSpec``
+(``ABC.register``: nothing is inherited). vLLM 0.32's Prometheus exporter feeds its deprecated
+transfer metrics (``vllm:kv_offload_total_bytes``, ``_total_time``, ``_size``, labelled by
+``transfer_type``) only for specs that are ``CPUOffloadingSpec`` subclasses; this way they are
+observed with kvoffload too, from the same transfer stats as the flat ``vllm:kv_offload_load_*``
+/ ``_store_*`` metrics. Nothing else in vLLM asks whether a spec is a ``CPUOffloadingSpec``.
 """
 
 from __future__ import annotations
@@ -23,9 +32,11 @@ import logging
 from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadingManager, OffloadingSpec, OffloadingWorker
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.integrations.vllm.manager import KVOffloadManager
+from kvoffload.integrations.vllm.policy import resolve_cache_policy
 from kvoffload.integrations.vllm.worker import KVOffloadWorker
 
 logger = logging.getLogger(__name__)
@@ -50,8 +61,6 @@ class KVOffloadSpec(OffloadingSpec):
     def build_metric_definitions(cls, extra_config: Any) -> dict[str, Any]:
         """The Prometheus metrics the manager's stats carry: the same names and meanings as vLLM's
         own CPU spec (vLLM's exporter drops nothing it was not told about in advance)."""
-        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-
         return dict(CPUOffloadingSpec.build_metric_definitions(extra_config))
 
     @classmethod
@@ -65,9 +74,8 @@ class KVOffloadSpec(OffloadingSpec):
         cpu_bytes = _int(extra, "cpu_bytes_to_use", 0)
         if cpu_bytes <= 0:
             raise InvalidArgumentError("kv_connector_extra_config['cpu_bytes_to_use'] must be a positive byte count")
-        policy = extra.get("eviction_policy", "lru")
-        module_path = extra.get("cache_policy_module_path")
-        self.eviction_policy: str = f"{module_path}:{policy}" if module_path else policy
+        self.eviction_policy: str = extra.get("eviction_policy", "lru")
+        self.cache_policy_module_path: str | None = extra.get("cache_policy_module_path")
         self.store_threshold = _int(extra, "store_threshold", 0)
         self.max_tracker_size = _int(extra, "max_tracker_size", 64_000)
         self.kernel_backend: str | None = extra.get("kernel_backend") or None
@@ -83,16 +91,17 @@ class KVOffloadSpec(OffloadingSpec):
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
+            policy = resolve_cache_policy(self.eviction_policy, self.cache_policy_module_path)
             info = {
                 "backend": "kvoffload",
                 "num_chunks": self.num_chunks,
-                "eviction_policy": self.eviction_policy,
+                "eviction_policy": policy,
                 "store_threshold": self.store_threshold,
                 "kernel_backend": self.kernel_backend or "auto",
             }
             self._manager = KVOffloadManager(
                 self.num_chunks,
-                cache_policy=self.eviction_policy,
+                cache_policy=policy,
                 store_threshold=self.store_threshold,
                 max_tracker_size=self.max_tracker_size,
                 enable_events=bool(self.kv_events_config.enable_kv_cache_events),
@@ -104,3 +113,6 @@ class KVOffloadSpec(OffloadingSpec):
         if self._worker is None:
             self._worker = KVOffloadWorker(kv_caches, self.num_chunks, self.blocks_per_chunk, self.kernel_backend)
         return self._worker
+
+
+CPUOffloadingSpec.register(KVOffloadSpec)  # see the module docstring: vLLM's deprecated transfer metrics
