@@ -63,10 +63,17 @@ class RedisServer:
         maxmemory: the server's ``maxmemory`` (with ``allkeys-lru``).
         cluster: start with ``--cluster-enabled yes``.
         extra: more ``redis-server`` arguments.
+        tls: serve TLS only (``rediss://``), with a self-signed certificate for 127.0.0.1 made
+            with ``openssl`` in ``workdir`` (:attr:`ca_file`).
     """
 
     def __init__(
-        self, workdir: str | Path, maxmemory: str = "512mb", cluster: bool = False, extra: tuple[str, ...] = ()
+        self,
+        workdir: str | Path,
+        maxmemory: str = "512mb",
+        cluster: bool = False,
+        extra: tuple[str, ...] = (),
+        tls: bool = False,
     ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -74,12 +81,14 @@ class RedisServer:
         self.maxmemory = maxmemory
         self.cluster = cluster
         self.extra = extra
+        self.tls = tls
+        self.ca_file = str(self.workdir / "cert.pem")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>``."""
-        return f"redis://127.0.0.1:{self.port}"
+        """``redis://127.0.0.1:<port>`` (``rediss://`` with TLS)."""
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}"
 
     @property
     def socket_path(self) -> str:
@@ -101,21 +110,46 @@ class RedisServer:
             "--dir", str(self.workdir),
             "--logfile", str(self.workdir / f"redis-{self.port}.log"),
         ]  # fmt: skip
+        if self.tls:
+            self._make_cert()
+            key = str(self.workdir / "key.pem")
+            args[args.index("--port") + 1] = "0"
+            args += ["--tls-port", str(self.port), "--tls-cert-file", self.ca_file, "--tls-key-file", key]
+            args += ["--tls-ca-cert-file", self.ca_file, "--tls-auth-clients", "no"]
         if self.cluster:
             conf = self.workdir / f"nodes-{self.port}.conf"
             args += ["--cluster-enabled", "yes", "--cluster-config-file", str(conf), "--cluster-node-timeout", "2000"]
         self.proc = subprocess.Popen([*args, *self.extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
-        while not _ping(self.port):
+        while not (self._tls_ping() if self.tls else _ping(self.port)):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"redis-server on port {self.port} did not start (see {self.workdir})")
             time.sleep(0.02)
         return self
 
+    def _make_cert(self) -> None:
+        if Path(self.ca_file).exists():
+            return
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-keyout", str(self.workdir / "key.pem"), "-out", self.ca_file,
+             "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+
+    def _tls_ping(self) -> bool:
+        try:
+            return self.cli("ping").strip() == "PONG"
+        except subprocess.CalledProcessError:
+            return False
+
     def cli(self, *args: str) -> str:
         """Run ``redis-cli -p <port> args…`` and return its output."""
-        out = subprocess.run(["redis-cli", "-p", str(self.port), *args], check=True, capture_output=True, timeout=30)
+        tls = ["--tls", "--cacert", self.ca_file] if self.tls else []
+        out = subprocess.run(
+            ["redis-cli", "-p", str(self.port), *tls, *args], check=True, capture_output=True, timeout=30
+        )
         return out.stdout.decode()
 
     def kill(self) -> None:

@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from kvoffload.errors import InvalidArgumentError
 from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.health import TierUnavailable
 from kvoffload.tiers.namespace import TierNamespace
@@ -87,6 +88,12 @@ class RedisTier(Tier):
             ssl_cert_reqs=ssl_cert_reqs,
         )
         tier_options.setdefault("name", self.config.display())
+        io_threads = tier_options.get("io_threads", 4)
+        if isinstance(io_threads, int) and (self.config.max_connections or io_threads + 1) < io_threads + 1:
+            raise InvalidArgumentError(
+                f"max_connections must be >= io_threads + 1 = {io_threads + 1} (the I/O threads and the lookup "
+                f"thread each hold one connection), got {self.config.max_connections}"
+            )
         super().__init__(records, namespace, **tier_options)
         self._prefix = f"{self.config.key_prefix}:{self.fingerprint.hex()}:".encode()
         self._client_lock = threading.Lock()

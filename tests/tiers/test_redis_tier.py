@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 import redis
@@ -145,6 +148,7 @@ def test_unix_socket_and_acl_user(redis_server: RedisServer) -> None:
         ("redis://127.0.0.1:6379?ssl_ca_certs=/x", {}, "rediss"),
         ("redis://127.0.0.1:6379", {"io_threads": 0}, "io_threads"),
         ("redis://127.0.0.1:6379", {"backoff_initial": 0}, "backoff_initial"),
+        ("redis://127.0.0.1:6379?max_connections=3", {}, "max_connections"),
     ],
 )
 def test_bad_urls_and_options_raise_typed_errors_at_construction(url: str, kw: dict, needle: str) -> None:
@@ -169,3 +173,25 @@ def test_bad_records_and_job_arguments_are_typed_errors(redis_url: str) -> None:
         with pytest.raises(TypeError, match="job_id"):
             t.submit_store(True, make_keys(1), [0])
         assert t.get_finished() == [] and t.stats().blocks_written == 0
+
+
+def test_rediss_tls_roundtrip(tmp_path) -> None:
+    require_redis()
+    if shutil.which("openssl") is None:
+        if os.environ.get("KVOFFLOAD_REQUIRE_REDIS") == "1":
+            pytest.fail("KVOFFLOAD_REQUIRE_REDIS=1 but openssl (for the TLS server's certificate) is missing")
+        pytest.skip("openssl is needed to make the test server's certificate")
+    srv = RedisServer(tmp_path / "tls", tls=True).start()
+    try:
+        src = make_records(4, RB, seed=10)
+        keys = make_keys(2)
+        with RedisTier(src, NS, f"{srv.url}?ssl_ca_certs={srv.ca_file}") as t:
+            assert run_job(t, "store", 1, keys, [0, 1]) == (True, True)
+            assert (settle(t, keys) == TIER_HIT).all()
+            assert run_job(t, "load", 2, keys, [3, 2]) == (True, True)
+        np.testing.assert_array_equal(src[[3, 2]], src[[0, 1]])
+        with RedisTier(src, NS, srv.url, ssl_cert_reqs="required") as untrusted:  # no CA: the handshake fails
+            assert settle(untrusted, keys)[0] == TIER_MISS and untrusted.stats().lookups == 0
+        assert srv.cli("dbsize").strip() == "2"
+    finally:
+        srv.stop()
