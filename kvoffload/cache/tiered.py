@@ -140,6 +140,7 @@ class TieredManager(OffloadingManager):
         self._closed = False
         #: keys whose host-pool bytes came from a tier (until a GPU store rewrites them)
         self.promoted: set[bytes] = set()
+        self._resolved: list[bytes] | None = None  # recorded once take_resolved() was called
 
     # ------------------------------------------------------------------ properties
     @property
@@ -244,6 +245,19 @@ class TieredManager(OffloadingManager):
         for i in positions:
             codes[i] = LOOKUP_PENDING if keys[i] in got else LOOKUP_MISS
 
+    def take_resolved(self) -> list[bytes]:
+        """Keys whose ``LOOKUP_PENDING`` from this manager (not the primary's own pending stores)
+        may have ended since the last call: promotions that finished, ok or not, and keys whose
+        tier probe returned. Finished tier jobs are applied first. Keys are recorded from the
+        first call on (the scheduler calls it to know when a deferred request may look up again)."""
+        if not self._polled:
+            self._poll()
+        out = self._resolved or []
+        self._resolved = []
+        for tier in self.tiers:
+            out.extend(tier.take_answered())
+        return out
+
     # ------------------------------------------------------------------ pass-through
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         return self.primary.prepare_load(keys, req_context)
@@ -331,6 +345,8 @@ class TieredManager(OffloadingManager):
                 self.primary.complete_store(ks, c, success=ok)
                 if ok:
                     self.promoted.update(ks)
+        if self._resolved is not None:
+            self._resolved.extend(job.keys)
         n_ok = sum(res.ok)
         u.blocks_promoted += n_ok
         u.promotions_failed += len(job.keys) - n_ok

@@ -1,0 +1,31 @@
+"""The tier's threads give way to the engine thread when they wake up.
+
+A tier thread is woken by the engine thread (a probe batch, a job handed over) or by its store
+answering. On a machine whose cores are all busy, a woken thread of the default policy preempts
+the thread running on that core -- often the engine thread that just woke it, in the middle of
+its step; the engine thread then waits for a core again. A ``SCHED_BATCH`` thread (Linux) is
+never scheduled by preempting another on wake-up: it runs on an idle core at once, otherwise at
+the next scheduler tick, with the same share of CPU time as before (same nice value). Elsewhere,
+or when the policy cannot be set, nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["as_background_thread"]
+
+logger = logging.getLogger(__name__)
+
+
+def as_background_thread() -> None:
+    """Put the calling thread under ``SCHED_BATCH`` where the OS has it (best effort, never raises)."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    setter = getattr(os, "sched_setscheduler", None)
+    if policy is None or setter is None:
+        return
+    try:
+        setter(0, policy, os.sched_param(0))  # 0: the calling thread
+    except OSError as exc:  # e.g. forbidden by a seccomp profile: keep the default policy
+        logger.debug("tier thread keeps the default scheduling policy: %s", exc)
