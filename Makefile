@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench lint clean
+.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench bench-micro lint clean
 
 install: $(STAMP)
 
@@ -87,6 +87,15 @@ gpu-check:
 bench: $(STAMP)
 	$(PY) -m kvoffload bench $(ARGS)
 
+# Micro benchmarks (pytest-benchmark): manager operations at 10^4-10^6 blocks and the scheduler's
+# decode step, kvoffload vs the OrderedDict baseline measured in the same run; prints the ratio
+# per operation and writes it with the timings to MICRO_OUT. KVOFFLOAD_MICRO_MAX_BLOCKS=100000
+# caps the pool sizes for a quicker run.
+MICRO_OUT ?= bench-micro.json
+bench-micro: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider bench/micro --benchmark-only \
+		--benchmark-columns=median,min,iqr,rounds --benchmark-json=$(MICRO_OUT) $(PYTEST_ARGS)
+
 # ruff check + format check + mypy; installs the pinned tools of the `dev` extra into .venv first.
 $(LINT_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install -q -e ".[test,bench,dev]" $(EDITABLE)
@@ -98,4 +107,4 @@ lint: $(LINT_STAMP)
 	$(PY) -m mypy kvoffload
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick bench-micro.json

@@ -3,7 +3,7 @@
 Run: ``python bench/bench_scheduler.py [--quick]`` (or ``python -m kvoffload bench --only scheduler``).
 Writes the ``scheduler`` section of ``bench/results/<machine>.json`` (unless ``--no-write``).
 
-Setting (issue 5): 256 running requests with 8k-token prompts, GPU blocks of 16 tokens (512
+Setting: 256 running requests with 8k-token prompts, GPU blocks of 16 tokens (512
 offload keys per prompt), a CPU tier of 10^6 blocks filled to capacity with other keys, so every
 store evicts. Measured in one run:
 

@@ -7,7 +7,7 @@ random host slots, it times in ONE run (``triton.testing.do_bench``, median, CUD
 
 * ``P``        -- one large ``cudaMemcpyAsync`` of the same bytes between a contiguous GPU buffer
   and pinned host memory: the link peak every figure is divided by;
-* ``loop``     -- one ``cudaMemcpyAsync`` per page (what engines do today; the ``dma`` backend);
+* ``loop``     -- one ``cudaMemcpyAsync`` per page (what engines do today; the ``page_loop`` backend);
 * ``batched``  -- every page copy of the job in ONE ``cuMemcpyBatchAsync`` (``cuda.bindings``;
   reported missing when it cannot be imported);
 * ``direct``   -- kvoffload's Triton kernel reading/writing the pinned pool (``--max-programs``);
@@ -15,7 +15,7 @@ random host slots, it times in ONE run (``triton.testing.do_bench``, median, CUD
 * ``dma``      -- kvoffload's copy-engine-only path (coalesced copies, batched when possible).
 
 Every row carries its ratio to ``P`` and to both baselines (``loop``, ``batched``) of the same case.
-Targets (issue 10): pack >= 0.9 P and unpack >= 0.8 P at 32 KiB, >= 0.6 P at 4 KiB; >= 5x the
+Targets: pack >= 0.9 P and unpack >= 0.8 P at 32 KiB, >= 0.6 P at 4 KiB; >= 5x the
 per-page loop and >= 1.5x the batched copy at 4-24 KiB with >= 1k pages, using <= 16 programs.
 
 On a CPU-only machine the same methods run on CPU tensors (the torch reference as the kernel,
@@ -147,7 +147,7 @@ def _methods(dev: torch.device, max_programs: int, gpu: bool) -> tuple[dict[str,
     methods: dict[str, tuple[Op, Op]] = {p: (via(p, True), via(p, False)) for p in ("direct", "staged", "dma")}
     missing: dict[str, str] = {}
     if gpu:
-        loop = get_backend("dma", dev)
+        loop = get_backend("page_loop", dev)
         methods["loop"] = (loop.pack, loop.unpack)
     else:
         methods["loop"] = (per_page(TorchCopies(), True), per_page(TorchCopies(), False))

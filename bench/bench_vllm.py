@@ -1,23 +1,38 @@
 """Benchmark: scheduler-side cost per engine step of vLLM's OffloadingConnector, kvoffload's manager
 vs vLLM's own ``CPUOffloadingManager``.
 
-Run: ``python bench/bench_vllm.py [--quick]`` in a venv with vLLM (``make test-vllm`` builds
-``.venv-vllm``), or ``python -m kvoffload bench --only vllm``. Writes the ``vllm`` section of
-``bench/results/<machine>-vllm.json`` (unless ``--no-write``).
+Run: ``python bench/bench_vllm.py [--setting NAME ...] [--repeats N] [--quick]`` in a venv with
+vLLM (``make test-vllm`` builds ``.venv-vllm``), or ``python -m kvoffload bench --only vllm``.
+Writes the ``vllm`` section of ``bench/results/<machine>-vllm.json`` (unless ``--no-write``).
 
-Setting: vLLM's real ``Scheduler`` and ``OffloadingConnector`` in both roles on CPU tensors
-(``kvoffload.integrations.vllm.harness``), a trace of multi-turn conversations sharing a system
-prompt (each turn's prompt extends the previous turn's), a GPU cache too small to keep them, so
-turns hit the CPU tier; eviction pressure on the CPU tier too. The same trace runs twice in the
-same process, once with kvoffload's ``KVOffloadManager`` behind the connector and once with
-vLLM's ``CPUOffloadingManager`` swapped in (same policy, same capacity; the worker side is the
-same). Timed: the scheduler-role connector calls of each step (``get_num_new_matched_tokens``,
+Engine: vLLM's real ``Scheduler`` and ``OffloadingConnector`` in both roles on CPU tensors
+(``tests/integrations/vllm_harness.py``, its model writing no KV here), kvoffload's spec with its
+``KVOffloadManager`` behind the connector, or the same spec with vLLM's ``CPUOffloadingManager``
+swapped in (same policy, same capacity; the worker side is the same). Workload: multi-turn
+conversations, each opening with one of a few shared system prompts, each turn's prompt extending
+the previous turn's (its earlier turns are a shared prefix), more conversations than the engine
+runs at once so that earlier turns leave the GPU cache and come back from the CPU tier, which is
+under eviction pressure too. Settings (:data:`SETTINGS`; without ``--setting`` only ``64req-1e4``
+runs, ``--setting 64req-1e4 --setting 256req-1e5`` runs both realistic ones):
+
+* ``64req-1e4``: 16-token GPU blocks, 64 concurrent requests of 160 conversations, prompts of
+  2k-8k tokens, a CPU pool of 10^4 chunks;
+* ``256req-1e5``: 16-token GPU blocks, 256 concurrent requests of 640 conversations, prompts of
+  2k-32k tokens, a CPU pool of 10^5 chunks;
+
+(chunks of 256 tokens, so that the CPU pool is larger than the GPU cache that runs the
+concurrent requests, as in a deployment: with 16-token chunks a 10^4-chunk pool would be a
+third of that GPU cache and nothing would come back from it);
+* ``small`` (``--quick``): the small trace (4-token blocks, 8 conversations of 3 short turns).
+
+Timed: the scheduler-role connector calls of each step (``get_num_new_matched_tokens``,
 ``update_state_after_alloc``, ``build_connector_meta``, ``update_connector_output``,
 ``request_finished``), which is where the manager is called, and inside them the manager's own
-calls (both managers behind the same timing wrapper). Reported: µs per engine step for both
-(alternating runs, best of three each) and their ratios (kvoffload / vLLM; below 1 is faster).
-Both runs must produce the same tokens and the same number of CPU-tier loads, else the
-comparison is void (asserted).
+calls (both managers behind the same timing wrapper). Reported per setting and policy (LRU, ARC):
+µs per engine step for both and their ratios (kvoffload / vLLM; below 1 is faster), the two runs
+alternated, best of ``--repeats`` each (default 1 for the realistic settings: 64req-1e4 takes a
+few minutes on a 2-core machine, 256req-1e5 about half an hour; 3 for the small trace). Both runs
+must produce the same tokens and the same CPU-tier loads, else the comparison is void (asserted).
 """
 
 from __future__ import annotations
@@ -25,10 +40,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
 
 _MANAGER_CALLS = (
     "lookup",
@@ -50,15 +71,61 @@ _TIMED = (
 )
 
 
-def _trace(conversations: int, turns: int) -> list[list[tuple[str, list[int]]]]:
-    """Waves of (request id, prompt): wave t holds turn t of every conversation."""
-    system = [(i * 37) % 997 + 1 for i in range(32)]
+@dataclass(frozen=True)
+class Setting:
+    """One benchmark setting: the engine's shape and the conversations it serves."""
+
+    name: str
+    block_size: int  # tokens per GPU block (= per CPU chunk)
+    concurrent: int  # requests the engine runs at once (vLLM's max_num_seqs)
+    conversations: int  # more than ``concurrent``: earlier turns leave the GPU cache
+    turns: int
+    system_prompts: int  # distinct system prompts, shared round-robin by the conversations
+    system_tokens: int
+    first_turn_tokens: int  # tokens the first turn adds to the system prompt
+    turn_tokens: int  # tokens each later turn adds to the conversation's prompt
+    reply_tokens: int  # tokens generated per turn
+    chunks: int  # CPU pool size in chunks
+    chunk_tokens: int  # tokens per CPU chunk (offloaded block): a multiple of block_size
+    gpu_blocks: int
+    max_batched_tokens: int
+    small_trace: bool = False  # the original small trace, its KV written and checked every step
+
+    @property
+    def max_prompt(self) -> int:
+        return self.system_tokens + self.first_turn_tokens + (self.turns - 1) * self.turn_tokens
+
+
+SETTINGS = {
+    "small": Setting("small", 4, 16, 8, 3, 1, 32, 24, 24, 4, 512, 4, 48, 64, small_trace=True),
+    # prompts 2k, 4k, 6k, 8k tokens; pool 2.6M tokens, GPU cache 0.54M
+    "64req-1e4": Setting("64req-1e4", 16, 64, 160, 4, 4, 1536, 512, 2048, 8, 10_000, 256, 64 * 530, 8192),
+    # prompts 2k, 9.6k, 17k, 24.6k, 32k tokens; pool 25.6M tokens, GPU cache 8.4M
+    "256req-1e5": Setting("256req-1e5", 16, 256, 640, 5, 8, 1536, 512, 7552, 8, 100_000, 256, 256 * 2060, 16384),
+}
+REALISTIC = ("64req-1e4", "256req-1e5")
+#: what a run without ``--setting`` measures: a few minutes on a 2-core machine (256req-1e5 takes
+#: about 7 minutes per run there, 4 runs per repeat)
+DEFAULT = ("64req-1e4",)
+
+
+def _trace(s: Setting) -> list[list[tuple[str, list[int]]]]:
+    """Waves of (request id, prompt): wave t holds turn t of every conversation. The small setting
+    keeps the original trace (one system prompt, deterministic turn tokens)."""
+    rng = np.random.default_rng(7)
+    systems = [rng.integers(1, 997, s.system_tokens).tolist() for _ in range(s.system_prompts)]
+    if s.small_trace:
+        systems = [[(i * 37) % 997 + 1 for i in range(s.system_tokens)]]
+    history = {c: list(systems[c % s.system_prompts]) for c in range(s.conversations)}
     waves = []
-    history = {c: list(system) for c in range(conversations)}
-    for t in range(turns):
+    for t in range(s.turns):
         wave = []
-        for c in range(conversations):
-            history[c] += [(c * 131 + t * 17 + i * 7) % 997 + 1 for i in range(24)]
+        for c in range(s.conversations):
+            if s.small_trace:
+                history[c] += [(c * 131 + t * 17 + i * 7) % 997 + 1 for i in range(s.turn_tokens)]
+            else:
+                n = s.first_turn_tokens if t == 0 else s.turn_tokens
+                history[c] += rng.integers(1, 997, n).tolist()
             wave.append((f"c{c}t{t}", list(history[c])))
         waves.append(wave)
     return waves
@@ -79,37 +146,51 @@ def _time_calls(obj: Any, names: tuple[str, ...], acc: list[float]) -> None:
         setattr(obj, name, timed)
 
 
-def _run_once(waves: list[list[tuple[str, list[int]]]], use_vllm_manager: bool, policy: str) -> dict[str, Any]:
+def _run_once(
+    s: Setting, waves: list[list[tuple[str, list[int]]]], use_vllm_manager: bool, policy: str
+) -> dict[str, Any]:
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-    from kvoffload.integrations.vllm.harness import PAGE, Engine
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.integrations.vllm_harness import Engine, Shape
 
-    chunks = 512
+    shape = Shape(
+        block_size=s.block_size,
+        max_len=max(256, s.max_prompt + s.reply_tokens + s.block_size),
+        max_num_seqs=s.concurrent,
+        max_num_batched_tokens=s.max_batched_tokens,
+    )
     extra = {
         "spec_name": "KVOffloadSpec",
         "spec_module_path": "kvoffload.integrations.vllm",
-        "cpu_bytes_to_use": chunks * PAGE,
+        "cpu_bytes_to_use": s.chunks * shape.page * (s.chunk_tokens // s.block_size),
         "eviction_policy": policy,
         "kernel_backend": "torch",
     }
-    e = Engine(extra, num_gpu_blocks=48)
+    if s.chunk_tokens != s.block_size:
+        extra["block_size"] = s.chunk_tokens
+    e = Engine(extra, num_gpu_blocks=s.gpu_blocks, shape=shape, check_kv=s.small_trace)
     sched = e.connector.connector_scheduler
     if use_vllm_manager:
-        sched.manager = CPUOffloadingManager(chunks, cache_policy=policy)
+        sched.manager = CPUOffloadingManager(s.chunks, cache_policy=policy)
     spent = [0.0]
     in_manager = [0.0]
     _time_calls(sched.manager, _MANAGER_CALLS, in_manager)
     _time_calls(e.connector, _TIMED, spent)
     gc.collect()
+    t0 = time.perf_counter()
     for wave in waves:
         for rid, prompt in wave:
-            e.add(rid, prompt, max_tokens=4)
+            e.add(rid, prompt, max_tokens=s.reply_tokens)
         while e.scheduler.has_unfinished_requests():
             e.step()
     e.drain()
+    wall = time.perf_counter() - t0
     steps = e.steps
-    return {
+    out = {
         "steps": steps,
+        "wall_s": wall,
         "connector_s": spent[0],
         "us_per_step": spent[0] / steps * 1e6,
         "manager_us_per_step": in_manager[0] / steps * 1e6,
@@ -117,22 +198,24 @@ def _run_once(waves: list[list[tuple[str, list[int]]]], use_vllm_manager: bool, 
         "stores": e.worker.counts["stores"],
         "outputs": e.outputs,
     }
+    del e, sched
+    gc.collect()
+    return out
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    import vllm
-
-    conversations, turns = (8, 3) if quick else (16, 5)
-    waves = _trace(conversations, turns)
-    out: dict[str, Any] = {"vllm_version": vllm.__version__, "conversations": conversations, "turns": turns}
+def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "arc")) -> list[dict[str, Any]]:
+    """Rows for ``s``: per policy, kvoffload's manager and vLLM's alternated, best of ``repeats``."""
+    waves = _trace(s)
     rows = []
-    for policy in ("lru", "arc"):
-        runs = [_run_once(waves, use_vllm, policy) for _ in range(3) for use_vllm in (False, True)]
-        ours = min(runs[0::2], key=lambda r: r["us_per_step"])  # alternated, best of 3 each
+    for policy in policies:
+        runs = [_run_once(s, waves, use_vllm, policy) for _ in range(repeats) for use_vllm in (False, True)]
+        ours = min(runs[0::2], key=lambda r: r["us_per_step"])
         theirs = min(runs[1::2], key=lambda r: r["us_per_step"])
-        assert ours["outputs"] == theirs["outputs"], "the two runs produced different tokens"
-        assert ours["loads"] == theirs["loads"], (ours["loads"], theirs["loads"])
+        for r in runs[1:]:  # every run, not only the best ones, must agree
+            assert r["outputs"] == runs[0]["outputs"], "two runs produced different tokens"
+            assert r["loads"] == runs[0]["loads"], ("two runs loaded differently", r["loads"], runs[0]["loads"])
         row = {
+            "setting": s.name,
             "policy": policy,
             "steps": ours["steps"],
             "cpu_tier_loads": ours["loads"],
@@ -143,21 +226,53 @@ def run(quick: bool = False) -> dict[str, Any]:
             "kvoffload_manager_us_per_step": round(ours["manager_us_per_step"], 1),
             "vllm_manager_us_per_step": round(theirs["manager_us_per_step"], 1),
             "manager_ratio": round(ours["manager_us_per_step"] / theirs["manager_us_per_step"], 3),
+            "run_wall_s": round(min(r["wall_s"] for r in runs), 1),
         }
         print(json.dumps(row), flush=True)
         rows.append(row)
-    out["rows"] = rows
+    return rows
+
+
+def run(
+    quick: bool = False,
+    settings: tuple[str, ...] | None = None,
+    repeats: int | None = None,
+    chunk_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Every setting in ``settings`` (default: :data:`DEFAULT`; ``quick``: the small trace),
+    with ``chunk_tokens`` tokens per CPU chunk instead of the setting's when given."""
+    import vllm
+
+    names = settings or (("small",) if quick else DEFAULT)
+    reps = repeats or (3 if names == ("small",) else 1)
+    out: dict[str, Any] = {"vllm_version": vllm.__version__, "repeats": reps, "settings": {}, "rows": []}
+    for name in names:
+        s = SETTINGS[name]
+        if chunk_tokens is not None:
+            s = replace(s, name=f"{name}-c{chunk_tokens}", chunk_tokens=chunk_tokens)
+        out["settings"][s.name] = asdict(s)
+        out["rows"] += run_setting(s, reps)
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="the small trace only (about a minute)")
+    ap.add_argument("--setting", action="append", choices=sorted(SETTINGS), help="run these settings (repeatable)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs per manager and policy (best counts)")
+    ap.add_argument("--chunk-tokens", type=int, default=None, help="tokens per CPU chunk (default: the setting's)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
-    result = run(quick=args.quick)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the harness's model config is local
+    result = run(
+        quick=args.quick,
+        settings=tuple(args.setting) if args.setting else None,
+        repeats=args.repeats,
+        chunk_tokens=args.chunk_tokens,
+    )
     if not args.no_write:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
         from bench import common
 
         out = common.results_path()

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.core.base import LOOKUP_HIT, ReqContext
+from kvoffload.core.base import ReqContext
+from kvoffload.core.lookup_result import LOOKUP_HIT
 
 KEY_BYTES = 36  # 32-byte block hash + 4-byte group index
 PROMPT_BLOCKS = 512

@@ -1,9 +1,9 @@
-"""Summary ratios and the plot of ``bench/bench_transfer.py`` results (split out of it).
+"""Summary ratios and the plot of ``bench/bench_transfer.py`` results.
 
-``summary(rows, gpu)``: per target of issue 10, the worst case (over shapes, page sizes and job
-sizes in the range) of the best kvoffload path (direct, staged, dma) -- its ratio to ``P`` or to a
-baseline; targets are only attached on a GPU. ``plot(result, path)``: GB/s and ratio to ``P`` vs
-page size for every method, baselines included.
+``summary(rows, gpu)``: per target (``bench/bench_transfer.py``'s docstring), the worst case
+(over shapes, page sizes and job sizes in the range) of the best kvoffload path (direct, staged,
+dma) -- its ratio to ``P`` or to a baseline; targets are only attached on a GPU.
+``plot(result, path)``: GB/s and ratio to ``P`` vs page size for every method, baselines included.
 """
 
 from __future__ import annotations

@@ -21,15 +21,11 @@ from __future__ import annotations
 
 import logging
 
-from kvoffload.cache.lookup_result import LookupResult
 from kvoffload.cache.manager import CPUOffloadingManager, OffloadingStats
 from kvoffload.cache.policies import CachePolicy, available_policies, get_policy_class, register_policy
 from kvoffload.cache.request_hooks import RequestHooksManager
 from kvoffload.cache.reuse import FilteredReuseManager
 from kvoffload.core.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
     BlockIDsLoadStoreSpec,
     CPULoadStoreSpec,
     GPULoadStoreSpec,
@@ -44,6 +40,7 @@ from kvoffload.core.base import (
     make_offload_key,
     validate_keys,
 )
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupResult
 from kvoffload.errors import (
     BackendUnavailableError,
     InvalidArgumentError,

@@ -4,13 +4,11 @@ Every error the package raises on bad input derives from :class:`KVOffloadError`
 the builtin exception an engine author would catch anyway (``ValueError``/``TypeError``/
 ``RuntimeError``), so ``except ValueError`` keeps working.
 
-This module imports nothing from the rest of the package: every subpackage may use it, for the
-exceptions and for :func:`check_int`, the one integer-argument check they all share.
+This module imports nothing from the rest of the package: every subpackage may use it. The
+argument checks that raise these errors live in :mod:`kvoffload.checks`.
 """
 
 from __future__ import annotations
-
-from numbers import Integral
 
 __all__ = [
     "KVOffloadError",
@@ -21,7 +19,6 @@ __all__ = [
     "BackendUnavailableError",
     "TransferError",
     "StreamCaptureError",
-    "check_int",
 ]
 
 
@@ -49,29 +46,12 @@ class ReadOnlyError(InvalidTypeError, AttributeError):
 
 
 class BackendUnavailableError(KVOffloadError, RuntimeError):
-    """An explicitly requested kernel backend cannot run in this environment."""
+    """An explicitly requested kernel backend cannot run in this environment, or the module of a
+    ``"module:Class"`` (kernel backend or cache policy) cannot be imported."""
 
 
 class TransferError(KVOffloadError, RuntimeError):
     """A transfer could not be set up (the worker reports run-time failures as ``success=False``)."""
-
-
-def check_int(value: object, name: str, minimum: int | None = None) -> int:
-    """``value`` as a Python int, or a typed error naming ``name``.
-
-    Accepts ``int`` and numpy integers; rejects ``bool`` (``True`` is not 1 here), floats and
-    strings with :class:`InvalidTypeError`, and values below ``minimum`` with
-    :class:`InvalidArgumentError`.
-    """
-    if type(value) is int:  # the common case, ~10x cheaper than the ABC check below
-        v = value
-    elif isinstance(value, bool) or not isinstance(value, Integral):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    else:
-        v = int(value)
-    if minimum is not None and v < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {v}")
-    return v
 
 
 class StreamCaptureError(TransferError):

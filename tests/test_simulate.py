@@ -173,7 +173,10 @@ def test_trace_errors_come_before_the_run(tmp_path: Path) -> None:
     ("argv", "needle"),
     [
         (["--capacities", "1MiB"], "holds no offloaded block of 4,194,304 bytes"),
-        (["--capacities", "2XB"], "positive integer (offloaded blocks) or a size"),
+        (["--capacities", "2XB"], "positive integer (offloaded blocks), a size such as 2GiB or 512MiB, or tokens"),
+        (["--capacities", "20tok"], "--capacities 20tok holds no offloaded block of 32 tokens"),
+        (["--trace-block-size", "512"], "--trace-format and --trace-block-size need --trace"),
+        (["--replay", "fast"], "invalid choice"),
         (["--block-size", "24"], "--block-size must be a multiple of the 16-token GPU block"),
         (["--dtype", "int4"], "invalid choice"),
     ],

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--policy", default="lru", help="eviction policy name or module:Class (default lru)")
     p_demo.add_argument("--cpu-blocks", type=_positive_int, default=None, help="CPU tier capacity in offloaded blocks")
     p_demo.add_argument("--gpu-blocks", type=_positive_int, default=None, help="GPU KV capacity in GPU blocks")
-    p_demo.add_argument("--backend", default=None, help="kernel backend: triton, torch, dma or module:Class")
+    p_demo.add_argument("--backend", default=None, help="kernel backend: triton, torch, page_loop or module:Class")
     p_demo.add_argument("--conversations", type=_positive_int, default=None, help="number of conversations")
     p_demo.add_argument("--seed", type=_non_negative_int, default=0)
     p_demo.add_argument(
@@ -110,6 +110,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="how much host memory: share of prompt tokens loaded from the CPU tier vs capacity, per policy",
     )
     p_sim.add_argument("--trace", default=None, help="JSONL trace (see README); default: the demo's chat workload")
+    p_sim.add_argument(
+        "--trace-format",
+        choices=("auto", "kvoffload", "mooncake"),
+        default="auto",
+        help="trace format (default auto: mooncake when the first line has hash_ids/input_length)",
+    )
+    p_sim.add_argument(
+        "--trace-block-size",
+        type=_positive_int,
+        default=None,
+        help="tokens per hash_ids entry of a Mooncake trace, a multiple of 16 (default 512)",
+    )
+    p_sim.add_argument(
+        "--replay",
+        choices=("auto", "cache", "engine"),
+        default="auto",
+        help="cache: prompt blocks through the manager, with Belady and the infinite cache; engine: the reference "
+        "engine (GPU prefix cache, concurrency, generated blocks); auto (default): engine up to 1M prompt tokens",
+    )
+    p_sim.add_argument(
+        "--jobs", type=_positive_int, default=None, help="processes for the cache-level sweep (default: usable cores)"
+    )
     p_sim.add_argument("--policies", default=None, help="comma-separated policies (default: all registered)")
     p_sim.add_argument(
         "--capacities",

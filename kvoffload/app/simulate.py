@@ -1,9 +1,16 @@
 """``python -m kvoffload simulate``: how much host memory, and which policy?
 
-Replays a workload (the demo's multi-turn chat, or a JSONL trace) through the reference engine,
-its scheduler and a :class:`~kvoffload.cache.manager.CPUOffloadingManager` for every policy and
-a range of CPU-tier capacities, without moving KV bytes (:class:`NullTransferWorker`, a one-row
-KV). Capacities are reported in bytes of host memory for a stated model shape
+Replays a workload (the demo's multi-turn chat, a kvoffload JSONL trace or a Mooncake trace) for
+every policy and a range of CPU-tier capacities, without moving KV bytes, in one of two ways:
+
+* ``engine``: through the reference engine, its scheduler and a
+  :class:`~kvoffload.cache.manager.CPUOffloadingManager` (:class:`NullTransferWorker`, a one-row
+  KV): GPU prefix cache, concurrency, chunked prefill and generated blocks included;
+* ``cache``: the prompts' offloaded blocks straight through the same manager and policies
+  (:mod:`kvoffload.sim.cache_replay`), with Belady's optimum and the infinite cache beside them
+  (:mod:`kvoffload.sim.optimal`), the runs spread over ``--jobs`` processes. The default for
+  workloads of more than :data:`ENGINE_REPLAY_MAX_TOKENS` prompt tokens.
+Capacities are reported in bytes of host memory for a stated model shape
 (:class:`ModelShape`; default an 8B-class model) as well as in offloaded blocks. Writes
 ``hit_rate.png``, ``results.csv`` and ``results.json`` into the output directory (default
 ``./simulate-out``); the report is in :mod:`kvoffload.app.simulate_report`.
@@ -12,6 +19,7 @@ KV). Capacities are reported in bytes of host memory for a stated model shape
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +32,14 @@ from kvoffload.cache.policies.base import available_policies, get_policy_class
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens
 from kvoffload.sim.engine import Engine
+from kvoffload.sim.mooncake import (
+    MOONCAKE_BLOCK_TOKENS,
+    MooncakeRequest,
+    detect_trace_format,
+    piece_hash,
+    prompt_piece_ids,
+    read_mooncake_trace,
+)
 from kvoffload.sim.null_worker import NullTransferWorker
 from kvoffload.sim.request import SimRequest
 from kvoffload.sim.sweep import (
@@ -33,12 +49,14 @@ from kvoffload.sim.sweep import (
     ModelShape,
     SimPoint,
     default_capacities,
+    log_capacities,
     working_set_blocks,
 )
 from kvoffload.sim.workload import TraceRequest, read_trace
 
 __all__ = [
     "DTYPE_BYTES",
+    "ENGINE_REPLAY_MAX_TOKENS",
     "MODEL_SHAPES",
     "ModelShape",
     "SimPoint",
@@ -58,11 +76,32 @@ def _to_request(t: TraceRequest) -> SimRequest:
     )
 
 
+#: ``--replay auto`` uses the engine replay up to this many prompt tokens in the workload
+ENGINE_REPLAY_MAX_TOKENS = 1_000_000
+
+
+def _mooncake_to_trace(reqs: list[MooncakeRequest], trace_block_tokens: int) -> list[TraceRequest]:
+    """Mooncake requests as engine trace requests: one 16-token block hash per piece
+    (:func:`~kvoffload.sim.mooncake.prompt_piece_ids`), ``output_length`` tokens decoded."""
+    return [
+        TraceRequest(
+            f"r{r.line}",
+            None,
+            tuple(piece_hash(p) for p in prompt_piece_ids(r, trace_block_tokens)),
+            r.input_length,
+            r.output_length,
+            r.line,
+        )
+        for r in reqs
+    ]
+
+
 def parse_capacity(text: str) -> tuple[float, str]:
-    """One ``--capacities`` item: a positive int (offloaded blocks) or a size such as ``2GiB``,
-    ``512MiB``, ``1.5GB``. Returns ``(value, unit)`` with unit ``"blocks"`` or a byte unit."""
+    """One ``--capacities`` item: a positive int (offloaded blocks), a size such as ``2GiB``,
+    ``512MiB``, ``1.5GB``, or tokens such as ``3Mtok``, ``500Ktok``. Returns ``(value, unit)``
+    with unit ``"blocks"``, a byte unit or a token unit."""
     s = text.strip()
-    for unit, _ in _UNITS:
+    for unit, _ in (*_TOKEN_UNITS, *_UNITS):
         if s.lower().endswith(unit.lower()):
             try:
                 value = float(s[: -len(unit)])
@@ -75,16 +114,25 @@ def parse_capacity(text: str) -> tuple[float, str]:
         if s.isdigit() and int(s) > 0:
             return float(int(s)), "blocks"
     raise argparse.ArgumentTypeError(
-        f"expected a positive integer (offloaded blocks) or a size such as 2GiB or 512MiB, got {text!r}"
+        f"expected a positive integer (offloaded blocks), a size such as 2GiB or 512MiB, or tokens such as "
+        f"3Mtok, got {text!r}"
     )
 
 
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("GB", 10**9), ("MB", 10**6))
+_TOKEN_UNITS = (("Mtok", 10**6), ("Ktok", 10**3), ("tok", 1))
 
 
-def _to_blocks(value: float, unit: str, block_bytes: int) -> int:
+def _to_blocks(value: float, unit: str, block_bytes: int, block_tokens: int = 1) -> int:
     if unit == "blocks":
         return int(value)
+    if unit in dict(_TOKEN_UNITS):
+        tokens = value * dict(_TOKEN_UNITS)[unit]
+        if tokens < block_tokens:
+            raise InvalidArgumentError(
+                f"--capacities {value:g}{unit} holds no offloaded block of {block_tokens} tokens"
+            )
+        return int(tokens // block_tokens)
     nbytes = value * dict(_UNITS)[unit]
     blocks = int(nbytes // block_bytes)
     if blocks < 1:
@@ -171,8 +219,39 @@ def _shape(args: argparse.Namespace) -> ModelShape:
     )
 
 
+def _read_workload(args: argparse.Namespace, settings: DemoSettings) -> tuple[list[Any], str, int]:
+    """The workload's items, its description and the trace block size (tokens per hash)."""
+    if not args.trace:
+        if args.trace_format != "auto" or args.trace_block_size is not None:
+            raise InvalidArgumentError("--trace-format and --trace-block-size need --trace")
+        items = list(settings.workload())
+        return items, f"chat workload ({settings.conversations} conversations x {settings.turns} turns)", 16
+    fmt = detect_trace_format(args.trace) if args.trace_format == "auto" else args.trace_format
+    if fmt == "mooncake":
+        tb = MOONCAKE_BLOCK_TOKENS if args.trace_block_size is None else args.trace_block_size
+        reqs = read_mooncake_trace(args.trace, tb)
+        return reqs, f"Mooncake trace {args.trace} ({len(reqs):,} requests)", tb
+    if args.trace_block_size not in (None, HASH_BLOCK_TOKENS):
+        raise InvalidArgumentError(
+            f"--trace-block-size {args.trace_block_size}: a kvoffload trace hashes {HASH_BLOCK_TOKENS}-token blocks; "
+            "the option is for Mooncake traces"
+        )
+    trace_items = list(read_trace(args.trace, HASH_BLOCK_TOKENS))
+    return trace_items, f"trace {args.trace} ({len(trace_items):,} requests)", HASH_BLOCK_TOKENS
+
+
+def _prompt_tokens(items: list[Any]) -> int:
+    return sum(
+        it.input_length
+        if isinstance(it, MooncakeRequest)
+        else getattr(it, "num_tokens", None) or len(it.prompt_token_ids)
+        for it in items
+    )
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     """CLI entry: validate every flag and the trace, simulate, write PNG/CSV/JSON, print the report."""
+    from kvoffload.app.simulate_cache import block_trace_of, run_cache_sweep
     from kvoffload.app.simulate_report import SweepReport
 
     policies = available_policies() if not args.policies else [p.strip() for p in args.policies.split(",") if p]
@@ -184,6 +263,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(
             f"--block-size must be a multiple of the {HASH_BLOCK_TOKENS}-token GPU block, got {args.block_size}"
         )
+    jobs = args.jobs or min(len(os.sched_getaffinity(0)), 8)
     shape = _shape(args)
     factor = args.block_size // HASH_BLOCK_TOKENS
     block_bytes = shape.bytes_per_token * args.block_size
@@ -193,28 +273,41 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.conversations:
         overrides["conversations"] = args.conversations
     settings = replace(DemoSettings(), **overrides)
-    if args.trace:
-        items: list[Any] = list(read_trace(args.trace, HASH_BLOCK_TOKENS))
-        source = f"trace {args.trace} ({len(items):,} requests)"
-        _check_fits(items, settings, args.trace)
+    items, source, trace_block = _read_workload(args, settings)
+    replay = args.replay
+    if replay == "auto":
+        replay = "engine" if _prompt_tokens(items) <= ENGINE_REPLAY_MAX_TOKENS else "cache"
+    if replay == "engine":
+        if items and isinstance(items[0], MooncakeRequest):
+            items = _mooncake_to_trace(items, trace_block)
+        if args.trace:
+            _check_fits(items, settings, args.trace)
+        ws = working_set_blocks(items, HASH_BLOCK_TOKENS, factor)
     else:
-        items = list(settings.workload())
-        source = f"chat workload ({settings.conversations} conversations x {settings.turns} turns)"
-    ws = working_set_blocks(items, HASH_BLOCK_TOKENS, factor)
+        btrace = block_trace_of(items, args.block_size, trace_block)
+        ws = btrace.num_blocks
     if args.capacities:
-        capacities = sorted({_to_blocks(v, unit, block_bytes) for v, unit in args.capacities})
+        capacities = sorted({_to_blocks(v, unit, block_bytes, args.block_size) for v, unit in args.capacities})
     else:
-        capacities = default_capacities(ws)
+        capacities = default_capacities(ws) if replay == "engine" else log_capacities(ws)
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
-    torch.set_num_threads(1)  # tiny tensors: more threads only contend
-    report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes)
+    report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes, replay)
     print(report.header(), flush=True)
-    points = simulate(items, settings, policies, capacities, block_bytes=block_bytes)
-    print(report.finish(points, out))
+    if replay == "engine":
+        torch.set_num_threads(1)  # tiny tensors: more threads only contend
+        points = simulate(items, settings, policies, capacities, block_bytes=block_bytes)
+        print(report.finish(points, out))
+    else:
+        print(
+            f"  replay:          cache-level, {jobs} processes; Belady's optimum and the infinite cache beside",
+            flush=True,
+        )
+        swept = run_cache_sweep(btrace, policies, capacities, jobs, block_bytes)
+        print(report.finish(swept.points, out, swept))
     return 0
 
 
@@ -225,5 +318,5 @@ def _check_fits(items: list[TraceRequest], settings: DemoSettings, path: str) ->
         if it.num_tokens + it.max_tokens > room:
             raise InvalidArgumentError(
                 f"{path}:{it.line}: request_id {it.request_id!r} needs {it.num_tokens + it.max_tokens:,} tokens "
-                f"(num_tokens + max_tokens), the GPU cache holds {room:,}: raise --gpu-blocks"
+                f"(num_tokens + max_tokens), the GPU cache holds {room:,}: raise --gpu-blocks (or --replay cache)"
             )

@@ -12,10 +12,13 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvoffload.app.demo import DemoSettings, gib
 from kvoffload.sim.sweep import ModelShape, SimPoint
+
+if TYPE_CHECKING:
+    from kvoffload.app.simulate_cache import CacheSweepPoints
 
 __all__ = ["SweepReport", "plot_hit_rates"]
 
@@ -40,8 +43,9 @@ class SweepReport:
         capacities: list[int],
         working_set_blocks: int,
         block_bytes: int,
+        replay: str = "engine",
     ) -> None:
-        self.source, self.shape, self.settings = source, shape, settings
+        self.source, self.shape, self.settings, self.replay = source, shape, settings, replay
         self.policies, self.capacities = policies, capacities
         self.ws, self.block_bytes = working_set_blocks, block_bytes
         self.block_tokens = settings.gpu_block_size * settings.block_size_factor
@@ -50,12 +54,16 @@ class SweepReport:
         s, shape = self.settings, self.shape
         gpu_bytes = s.gpu_blocks * s.gpu_block_size * shape.bytes_per_token
         caps, bb = self.capacities, self.block_bytes
+        gpu = (
+            f"; GPU KV cache: {s.gpu_blocks:,} GPU blocks of {s.gpu_block_size} tokens = {gib(gpu_bytes)}"
+            if self.replay == "engine"
+            else "; cache-level replay (no GPU tier)"
+        )
         return "\n".join(
             [
                 f"simulating {self.source}",
                 f"  model shape:     {shape.describe()} = {_size(shape.bytes_per_token)} of KV per token",
-                f"  offloaded block: {self.block_tokens} tokens = {_size(self.block_bytes)}; GPU KV cache: "
-                f"{s.gpu_blocks:,} GPU blocks of {s.gpu_block_size} tokens = {gib(gpu_bytes)}",
+                f"  offloaded block: {self.block_tokens} tokens = {_size(self.block_bytes)}{gpu}",
                 f"  working set:     {self.ws:,} distinct offloaded blocks in the prompts = {gib(self.ws * bb)} "
                 f"(each full {self.block_tokens}-token block of every prompt, counted once by its chained hash)",
                 f"  sweep:           policies {', '.join(self.policies)}; {len(caps)} capacities from {caps[0]:,} to "
@@ -68,6 +76,7 @@ class SweepReport:
         s = self.settings
         return {
             "source": self.source,
+            "replay": self.replay,
             "model_shape": {**asdict(self.shape), "bytes_per_token": self.shape.bytes_per_token},
             "gpu_block_tokens": s.gpu_block_size,
             "offloaded_block_tokens": self.block_tokens,
@@ -81,19 +90,46 @@ class SweepReport:
             "capacities_gib": [c * self.block_bytes / 2**30 for c in self.capacities],
         }
 
-    def table(self, points: list[SimPoint]) -> str:
-        """Share of prompt tokens loaded from the CPU tier, one row per capacity, one column per policy."""
+    def table(self, points: list[SimPoint], ref: CacheSweepPoints | None = None) -> str:
+        """Share of prompt tokens loaded from the CPU tier, one row per capacity, one column per
+        policy (and Belady's optimum and the infinite cache when given); then, with ``ref``, each
+        policy's share of Belady's optimum."""
         by = {(p.policy, p.cpu_blocks): p for p in points}
-        widths = [max(len(p), 6) for p in self.policies]
-        head = f"{'host memory':>12}  {'blocks':>8}  " + "  ".join(
-            f"{p:>{w}}" for p, w in zip(self.policies, widths, strict=True)
-        )
-        lines = ["prompt tokens loaded from the CPU tier, % of prompt tokens:", head]
-        for cap in self.capacities:
-            cells = "  ".join(
-                f"{by[(p, cap)].cpu_hit_rate:>{w}.1%}" for p, w in zip(self.policies, widths, strict=True)
+        cols = list(self.policies)
+        if ref is not None:
+            by.update({("belady", p.cpu_blocks): p for p in ref.belady})
+            by.update({("infinite", c): ref.infinite for c in self.capacities})
+            cols += ["belady", "infinite"]
+        widths = [max(len(p), 6) for p in cols]
+        bw = max(8, len(f"{self.capacities[-1]:,}"))
+        tok = self.replay == "cache"  # real traces: capacities in tokens too
+
+        def head(names: list[str]) -> str:
+            return (
+                f"{'host memory':>12}  "
+                + (f"{'tokens':>8}  " if tok else "")
+                + f"{'blocks':>{bw}}  "
+                + "  ".join(f"{p:>{w}}" for p, w in zip(names, widths, strict=False))
             )
-            lines.append(f"{_size(cap * self.block_bytes):>12}  {cap:>8,}  {cells}")
+
+        def row(cap: int, cells: str) -> str:
+            t = f"{_tokens(cap * self.block_tokens):>8}  " if tok else ""
+            return f"{_size(cap * self.block_bytes):>12}  {t}{cap:>{bw},}  {cells}"
+
+        lines = ["prompt tokens loaded from the CPU tier, % of prompt tokens:", head(cols)]
+        for cap in self.capacities:
+            lines.append(
+                row(cap, "  ".join(f"{by[(p, cap)].cpu_hit_rate:>{w}.1%}" for p, w in zip(cols, widths, strict=True)))
+            )
+        if ref is not None:
+            lines += ["each policy's share of Belady's optimum (its hit tokens / Belady's):", head(self.policies)]
+            for cap in self.capacities:
+                best = by[("belady", cap)].cpu_hit_tokens
+                cells = "  ".join(
+                    f"{_share(by[(p, cap)].cpu_hit_tokens, best):>{w}}"
+                    for p, w in zip(self.policies, widths, strict=False)
+                )
+                lines.append(row(cap, cells))
         return "\n".join(lines)
 
     def diagnosis(self, points: list[SimPoint]) -> list[str]:
@@ -106,10 +142,16 @@ class SweepReport:
             if top.cpu_evictions == 0
             else f"and still evicted {top.cpu_evictions:,}"
         )
+        if self.replay == "cache":
+            what = f"of the {self.ws:,} in the prompts (the cache-level replay stores prompt blocks only)"
+        else:
+            what = (
+                f"at most {self.ws:,} of them hold prompt tokens, the others were filled by generated tokens, "
+                "which take room too but are reused only if a later prompt repeats them"
+            )
         lines = [
             f"stored: the largest run ({top.cpu_blocks:,} blocks, {top.policy}) stored {stored:,} distinct offloaded "
-            f"blocks ({gib(stored * bb)}) {room}; at most {self.ws:,} of them hold prompt tokens, the others were "
-            "filled by generated tokens, which take room too but are reused only if a later prompt repeats them"
+            f"blocks ({gib(stored * bb)}) {room}; {what}"
         ]
         if any(p.served_tokens != p.prompt_tokens for p in points):
             lines.append(
@@ -146,16 +188,45 @@ class SweepReport:
             lines.append("the largest capacity still evicted: larger ones may load a little more")
         return lines
 
-    def finish(self, points: list[SimPoint], out: Path) -> str:
-        """Write ``results.csv``, ``results.json`` and ``hit_rate.png`` into ``out``; return the report text."""
-        rows = [asdict(p) for p in points]
+    def reference_lines(self, points: list[SimPoint], ref: CacheSweepPoints) -> list[str]:
+        """The reference lines in words: the infinite cache, and each policy's share of Belady."""
+        inf = ref.infinite
+        lines = [
+            f"infinite cache: {inf.cpu_hit_rate:.1%} of prompt tokens (every block ever stored kept: "
+            f"{inf.distinct_blocks_stored:,} blocks, {gib(inf.distinct_blocks_stored * self.block_bytes)}); "
+            "no policy at any capacity can load more"
+        ]
+        best = {p.cpu_blocks: p.cpu_hit_tokens for p in ref.belady}
+        for policy in self.policies:
+            pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
+            shares = ", ".join(_share(p.cpu_hit_tokens, best[p.cpu_blocks]) for p in pts)
+            lines.append(f"{policy}: share of Belady's optimum at each capacity, smallest first: {shares}")
+        lines.append(f"sweep wall time: {ref.seconds:.1f} s")
+        return lines
+
+    def finish(self, points: list[SimPoint], out: Path, ref: CacheSweepPoints | None = None) -> str:
+        """Write ``results.csv``, ``results.json`` and ``hit_rate.png`` into ``out``; return the report text.
+
+        With ``ref`` (a cache-level sweep) the CSV also has Belady's rows (one per capacity) and the
+        infinite cache's row, and every row its share of Belady's optimum at its capacity."""
+        best = {} if ref is None else {p.cpu_blocks: p.cpu_hit_tokens for p in ref.belady}
+        everything = points if ref is None else [*points, *ref.belady, ref.infinite]
+        rows = [asdict(p) for p in everything]
+        if ref is not None:
+            for p, row in zip(everything, rows, strict=True):
+                b = best.get(p.cpu_blocks)
+                row["share_of_belady"] = p.cpu_hit_tokens / b if b else None
         csv_path, json_path, png_path = out / "results.csv", out / "results.json", out / "hit_rate.png"
         with csv_path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
         stored = max(p.distinct_blocks_stored for p in points)
-        doc = {
+        made_by = (
+            "(prompts only: the cache-level replay)" if self.replay == "cache" else "(prompts and generated tokens)"
+        )
+        n_pts = len(points)
+        doc: dict[str, Any] = {
             "sweep": self.settings_dict(),
             "working_set": {
                 "prompt_blocks": self.ws,
@@ -163,16 +234,33 @@ class SweepReport:
                 "stored_blocks": stored,
                 "stored_bytes": stored * self.block_bytes,
                 "how_counted": "prompt_blocks: distinct full offloaded blocks of the prompts, by chained hash; "
-                "stored_blocks: distinct offloaded blocks stored in the run that stored the most "
-                "(prompts and generated tokens)",
+                f"stored_blocks: distinct offloaded blocks stored in the run that stored the most {made_by}",
             },
-            "points": rows,
+            "points": rows[:n_pts],
         }
+        if ref is not None:
+            doc["belady"] = rows[n_pts:-1]
+            doc["infinite"] = rows[-1]
+            doc["sweep_seconds"] = ref.seconds
         json_path.write_text(json.dumps(doc, indent=2) + "\n")
-        plot_hit_rates(points, png_path, self)
+        plot_hit_rates(points, png_path, self, ref)
         for path in (csv_path, json_path, png_path):
             os.chmod(path, 0o644)
-        return "\n".join([self.table(points), *self.diagnosis(points), f"wrote {png_path}, {csv_path}, {json_path}"])
+        extra = [] if ref is None else self.reference_lines(points, ref)
+        return "\n".join(
+            [self.table(points, ref), *self.diagnosis(points), *extra, f"wrote {png_path}, {csv_path}, {json_path}"]
+        )
+
+
+def _share(hit: int, best: int) -> str:
+    return f"{hit / best:.1%}" if best else "-"
+
+
+def _tokens(n: int) -> str:
+    for unit, div in (("G", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return str(n)
 
 
 def _largest_run(points: list[SimPoint]) -> SimPoint:
@@ -194,9 +282,13 @@ def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
     )
 
 
-def plot_hit_rates(points: list[SimPoint], path: Path, report: SweepReport) -> Path:
+def plot_hit_rates(
+    points: list[SimPoint], path: Path, report: SweepReport, ref: CacheSweepPoints | None = None
+) -> Path:
     """Share of prompt tokens loaded from the CPU tier vs host memory (GiB), one line per policy;
-    offloaded blocks on the top axis, the prompts' working set as a dashed line."""
+    offloaded blocks on the top axis, the prompts' working set as a dashed line; with ``ref``,
+    Belady's optimum and the infinite cache beside the policies. The x axis is logarithmic when
+    the capacities span two decades or more."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -209,6 +301,20 @@ def plot_hit_rates(points: list[SimPoint], path: Path, report: SweepReport) -> P
         ax.plot(
             [p.cpu_blocks * gib_per_block for p in pts], [100 * p.cpu_hit_rate for p in pts], marker="o", label=policy
         )
+    if ref is not None:
+        bel = sorted(ref.belady, key=lambda p: p.cpu_blocks)
+        ax.plot(
+            [p.cpu_blocks * gib_per_block for p in bel],
+            [100 * p.cpu_hit_rate for p in bel],
+            color="black",
+            linestyle="--",
+            marker="x",
+            label="Belady (offline optimum)",
+        )
+        ax.axhline(100 * ref.infinite.cpu_hit_rate, color="black", linestyle=":", label="infinite cache")
+    log_x = report.capacities[-1] >= 100 * report.capacities[0]
+    if log_x:
+        ax.set_xscale("log")
     ws_gib = report.ws * gib_per_block
     _mark(ax, ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB")
     top_run = _largest_run(points)
@@ -228,7 +334,8 @@ def plot_hit_rates(points: list[SimPoint], path: Path, report: SweepReport) -> P
     top = ax.secondary_xaxis("top", functions=(to_blocks, to_gib))
     top.set_xlabel(f"offloaded blocks of {report.block_tokens} tokens ({_size(report.block_bytes)} each)")
     fig.suptitle(f"How much host memory? {report.source}", fontsize=11)
-    ax.set_xlim(left=0)
+    if not log_x:
+        ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(title="eviction policy", loc="lower right")

@@ -28,8 +28,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvoffload.checks import check_int
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidTypeError
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +120,7 @@ class SlotTable:
     """
 
     def __init__(self, num_blocks: int) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
-            raise InvalidTypeError(f"num_blocks must be an int, got {type(num_blocks).__name__} {num_blocks!r}")
-        if num_blocks < 0:
-            raise InvalidArgumentError(f"num_blocks must be >= 0, got {num_blocks}")
+        num_blocks = check_int(num_blocks, "num_blocks", 0)
         if array("i").itemsize != 4:  # pragma: no cover - every mainstream platform
             raise RuntimeError("array('i') is not 32-bit on this platform")
         n = int(num_blocks)

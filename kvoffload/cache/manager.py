@@ -23,7 +23,8 @@ from kvoffload.cache.keytable import PENDING
 from kvoffload.cache.manager_hooks import RequestAccessMixin
 from kvoffload.cache.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
 from kvoffload.cache.manager_state import LOOKUP_CODES
-from kvoffload.cache.manager_stats import ClosedIndex, OffloadingStats, check_bool
+from kvoffload.cache.manager_stats import ClosedIndex, OffloadingStats
+from kvoffload.checks import check_bool
 from kvoffload.core.base import (
     CPULoadStoreSpec,
     LoadStoreSpec,

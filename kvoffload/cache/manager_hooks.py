@@ -16,7 +16,8 @@ import numpy as np
 from kvoffload.cache.manager_small import CPU_MEDIUM, SMALL_BATCH
 from kvoffload.cache.manager_state import LOOKUP_CODES, ManagerState
 from kvoffload.cache.policies.base import CachePolicy
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadingEvent, OffloadKey, ReqContext
+from kvoffload.core.base import OffloadingEvent, OffloadKey, ReqContext
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 __all__ = ["RequestAccessMixin"]
 

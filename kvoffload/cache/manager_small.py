@@ -25,9 +25,6 @@ import numpy as np
 from kvoffload.cache.keytable import PENDING
 from kvoffload.cache.manager_state import ManagerState
 from kvoffload.core.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
     CPULoadStoreSpec,
     OffloadingEvent,
     OffloadKey,
@@ -36,6 +33,7 @@ from kvoffload.core.base import (
     check_req_context,
     validate_keys,
 )
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 logger = logging.getLogger(__name__)
 

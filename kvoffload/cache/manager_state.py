@@ -12,9 +12,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from kvoffload.cache.keytable import Resolved, SlotTable
-from kvoffload.cache.manager_stats import COUNTERS, OffloadingStats, check_bool
+from kvoffload.cache.manager_stats import COUNTERS, OffloadingStats
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadingEvent, OffloadKey
+from kvoffload.checks import check_bool
+from kvoffload.core.base import OffloadingEvent, OffloadKey
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import KeyStateError
 
 __all__ = ["ManagerState", "LOOKUP_CODES"]

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+from kvoffload.errors import KeyStateError
 
-from kvoffload.errors import InvalidTypeError, KeyStateError
-
-__all__ = ["OffloadingStats", "COUNTERS", "ClosedIndex", "check_bool"]
+__all__ = ["OffloadingStats", "COUNTERS", "ClosedIndex"]
 
 
 @dataclass
@@ -70,9 +68,3 @@ class ClosedIndex:
 
     def __contains__(self, key: object) -> bool:
         raise KeyStateError("the CPUOffloadingManager has been shut down")
-
-
-def check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)

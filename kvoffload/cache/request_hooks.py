@@ -21,10 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.lookup_result import LookupResult, as_lookup_result
 from kvoffload.core.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -33,6 +30,7 @@ from kvoffload.core.base import (
     ReqContext,
     get_offload_group_idx,
 )
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LookupResult, lookup_code
 from kvoffload.errors import InvalidTypeError
 
 logger = logging.getLogger(__name__)
@@ -138,7 +136,7 @@ class RequestHooksManager(OffloadingManager):
 
     def lookup_result(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """:meth:`lookup` as a four-valued :class:`LookupResult` (never ``RETRY`` here)."""
-        return as_lookup_result(self._backing.lookup(key, req_context))
+        return lookup_code(self._backing.lookup(key, req_context))
 
     # ------------------------------------------------------------------ recorded
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from kvoffload.cache.keytable import as_key_list
+from kvoffload.checks import check_int
 from kvoffload.core.base import (
-    LOOKUP_MISS,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -22,19 +22,12 @@ from kvoffload.core.base import (
     check_req_context,
     validate_keys,
 )
+from kvoffload.core.lookup_result import LOOKUP_MISS
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["FilteredReuseManager"]
-
-
-def _check_int(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 class FilteredReuseManager(OffloadingManager):
@@ -90,8 +83,8 @@ class FilteredReuseManager(OffloadingManager):
         self.count_on = count_on
         if not isinstance(backing, OffloadingManager):
             raise InvalidTypeError(f"backing must be an OffloadingManager, got {type(backing).__name__}")
-        self.store_threshold = _check_int(store_threshold, "store_threshold", 1)
-        self.max_tracker_size = _check_int(max_tracker_size, "max_tracker_size", 1)
+        self.store_threshold = check_int(store_threshold, "store_threshold", 1)
+        self.max_tracker_size = check_int(max_tracker_size, "max_tracker_size", 1)
         self._backing = backing
         self.counts: OrderedDict[bytes, int] = OrderedDict()
         self._by_request: OrderedDict[str, set[bytes]] = OrderedDict()

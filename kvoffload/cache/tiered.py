@@ -39,10 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.checks import check_int
 from kvoffload.core.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -50,7 +48,8 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError, check_int
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
 from kvoffload.tiers.base import Tier
 from kvoffload.tiers.types import TIER_HIT, TIER_RETRY, TierJobResult
 

@@ -20,8 +20,9 @@ from typing import Any, NewType
 
 import numpy as np
 
-from kvoffload.core.ids import as_id_array
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError, check_int
+from kvoffload.checks import check_int, id_array
+from kvoffload.core.lookup_result import lookup_code
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,6 @@ __all__ = [
     "PrepareStoreOutput",
     "OffloadingEvent",
     "OffloadingManager",
-    "LOOKUP_MISS",
-    "LOOKUP_HIT",
-    "LOOKUP_PENDING",
 ]
 
 #: A block hash followed by the KV-cache group index as 4 big-endian unsigned bytes.
@@ -50,11 +48,6 @@ OffloadKey = NewType("OffloadKey", bytes)
 
 _GROUP_IDX_BYTES = 4
 _MAX_GROUP_IDX = 2**32 - 1
-
-#: Codes returned by :meth:`OffloadingManager.lookup_batch` (``np.int8``).
-LOOKUP_MISS = 0
-LOOKUP_HIT = 1
-LOOKUP_PENDING = 2
 
 
 def make_offload_key(block_hash: bytes, group_idx: int) -> OffloadKey:
@@ -196,7 +189,7 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """
 
     def __init__(self, block_ids: Iterable[int] | np.ndarray) -> None:
-        self.block_ids: np.ndarray = as_id_array(block_ids, "block_ids")
+        self.block_ids: np.ndarray = id_array(block_ids, "block_ids")
 
     def __setattr__(self, name: str, value: object) -> None:
         if name in self.__dict__:
@@ -246,12 +239,12 @@ class GPULoadStoreSpec(BlockIDsLoadStoreSpec):
     ) -> None:
         super().__init__(block_ids)
         n = len(self.block_ids)
-        sizes = as_id_array([n] if group_sizes is None else group_sizes, "group_sizes")
+        sizes = id_array([n] if group_sizes is None else group_sizes, "group_sizes")
         if int(sizes.sum()) != n:
             raise InvalidArgumentError(
                 f"group_sizes must sum to len(block_ids)={n}, got sum {int(sizes.sum())} ({sizes.tolist()})"
             )
-        indices = as_id_array(
+        indices = id_array(
             np.zeros(len(sizes), dtype=np.int64) if block_indices is None else block_indices, "block_indices"
         )
         if len(indices) != len(sizes):
@@ -323,14 +316,13 @@ class OffloadingManager(ABC):
         """Look up many keys at once; equivalent to calling :meth:`lookup` on each, in order.
 
         Returns:
-            ``np.int8`` array, one code per key: :data:`LOOKUP_HIT`, :data:`LOOKUP_MISS`
-            or :data:`LOOKUP_PENDING`. Implementations override this with array code.
+            ``np.int8`` array, one code per key: :data:`~kvoffload.core.lookup_result.LOOKUP_HIT`,
+            ``LOOKUP_MISS`` or ``LOOKUP_PENDING``. Implementations override this with array code.
         """
         keys = validate_keys(keys, allow_duplicates=True)
         out = np.empty(len(keys), dtype=np.int8)
         for i, k in enumerate(keys):
-            r = self.lookup(k, req_context)
-            out[i] = LOOKUP_PENDING if r is None else (LOOKUP_HIT if r else LOOKUP_MISS)
+            out[i] = lookup_code(self.lookup(k, req_context))
         return out
 
     @abstractmethod

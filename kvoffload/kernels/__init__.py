@@ -7,7 +7,7 @@ ids, not keys. Importing this package does not import triton (backends load lazi
   head_dim]``, flashinfer ``[num_blocks, 2, block_size, heads, head_dim]``, MLA ``[num_blocks,
   block_size, dim]`` or :class:`GenericLayout`) canonicalised into byte views per group.
 * :class:`KernelBackend` -- ``pack`` (GPU pages -> packed host records) and ``unpack`` (reverse),
-  one launch per job; :func:`get_backend` picks ``triton``/``torch``/``dma``/``module:Class``
+  one launch per job; :func:`get_backend` picks ``triton``/``torch``/``page_loop``/``module:Class``
   (env ``KVOFFLOAD_BACKEND``).
 * :class:`DataPath` -- per job, the ``direct`` path (the kernel reads/writes the pinned pool), the
   ``staged`` path (copy engines + a bounded GPU staging ring + the kernel inside GPU memory) or the

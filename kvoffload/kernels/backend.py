@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from kvoffload.errors import BackendUnavailableError
-from kvoffload.kernels.job import TransferJob, validate_job
+from kvoffload.kernels.job import CopyJob, validate_job
 from kvoffload.kernels.layout import KVCacheTable
 
 __all__ = ["KernelBackend"]
@@ -23,7 +23,7 @@ class KernelBackend(ABC):
     """Moves packed block records between a :class:`KVCacheTable` and a host buffer.
 
     Subclasses set ``name``, implement :meth:`is_available` and :meth:`_copy` (which receives an
-    already validated :class:`TransferJob`); :meth:`pack`/:meth:`unpack` validate first, so a
+    already validated :class:`CopyJob`); :meth:`pack`/:meth:`unpack` validate first, so a
     subclass never sees bad input. Out-of-tree backends may also override ``pack``/``unpack``
     entirely; the conformance suite (:mod:`kvoffload.testing`) checks the contract either way.
     """
@@ -85,7 +85,7 @@ class KernelBackend(ABC):
             raise BackendUnavailableError(f"kernel backend {self.name!r} cannot run on {device}")
 
     @abstractmethod
-    def _copy(self, job: TransferJob, to_host: bool) -> None:
+    def _copy(self, job: CopyJob, to_host: bool) -> None:
         """Move the bytes of a validated, non-empty job (``to_host``: pack, else unpack)."""
 
     def __repr__(self) -> str:

@@ -15,17 +15,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvoffload.checks import INT64_MAX, check_int_array
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.layout import KVCacheTable
 
-__all__ = ["TransferJob", "validate_job", "as_index_array"]
-
-_INT64_MAX = np.iinfo(np.int64).max
+__all__ = ["CopyJob", "validate_job", "as_index_array"]
 
 
 @dataclass(frozen=True)
-class TransferJob:
-    """A validated job. Arrays are 1-D ``np.int64`` of equal length ``n``.
+class CopyJob:
+    """One validated pack/unpack job of a kernel backend (the records it copies between the KV
+    cache and one host buffer). Arrays are 1-D ``np.int64`` of equal length ``n``.
+
+    Not the scheduler's :class:`~kvoffload.scheduler.jobs.TransferJob` (one request's transfer
+    handed to the workers); a worker turns a transfer into copy jobs.
 
     ``record_bytes[i]`` is the record size of entry ``i`` (0 for blocks of empty groups);
     ``total_bytes`` is their sum (the bytes the job moves).
@@ -45,25 +48,13 @@ class TransferJob:
 
 
 def as_index_array(x: Any, name: str) -> np.ndarray:
-    """``x`` as a 1-D ``np.int64`` array; typed errors for bools, floats, other shapes."""
+    """``x`` (a sequence of ints, an integer array or an integer tensor) as a 1-D ``np.int64``
+    array: :func:`kvoffload.checks.check_int_array` after moving a tensor to numpy."""
     if isinstance(x, torch.Tensor):
         if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
             raise InvalidTypeError(f"{name} must hold integers, got a tensor of {x.dtype}")
         x = x.detach().cpu().numpy()
-    try:
-        arr = np.asarray(x)
-    except Exception as exc:  # noqa: BLE001 - anything numpy cannot read is a type error
-        raise InvalidTypeError(f"{name} must be a 1-D integer numpy array, got {type(x).__name__}") from exc
-    if arr.dtype == np.bool_ or arr.dtype.kind not in "iu":
-        if arr.size == 0 and arr.dtype.kind == "f" and not isinstance(x, np.ndarray):
-            arr = arr.astype(np.int64)  # [] from a list
-        else:
-            raise InvalidTypeError(f"{name} must be a 1-D integer array, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise InvalidArgumentError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
-        raise InvalidArgumentError(f"{name} has values beyond the int64 range")
-    return arr.astype(np.int64, copy=False)
+    return check_int_array(x, name)
 
 
 def _check_host(table: KVCacheTable, host: Any) -> None:
@@ -92,7 +83,7 @@ def validate_job(
     host_offsets: Any,
     *,
     to_host: bool,
-) -> TransferJob:
+) -> CopyJob:
     """Check a pack (``to_host=True``) or unpack job; return it normalised.
 
     Errors (all raised before anything is written):
@@ -116,7 +107,7 @@ def validate_job(
     n = len(bids)
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return TransferJob(table, host, bids, gids, offs, empty, 0)
+        return CopyJob(table, host, bids, gids, offs, empty, 0)
     ng = table.num_groups
     bad = (gids < 0) | (gids >= ng)
     if bad.any():
@@ -125,7 +116,7 @@ def validate_job(
     nblocks = np.array([g.num_blocks for g in table.groups], dtype=np.int64)
     nviews = np.array([len(g.views) for g in table.groups], dtype=np.int64)
     rbytes_g = np.array([g.record_bytes for g in table.groups], dtype=np.int64)
-    limit = np.where(nviews[gids] > 0, nblocks[gids], _INT64_MAX)
+    limit = np.where(nviews[gids] > 0, nblocks[gids], INT64_MAX)
     bad = (bids < 0) | (bids >= limit)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -165,4 +156,4 @@ def validate_job(
                 raise InvalidArgumentError(
                     f"block {dup % span} of group {dup // span} appears more than once in an unpack job"
                 )
-    return TransferJob(table, host, bids, gids, offs, rb, int(rb.sum()))
+    return CopyJob(table, host, bids, gids, offs, rb, int(rb.sum()))

@@ -12,8 +12,8 @@
 * ``"dma"`` -- copy engines only, no SM used for the host link or anything else: one copy per
   (block x view) page, coalesced where pages and records are contiguous on both sides, issued in
   one batch (``cuMemcpyBatchAsync`` when ``cuda.bindings`` has it, else ``cudaMemcpyAsync`` per copy).
-  (Not to be confused with the ``"dma"`` *backend*, the uncoalesced per-page copy loop kept as a
-  benchmark baseline.)
+  (The uncoalesced per-page copy loop kept as a benchmark baseline is the ``"page_loop"``
+  *backend*, not a path.)
 
 Everything is device-agnostic: on CPU tensors the "DMA" is a plain copy and the kernel is the
 backend's (torch reference or Triton's interpreter), so every path is tested byte-exact in CI.
@@ -44,7 +44,7 @@ from kvoffload.kernels.copy_engine import (
     TorchCopies,
     coalesce,
 )
-from kvoffload.kernels.job import TransferJob, validate_job
+from kvoffload.kernels.job import CopyJob, validate_job
 from kvoffload.kernels.layout import KVCacheTable
 
 logger = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class DataPath:
         # the staged path needs the backend's own kernel, which can be pointed at a staging buffer
         return "direct" if mode == "staged" and not self._own_copy else mode
 
-    def _log_choice(self, to_host: bool, path: str, job: TransferJob) -> None:
+    def _log_choice(self, to_host: bool, path: str, job: CopyJob) -> None:
         key = (to_host, path, int(job.total_bytes).bit_length())  # per DataPath: one table
         if key not in self._logged:
             self._logged.add(key)
@@ -154,7 +154,7 @@ class DataPath:
         """Host records -> GPU pages (arguments as :meth:`KernelBackend.unpack`); returns the path taken."""
         return self._run(validate_job(self.table, host, block_ids, group_ids, host_offsets, to_host=False), False)
 
-    def _run(self, job: TransferJob, to_host: bool) -> str:
+    def _run(self, job: CopyJob, to_host: bool) -> str:
         path = self.choose(to_host, job.total_bytes)
         self._log_choice(to_host, path, job)
         if job.total_bytes == 0:
@@ -217,7 +217,7 @@ class DataPath:
         rows = np.concatenate(parts, axis=1)  # cache side first
         return CopyList(rows[[2, 3, 0, 1, 4]] if to_host else rows)
 
-    def _dma(self, job: TransferJob, to_host: bool) -> None:
+    def _dma(self, job: CopyJob, to_host: bool) -> None:
         copies = coalesce(*self.page_copies(job.block_ids, job.group_ids, job.host_offsets, to_host).rows)
         self.copies.run([job.host, *self._spaces()[0]], copies)
 
@@ -251,7 +251,7 @@ class DataPath:
             start = stop
         return out
 
-    def _staged(self, job: TransferJob, to_host: bool) -> None:
+    def _staged(self, job: CopyJob, to_host: bool) -> None:
         staging = self._staging
         assert staging is not None, "the ring is allocated at construction whenever staging can be chosen"
         keep = job.record_bytes > 0
@@ -270,7 +270,7 @@ class DataPath:
             sizes = rb[start:stop]
             pos = seg0 + np.concatenate(([0], np.cumsum(sizes)[:-1]))
             zeros, ones = np.zeros(sizes.size, dtype=np.int64), np.ones(sizes.size, dtype=np.int64)
-            sub = TransferJob(self.table, staging, bids[start:stop], gids[start:stop], pos, sizes, int(sizes.sum()))
+            sub = CopyJob(self.table, staging, bids[start:stop], gids[start:stop], pos, sizes, int(sizes.sum()))
             if to_host:
                 out = coalesce(zeros, hoffs[start:stop], ones, pos, sizes)
                 self._on(cur, s, functools.partial(self.backend._copy, sub, True))

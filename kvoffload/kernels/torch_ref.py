@@ -23,7 +23,7 @@ import torch
 
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.device import upload
-from kvoffload.kernels.job import TransferJob
+from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.layout import GroupTable
 
 __all__ = ["TorchBackend"]
@@ -64,7 +64,7 @@ class TorchBackend(KernelBackend):
             return True
         return device.type == "cuda" and torch.cuda.is_available()
 
-    def _copy(self, job: TransferJob, to_host: bool) -> None:
+    def _copy(self, job: CopyJob, to_host: bool) -> None:
         dev = job.table.device
         ctx = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
         with ctx:
@@ -75,7 +75,7 @@ class TorchBackend(KernelBackend):
                     self._copy_group(job, group, sel, to_host)
 
     @staticmethod
-    def _copy_group(job: TransferJob, group: GroupTable, sel: np.ndarray, to_host: bool) -> None:
+    def _copy_group(job: CopyJob, group: GroupTable, sel: np.ndarray, to_host: bool) -> None:
         host, dev = job.host, job.table.device
         on_cuda = dev.type == "cuda"
         offsets = job.host_offsets[sel]

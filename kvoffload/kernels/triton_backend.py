@@ -26,7 +26,7 @@ import torch
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import LaunchConfig, launch_config
 from kvoffload.kernels.device import upload
-from kvoffload.kernels.job import TransferJob
+from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.triton_support import interpreter_problem, kernels, triton_module
 
@@ -183,7 +183,7 @@ class TritonBackend(KernelBackend):
                 for to_buf in (True, False):
                     self._launch(table, tables, buf, job, 0, to_buf, unit, geo, grid=1)
 
-    def _copy(self, job: TransferJob, to_host: bool) -> None:
+    def _copy(self, job: CopyJob, to_host: bool) -> None:
         table, buf = job.table, job.host
         if not any(g.views for g in table.groups):
             return

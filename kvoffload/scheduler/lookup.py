@@ -28,8 +28,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.checks import check_int
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +82,7 @@ def sliding_window_lookup(keys: Sequence[K], window: int, lookup: Callable[[K], 
         window]`` all hits); with no full window, the number of leading hits. None instead when a
         pending key was met before the answer was reached.
     """
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
-        raise InvalidTypeError(f"window must be an int, got {type(window).__name__}")
-    if window < 1:
-        raise InvalidArgumentError(f"window must be >= 1, got {window}")
+    window = check_int(window, "window", 1)
     deferred = False
     streak = 0
     for idx in range(len(keys) - 1, -1, -1):

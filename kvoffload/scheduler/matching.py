@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, OffloadKey, ReqContext
+from kvoffload.core.base import OffloadKey, ReqContext
+from kvoffload.core.lookup_result import LOOKUP_PENDING, lookup_code
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.lookup import LookupCodes
 from kvoffload.scheduler.state import RequestOffloadState
@@ -40,8 +41,7 @@ def make_fetch(manager: Any, ctx: ReqContext) -> tuple[Callable[[Sequence[Offloa
     def fetch(keys: Sequence[OffloadKey]) -> np.ndarray:
         out = np.empty(len(keys), dtype=np.int8)
         for i, k in enumerate(keys):
-            r = manager.lookup(k, ctx)
-            out[i] = LOOKUP_PENDING if r is None else (LOOKUP_HIT if r else LOOKUP_MISS)
+            out[i] = lookup_code(manager.lookup(k, ctx))
         return out
 
     return fetch, False

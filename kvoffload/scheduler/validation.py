@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.core.ids import INT64_MAX
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.checks import check_bool, check_int, id_list
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 
 __all__ = [
@@ -35,25 +35,7 @@ def check_count(value: object, name: str) -> int:
 
 def check_block_ids(ids: object, name: str) -> list[int]:
     """A list copy of a sequence of non-negative int block ids (each at most ``2**63 - 1``)."""
-    if isinstance(ids, np.ndarray):
-        if ids.ndim != 1 or ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
-            raise InvalidTypeError(f"{name} must be a 1-D integer array, got {ids.dtype} {ids.shape}")
-        out = ids.tolist()
-    elif isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-        raise InvalidTypeError(f"{name} must be a sequence of ints, got {type(ids).__name__}")
-    else:
-        out = list(ids)
-        for i, b in enumerate(out):
-            if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
-                raise InvalidTypeError(f"{name}[{i}] must be an int, got {type(b).__name__} {b!r}")
-        out = [int(b) for b in out]
-    if out:
-        if min(out) < 0:
-            raise InvalidArgumentError(f"{name} must hold non-negative block ids, got {min(out)}")
-        if max(out) > INT64_MAX:
-            i = next(i for i, b in enumerate(out) if b > INT64_MAX)
-            raise InvalidArgumentError(f"{name}[{i}] must be a block id <= 2**63 - 1, got {out[i]}")
-    return out
+    return id_list(ids, name)
 
 
 def check_block_table(tables: object, num_groups: int, name: str) -> list[list[int]]:
@@ -178,11 +160,7 @@ def parse_results(results: Iterable[Any]) -> list[tuple[int, bool]]:
             jid, ok = r
         else:
             raise InvalidTypeError(f"results[{i}] must have job_id/success or be a (job_id, success) pair, got {r!r}")
-        if isinstance(jid, bool) or not isinstance(jid, (int, np.integer)):
-            raise InvalidTypeError(f"results[{i}].job_id must be an int, got {type(jid).__name__}")
-        if not isinstance(ok, (bool, np.bool_)):
-            raise InvalidTypeError(f"results[{i}].success must be a bool, got {type(ok).__name__}")
-        out.append((int(jid), bool(ok)))
+        out.append((check_int(jid, f"results[{i}].job_id"), check_bool(ok, f"results[{i}].success")))
     return out
 
 

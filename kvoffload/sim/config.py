@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kvoffload.errors import InvalidTypeError, check_int
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidTypeError
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 
 __all__ = ["GroupConfig", "EngineConfig", "max_request_tokens"]

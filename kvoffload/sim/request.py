@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["hash_block", "hash_blocks", "mix64", "SimRequest"]
@@ -111,8 +112,7 @@ class SimRequest:
     ) -> None:
         if not isinstance(request_id, str):
             raise InvalidTypeError(f"request_id must be a str, got {type(request_id).__name__}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-            raise InvalidArgumentError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
+        max_tokens = check_int(max_tokens, "max_tokens", 0)
         if (prompt_token_ids is None) == (prompt_block_hashes is None):
             raise InvalidArgumentError("give exactly one of prompt_token_ids and prompt_block_hashes")
         if prompt_token_ids is not None:
@@ -120,8 +120,9 @@ class SimRequest:
             if not toks:
                 raise InvalidArgumentError("prompt_token_ids must not be empty")
         else:
-            if isinstance(num_prompt_tokens, bool) or not isinstance(num_prompt_tokens, int) or num_prompt_tokens < 1:
-                raise InvalidArgumentError("num_prompt_tokens must be a positive int with prompt_block_hashes")
+            if num_prompt_tokens is None:
+                raise InvalidArgumentError("num_prompt_tokens is required with prompt_block_hashes")
+            num_prompt_tokens = check_int(num_prompt_tokens, "num_prompt_tokens", 1)
             if not all(isinstance(h, bytes) and h for h in prompt_block_hashes):  # type: ignore[union-attr]
                 raise InvalidTypeError("prompt_block_hashes must be non-empty bytes")
             toks = []

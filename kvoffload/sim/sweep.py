@@ -15,6 +15,7 @@ __all__ = [
     "ModelShape",
     "SimPoint",
     "default_capacities",
+    "log_capacities",
     "working_set_blocks",
 ]
 
@@ -97,3 +98,11 @@ def default_capacities(working_set_offloaded_blocks: int) -> list[int]:
     """
     w = max(working_set_offloaded_blocks, 16)
     return sorted({max(1, round(w * f)) for f in _FRACTIONS})
+
+
+def log_capacities(working_set_offloaded_blocks: int, points: int = 9) -> list[int]:
+    """``points`` capacities spaced evenly on a log scale from 1/256 of the working set to twice
+    it, in offloaded blocks (the cache-level replay's default: real traces need decades)."""
+    w = max(working_set_offloaded_blocks, 512)
+    lo, hi = w / 256, 2.0 * w
+    return sorted({max(1, round(lo * (hi / lo) ** (i / (points - 1)))) for i in range(points)})

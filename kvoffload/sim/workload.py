@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError
 
 __all__ = ["ChatTurn", "ChatWorkload", "TraceRequest", "TRACE_FIELDS", "read_trace", "write_trace"]
@@ -77,9 +78,7 @@ class ChatWorkload:
 
     def __post_init__(self) -> None:
         for name in ("conversations", "turns", "system_prompts", "system_tokens", "vocab"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"{name} must be a positive int, got {value!r}")
+            check_int(getattr(self, name), name, 1)
         for name in ("user_tokens", "reply_tokens"):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:

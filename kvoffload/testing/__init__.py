@@ -1,6 +1,6 @@
 """Conformance suite for kvoffload kernel backends, shipped with the package.
 
-Run it against any backend -- a registered name (``torch``, ``triton``, ``dma``) or an out-of-tree
+Run it against any backend -- a registered name (``torch``, ``triton``, ``page_loop``) or an out-of-tree
 ``module:Class`` subclass of :class:`kvoffload.kernels.registry.KernelBackend` -- with one command::
 
     python -m pytest -p kvoffload.testing.plugin --pyargs kvoffload.testing --kvoffload-backend=NAME

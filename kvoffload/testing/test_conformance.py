@@ -22,7 +22,7 @@ from kvoffload.testing.checks import check_pack, check_roundtrip, check_unpack, 
 from kvoffload.testing.plugin import check_backend_names
 
 BAD = bad_input_cases()
-BUILTIN_BACKENDS = ("torch", "triton", "dma")
+BUILTIN_BACKENDS = ("torch", "triton", "page_loop")
 
 
 def _choice(config: pytest.Config, option: str, env: str, default: tuple[str, ...]) -> list[str]:

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["MAX_KEY_BYTES", "check_records", "check_keys", "check_slots", "check_tier_options"]
 

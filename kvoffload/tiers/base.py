@@ -30,7 +30,8 @@ from typing import Literal
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, check_int
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError
 from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
 from kvoffload.tiers.health import Health, TierUnavailable
 from kvoffload.tiers.jobs import Job

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.args import MAX_KEY_BYTES, check_records
 from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.disk_index import VALUE_SUFFIX, DiskIndex

@@ -13,7 +13,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["RECORD_FORMAT_VERSION", "TierNamespace"]
 

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.checks import check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION
 
 if TYPE_CHECKING:

@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError, check_int
+from kvoffload.checks import check_bool, check_int
+from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +140,13 @@ class HostPool:
             failure to pin raises :class:`~kvoffload.errors.TransferError`.
         pin: True: page-lock or raise; False: pageable memory; None (default): pin when CUDA is
             available, else pageable with one warning per process.
+        memory: memory to use instead of a fresh anonymous mapping: a shared mapping (an
+            ``mmap.mmap`` of a ``/dev/shm`` file mapped by several processes). The pool then
+            starts ``offset`` bytes into it and the whole mapping is page-locked; the mapping
+            stays the caller's (never closed here). The pool ends where the mapping ends, so its
+            last slot may be shorter than ``slot_bytes`` (a worker's area in a shared region
+            whose rows hold every worker's records): it must cover at least one byte of it.
+        offset: byte offset of slot 0 in ``memory``.
 
     Attributes:
         buffer: 1-D ``torch.uint8`` CPU tensor of ``num_slots * slot_bytes`` bytes, page aligned.
@@ -160,11 +168,23 @@ class HostPool:
         slot_bytes: int,
         device: torch.device | str = "cpu",
         pin: bool | None = None,
+        memory: mmap.mmap | None = None,
+        offset: int = 0,
     ) -> None:
         self.num_slots = check_int(num_slots, "num_slots", 1)
         self.slot_bytes = check_int(slot_bytes, "slot_bytes", 1)
-        if pin is not None and not isinstance(pin, bool):
-            raise InvalidTypeError(f"pin must be a bool or None, got {type(pin).__name__}")
+        offset = check_int(offset, "offset", 0)
+        if memory is not None and not isinstance(memory, mmap.mmap):
+            raise InvalidTypeError(f"memory must be an mmap.mmap or None, got {type(memory).__name__}")
+        if memory is None and offset:
+            raise InvalidArgumentError("offset is only meaningful with memory")
+        if memory is not None and len(memory) - offset <= (self.num_slots - 1) * self.slot_bytes:
+            raise InvalidArgumentError(
+                f"memory of {len(memory)} bytes from offset {offset} cannot hold {self.num_slots} slots "
+                f"{self.slot_bytes} bytes apart"
+            )
+        if pin is not None:
+            pin = check_bool(pin, "pin")
         if not isinstance(device, (torch.device, str)):
             raise InvalidTypeError(f"device must be a torch.device or str, got {type(device).__name__}")
         try:
@@ -175,6 +195,8 @@ class HostPool:
             raise InvalidArgumentError(f"device must be a CPU or CUDA device, got {dev}")
         self.device = dev
         self.nbytes = self.num_slots * self.slot_bytes
+        if memory is not None:
+            self.nbytes = min(self.nbytes, len(memory) - offset)
 
         needs_pin = dev.type == "cuda"
         if needs_pin and pin is False:
@@ -191,11 +213,17 @@ class HostPool:
         want_pin = must_pin or (pin is None and cuda)
 
         self._registered: list[int] = []
-        buf, self._mapping = _allocate(self.nbytes)
+        if memory is None:
+            buf, self._mapping = _allocate(self.nbytes)
+            whole = buf
+        else:
+            self._mapping = memory
+            whole = torch.frombuffer(memory, dtype=torch.uint8)
+            buf = whole[offset : offset + self.nbytes]
         self.mapped_bytes = len(self._mapping)
         self.pinned = False
         if want_pin:
-            err = self._register(buf)
+            err = self._register(whole)
             if err is None:
                 self.pinned = True
             elif must_pin:

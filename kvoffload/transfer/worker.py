@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvoffload.checks import check_int
 from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import launch_config
 from kvoffload.kernels.device import check_not_capturing
@@ -110,17 +111,22 @@ class TransferWorker:
             ``offloaded_block_size`` (e.g. the scheduler's ``GroupOffloadConfig``) from which the
             factor is computed and checked here (whole quotient; the GPU block size must match
             the tensors' where the layout tells it) -- not at the first transfer.
-        backend: kernel backend name (``"triton"``, ``"torch"``, ``"dma"``, ``"module:Class"``),
+        backend: kernel backend name (``"triton"``, ``"torch"``, ``"page_loop"``, ``"module:Class"``),
             an instance, or None (``KVOFFLOAD_BACKEND``, else the device's default).
         max_programs: cap on the kernel's concurrent programs (SM budget) for a backend chosen by
             name whose constructor takes ``num_programs`` (``triton``); ignored by backends that
-            launch no programs (``torch``, ``dma``); None keeps the backend's default. An error
+            launch no programs (``torch``, ``page_loop``); None keeps the backend's default. An error
             together with a backend instance (configure the instance instead).
         path: data path of every job: ``"auto"`` (per device and job size from the per-GPU
             config), ``"direct"`` (the kernel reads/writes the pinned pool), ``"staged"`` (copy
             engines + a GPU staging ring) or ``"dma"`` (copy engines only: no SM used, for
             engines that cannot spare any). See :mod:`kvoffload.kernels.paths`.
         staging_bytes: size of the GPU staging ring (default: the per-GPU config).
+        host_memory / host_offset: put the host pool in this shared mapping, ``host_offset``
+            bytes in (see :class:`HostPool`'s ``memory``), e.g. vLLM's shared offload region
+            that the scheduler process maps too.
+        slot_stride: bytes from one host slot to the next (default: the slot size); a larger
+            stride leaves room between slots (another worker's records in a shared region).
 
     At construction the backend builds its device tables and compiles both directions
     (:meth:`KernelBackend.prepare`), so :meth:`transfer_async` neither compiles nor waits.
@@ -146,6 +152,9 @@ class TransferWorker:
         max_programs: int | None = None,
         path: str = "auto",
         staging_bytes: int | None = None,
+        host_memory: Any = None,
+        host_offset: int = 0,
+        slot_stride: int | None = None,
     ) -> None:
         if not isinstance(table, KVCacheTable):
             raise InvalidTypeError(f"table must be a KVCacheTable, got {type(table).__name__}")
@@ -164,6 +173,10 @@ class TransferWorker:
         slot_bytes = int((record_bytes * self.factors).max())
         if slot_bytes <= 0:
             raise InvalidArgumentError("table has no pages in any group: nothing to offload")
+        if slot_stride is not None:
+            if check_int(slot_stride, "slot_stride", 1) < slot_bytes:
+                raise InvalidArgumentError(f"slot_stride must be >= the slot size {slot_bytes}, got {slot_stride}")
+            slot_bytes = slot_stride
 
         self.backend = worker_args.resolve_backend(backend, table.device, max_programs)
         self.table = table
@@ -177,7 +190,7 @@ class TransferWorker:
             num_slots=num_slots,
         )
         self.paths = DataPath(self.backend, table, path, config=config)
-        self.host_pool = HostPool(num_slots, slot_bytes, device=self.device)
+        self.host_pool = HostPool(num_slots, slot_bytes, device=self.device, memory=host_memory, offset=host_offset)
         self._stream: Any = None
         if self._cuda:
             self._stream = torch.cuda.Stream(device=self.device, priority=STREAM_PRIORITY)

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, check_int
+from kvoffload.checks import check_int
+from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.registry import get_backend

@@ -1,19 +1,12 @@
-"""CPUOffloadingManager: the worked LRU scenario of issue 3 and the state machine of docs/contract.md §2."""
+"""CPUOffloadingManager: a worked LRU scenario and the state machine of docs/contract.md §2."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.core.base import (
-    LOOKUP_HIT,
-    LOOKUP_MISS,
-    LOOKUP_PENDING,
-    CPULoadStoreSpec,
-    OffloadingEvent,
-    ReqContext,
-    make_offload_key,
-)
+from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, ReqContext, make_offload_key
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 CTX = ReqContext(req_id="r")
 

@@ -7,7 +7,13 @@ import pytest
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import ReqContext, make_offload_key
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError, KVOffloadError
+from kvoffload.errors import (
+    BackendUnavailableError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    KeyStateError,
+    KVOffloadError,
+)
 
 CTX = ReqContext(req_id="bad")
 K = [make_offload_key(b"k%d" % i, 0) for i in range(12)]
@@ -155,7 +161,7 @@ def test_bad_policy_and_flags() -> None:
         CPUOffloadingManager(4, cache_policy="lfu")
     with pytest.raises(InvalidTypeError, match="cache_policy"):
         CPUOffloadingManager(4, cache_policy=None)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgumentError, match="cannot import"):
+    with pytest.raises(BackendUnavailableError, match="cannot import"):
         CPUOffloadingManager(4, cache_policy="no_such_module_xyz:Policy")
     with pytest.raises(InvalidArgumentError, match="no attribute"):
         CPUOffloadingManager(4, cache_policy="kvoffload.cache.policies.lru:Nope")

@@ -10,11 +10,17 @@ from pathlib import Path
 import pytest
 
 import kvoffload
-from kvoffload.cache.lookup_result import LookupResult, as_lookup_result
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.request_hooks import RequestHooksManager
 from kvoffload.cache.reuse import FilteredReuseManager
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, ReqContext, make_offload_key
+from kvoffload.core.base import ReqContext, make_offload_key
+from kvoffload.core.lookup_result import (
+    LOOKUP_HIT,
+    LOOKUP_MISS,
+    LOOKUP_PENDING,
+    LookupResult,
+    lookup_code,
+)
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
 
@@ -45,9 +51,9 @@ def lru_order(core: CPUOffloadingManager) -> list[bytes]:
 
 def test_lookup_result_values() -> None:
     assert [int(v) for v in LookupResult] == [LOOKUP_MISS, LOOKUP_HIT, LOOKUP_PENDING, 3]
-    assert as_lookup_result(True) is LookupResult.HIT
-    assert as_lookup_result(False) is LookupResult.MISS
-    assert as_lookup_result(None) is LookupResult.HIT_PENDING
+    assert lookup_code(True) is LookupResult.HIT
+    assert lookup_code(False) is LookupResult.MISS
+    assert lookup_code(None) is LookupResult.HIT_PENDING
     m = RequestHooksManager(CPUOffloadingManager(4))
     m.prepare_store([k(1)], ctx("a"))
     assert m.lookup_result(k(1), ctx("a")) is LookupResult.HIT_PENDING

@@ -14,7 +14,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-from kvoffload.integrations.vllm.harness import BLOCK_SIZE, PAGE, Engine, KVMismatch  # noqa: E402
+from tests.integrations.vllm_harness import BLOCK_SIZE, PAGE, Engine, KVMismatch  # noqa: E402
 
 
 def extra(chunks: int = 64, factor: int = 1, **kw: Any) -> dict[str, Any]:

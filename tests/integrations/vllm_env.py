@@ -23,3 +23,15 @@ def require_vllm() -> None:
     if os.environ.get("KVOFFLOAD_REQUIRE_VLLM") == "1":
         raise RuntimeError("KVOFFLOAD_REQUIRE_VLLM=1 but vllm cannot be imported")
     pytest.skip(REASON, allow_module_level=True)
+
+
+def require_redis() -> None:
+    """Skip (or, under ``make test-vllm`` / ``KVOFFLOAD_REQUIRE_REDIS=1``, fail) without ``redis-server``."""
+    from kvoffload.testing.redis_server import redis_binaries_problem
+
+    problem = redis_binaries_problem()
+    if problem is None:
+        return
+    if os.environ.get("KVOFFLOAD_REQUIRE_REDIS") == "1" or os.environ.get("KVOFFLOAD_REQUIRE_VLLM") == "1":
+        pytest.fail(f"the vLLM tier tests need redis-server: {problem}")
+    pytest.skip(f"the vLLM tier tests need redis-server: {problem}")

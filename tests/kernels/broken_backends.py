@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from kvoffload.kernels.job import TransferJob
+from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.torch_ref import TorchBackend
 
 
@@ -15,8 +15,8 @@ class ShiftedRecords(TorchBackend):
 
     name = "broken-shifted"
 
-    def _copy(self, job: TransferJob, to_host: bool) -> None:
-        shifted = TransferJob(
+    def _copy(self, job: CopyJob, to_host: bool) -> None:
+        shifted = CopyJob(
             job.table, job.host, job.block_ids, job.group_ids, job.host_offsets + 1, job.record_bytes, job.total_bytes
         )
         super()._copy(shifted, to_host)
@@ -27,7 +27,7 @@ class SkipsLastView(TorchBackend):
 
     name = "broken-skip"
 
-    def _copy(self, job: TransferJob, to_host: bool) -> None:
+    def _copy(self, job: CopyJob, to_host: bool) -> None:
         for b, g, off in zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True):
             for v in job.table.groups[g].views[:-1]:
                 dst = job.host[off + v.record_offset : off + v.record_offset + v.page_bytes]

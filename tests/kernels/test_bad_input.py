@@ -29,7 +29,7 @@ def test_bad_input_cpu(backend_name: str, bad, direction: str) -> None:  # type:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend_name", ["triton", "torch", "dma"])
+@pytest.mark.parametrize("backend_name", ["triton", "torch", "page_loop"])
 @pytest.mark.parametrize(("bad", "direction"), _runs(BAD + CUDA_BAD))
 def test_bad_input_cuda(backend_name: str, bad, direction: str) -> None:  # type: ignore[no-untyped-def]
     case = build_case("flash_attn", "bf16", "cuda", seed=62)

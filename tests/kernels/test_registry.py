@@ -36,12 +36,12 @@ def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.interpreter
 def test_builtins_registered_and_auto_choice_on_cpu() -> None:
-    assert {"torch", "triton", "dma"} <= set(registered_backends())
+    assert {"torch", "triton", "page_loop"} <= set(registered_backends())
     assert get_backend(device="cpu").name == "torch"
     assert get_backend("torch").name == "torch"
     assert get_backend("triton", "cpu").name == "triton"  # through the interpreter
     names = available_backends("cpu")
-    assert "torch" in names and "triton" in names and "dma" not in names
+    assert "torch" in names and "triton" in names and "page_loop" not in names
 
 
 @pytest.mark.interpreter
@@ -49,14 +49,14 @@ def test_env_var_selects_and_explicit_unavailable_raises(monkeypatch: pytest.Mon
     monkeypatch.setenv(ENV_BACKEND, "triton")
     assert get_backend(device="cpu").name == "triton"
     assert get_backend("torch", "cpu").name == "torch"  # argument wins over env
-    monkeypatch.setenv(ENV_BACKEND, "dma")
+    monkeypatch.setenv(ENV_BACKEND, "page_loop")
     with pytest.raises(BackendUnavailableError, match=ENV_BACKEND):
         get_backend(device="cpu")
 
 
 def test_explicit_unavailable_and_unknown() -> None:
     with pytest.raises(BackendUnavailableError):
-        get_backend("dma", "cpu")
+        get_backend("page_loop", "cpu")
     with pytest.raises(InvalidArgumentError, match="unknown kernel backend"):
         get_backend("nope", "cpu")
     with pytest.raises(InvalidTypeError):
@@ -89,7 +89,7 @@ def test_register_backend_rules() -> None:
         with pytest.raises(BackendUnavailableError):
             get_backend("test-torch-alias", "cpu")
     finally:
-        registry._REGISTRY.pop("test-torch-alias", None)
+        registry.BACKENDS._entries.pop("test-torch-alias", None)
     with pytest.raises(InvalidArgumentError):
         register_backend("a:b", TorchBackend)
     with pytest.raises(InvalidTypeError):
@@ -110,8 +110,8 @@ def test_auto_fallback_logs_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest
         def is_available(cls, device: torch.device) -> bool:
             return True
 
-    monkeypatch.setitem(registry._REGISTRY, "triton", Never)
-    monkeypatch.setitem(registry._REGISTRY, "torch", Anywhere)
+    monkeypatch.setitem(registry.BACKENDS._entries, "triton", Never)
+    monkeypatch.setitem(registry.BACKENDS._entries, "torch", Anywhere)
     monkeypatch.setattr(registry, "_fallback_logged", set())
     with caplog.at_level(logging.WARNING, logger="kvoffload.kernels.registry"):
         assert isinstance(get_backend(device="cuda:0"), Anywhere)

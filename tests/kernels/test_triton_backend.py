@@ -12,8 +12,8 @@ import torch
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels import triton_backend
-from kvoffload.kernels.dma_backend import DmaBackend
 from kvoffload.kernels.layout import KVCacheTable
+from kvoffload.kernels.page_loop_backend import PageLoopBackend
 from kvoffload.kernels.torch_ref import TorchBackend
 from kvoffload.kernels.triton_backend import TritonBackend, job_alignment
 from kvoffload.testing.cases import DTYPES, build_case, case_names
@@ -137,8 +137,8 @@ def test_bad_launch_overrides() -> None:
         TritonBackend(num_warps=True)  # type: ignore[arg-type]
 
 
-def test_dma_backend_is_cuda_only() -> None:
-    assert not DmaBackend.is_available(torch.device("cpu"))
+def test_page_loop_backend_is_cuda_only() -> None:
+    assert not PageLoopBackend.is_available(torch.device("cpu"))
 
 
 # ----------------------------------------------------------------------------- compiled, on CUDA
@@ -147,7 +147,7 @@ def test_dma_backend_is_cuda_only() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("backend_cls", [TritonBackend, TorchBackend, DmaBackend])
+@pytest.mark.parametrize("backend_cls", [TritonBackend, TorchBackend, PageLoopBackend])
 def test_cuda_byte_exact(backend_cls: type, kind: str, dtype: str) -> None:
     be = backend_cls()
     case = build_case(kind, dtype, "cuda", seed=51)

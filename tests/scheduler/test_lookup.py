@@ -1,4 +1,4 @@
-"""Pure lookup functions (worked numbers from issue 5) and their batched, chunked twins."""
+"""Pure lookup functions (worked numbers) and their batched, chunked twins."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.lookup import (
     LookupCodes,

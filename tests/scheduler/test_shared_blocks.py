@@ -30,7 +30,7 @@ def admit(sched: OffloadingScheduler, req, tables: list[list[int]]) -> None:
     sched.update_state_after_alloc(req, tables, 0)
 
 
-# ---------------------------------------------------------------- item 1: one pool, any group
+# ---------------------------------------------------------------- one pool, any group
 def test_flush_follows_the_physical_block_across_groups() -> None:
     sched = OffloadingScheduler(two_groups(), CPUOffloadingManager(64))
     a = make_req("A", 8, 4, tag="a")
@@ -66,7 +66,7 @@ def test_block_pool_is_checked() -> None:
         OffloadingSchedulerConfig((GroupOffloadConfig(0, 4, 4),), null_block_id=-1)
 
 
-# ---------------------------------------------------------------- item 2: blocks leaving the window
+# ---------------------------------------------------------------- blocks leaving the window
 def sw_config(null: int | None = 0, window: int = 2) -> OffloadingSchedulerConfig:
     return OffloadingSchedulerConfig(
         (GroupOffloadConfig(0, 4, 4), GroupOffloadConfig(1, 4, 4, window)), null_block_id=null
@@ -153,7 +153,7 @@ def test_load_skips_leading_null_blocks_of_a_window() -> None:
     assert job.gpu_spec.block_indices.tolist() == [0, 6]
 
 
-# ---------------------------------------------------------------- item 4: hashes that change
+# ---------------------------------------------------------------- hashes that change
 def test_second_lookup_follows_the_current_hashes() -> None:
     mgr = CPUOffloadingManager(64)
     sched = OffloadingScheduler(OffloadingSchedulerConfig((GroupOffloadConfig(0, 4, 16),)), mgr)

@@ -1,4 +1,4 @@
-"""Scenario tests through the reference engine loop (issue 5 "must show").
+"""Scenario tests through the reference engine loop.
 
 Each asserts which GPU block offsets (per group) were stored, loaded and flushed, and that every
 loaded block holds exactly the KV that was computed for its prefix.

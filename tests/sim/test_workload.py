@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.errors import InvalidArgumentError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.sim.workload import ChatWorkload, read_trace, write_trace
 
 
@@ -30,12 +30,15 @@ def test_chat_workload_is_deterministic_and_shares_prefixes() -> None:
     assert w1.prompt_tokens == sum(len(t.prompt_token_ids) for t in w1)
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"conversations": 0}, {"turns": -1}, {"user_tokens": (5, 2)}, {"system_tokens": True}]
-)
+@pytest.mark.parametrize("kwargs", [{"conversations": 0}, {"turns": -1}, {"user_tokens": (5, 2)}])
 def test_chat_workload_rejects_bad_sizes(kwargs: dict) -> None:
     with pytest.raises(InvalidArgumentError):
         ChatWorkload(**kwargs)
+
+
+def test_chat_workload_rejects_a_bool_size() -> None:
+    with pytest.raises(InvalidTypeError, match="system_tokens"):
+        ChatWorkload(system_tokens=True)
 
 
 def test_trace_round_trip(tmp_path: Path) -> None:

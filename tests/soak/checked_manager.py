@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, ReqContext
+from kvoffload.core.base import ReqContext
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 
 class ModelViolation(AssertionError):

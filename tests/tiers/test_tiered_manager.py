@@ -10,7 +10,8 @@ import redis
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.tiered import TieredManager
-from kvoffload.core.base import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, ReqContext
+from kvoffload.core.base import ReqContext
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers import RedisTier

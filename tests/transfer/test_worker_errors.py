@@ -160,7 +160,7 @@ def test_device_mismatch_backend_unavailable() -> None:
         TransferWorker(cache.table(), 4, backend=GpuOnly())
     if not torch.cuda.is_available():
         with pytest.raises(BackendUnavailableError):
-            TransferWorker(cache.table(), 4, backend="dma")
+            TransferWorker(cache.table(), 4, backend="page_loop")
 
 
 def test_slot_bytes_sized_for_largest_group_and_factor() -> None:
@@ -182,3 +182,12 @@ def test_max_programs_reaches_triton_backend() -> None:
     assert w.backend.config(cache.table().device).num_programs == 3  # type: ignore[attr-defined]
     w2 = TransferWorker(cache.table(), 4, backend="torch", max_programs=3)  # no programs: ignored
     assert isinstance(w2.backend, TorchBackend)
+
+
+@pytest.mark.parametrize("ids,idx", [([1.5], 0), ([1, 2.5], 1), ((3, 4, "5"), 2), ([0, True], 1)])
+def test_wait_names_the_bad_index(ids: object, idx: int) -> None:
+    from tests.transfer.test_worker import _worker
+
+    w, _ = _worker()
+    with pytest.raises(InvalidTypeError, match=rf"job_ids\[{idx}\]"):
+        w.wait(ids)  # type: ignore[arg-type]

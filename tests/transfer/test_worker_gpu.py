@@ -13,7 +13,7 @@ from tests.transfer.test_worker import Cache, RaisingBackend, _backend_or_skip, 
 
 pytestmark = pytest.mark.gpu
 
-GPU_BACKENDS = ["triton", "torch", "dma"]
+GPU_BACKENDS = ["triton", "torch", "page_loop"]
 _SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU spin: long enough to observe ordering
 
 

@@ -11,8 +11,6 @@ pass ``"package.module:ClassName"`` as ``cache_policy``.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -20,11 +18,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvoffload.cache.keytable import SlotTable
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CachePolicy", "register_policy", "get_policy_class", "available_policies"]
+__all__ = ["CachePolicy", "POLICIES", "register_policy", "get_policy_class", "available_policies"]
 
 
 class CachePolicy(ABC):
@@ -137,90 +135,39 @@ class CachePolicy(ABC):
         return None if got is None else got.tolist()
 
 
-_REGISTRY: dict[str, type[CachePolicy]] = {}
-_BUILTIN_MODULES = {
-    "lru": "kvoffload.cache.policies.lru:LRUPolicy",
-    "arc": "kvoffload.cache.policies.arc:ARCPolicy",
-    "s3fifo": "kvoffload.cache.policies.s3fifo:S3FIFOPolicy",
-}
+#: the cache policies by name (built-ins imported on first use)
+POLICIES: Registry[CachePolicy] = Registry(
+    "cache_policy",
+    CachePolicy,
+    {
+        "lru": "kvoffload.cache.policies.lru:LRUPolicy",
+        "arc": "kvoffload.cache.policies.arc:ARCPolicy",
+        "s3fifo": "kvoffload.cache.policies.s3fifo:S3FIFOPolicy",
+    },
+)
 
 
-def _check_policy_class(cls: object, what: str) -> type[CachePolicy]:
-    if not (isinstance(cls, type) and issubclass(cls, CachePolicy)):
-        raise InvalidTypeError(f"{what} is not a CachePolicy subclass: {cls!r}")
-    if inspect.isabstract(cls):
-        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        raise InvalidTypeError(f"{what} {cls.__qualname__} is abstract: it does not implement {missing}")
-    return cls
-
-
-def register_policy(name: str, cls: type[CachePolicy], *, override: bool = False) -> None:
-    """Make ``cls`` selectable as ``cache_policy=name``.
+def register_policy(name: str, cls: type[CachePolicy], *, replace: bool = False) -> None:
+    """Make ``cls`` selectable as ``cache_policy=name`` (:meth:`kvoffload.registry.Registry.register`).
 
     Args:
         name: the registry name.
         cls: a concrete :class:`CachePolicy` subclass (abstract classes are refused here rather
             than failing when a manager is built).
-        override: replace a name that is already taken -- a built-in (``lru``, ``arc``,
+        replace: replace a name that is already taken -- a built-in (``lru``, ``arc``,
             ``s3fifo``) or an earlier registration of another class. Without it, that is an
             :class:`~kvoffload.errors.InvalidArgumentError`; registering the same class again
             is a no-op.
-
-    Raises:
-        InvalidTypeError: ``name`` not a non-empty str, ``cls`` not a concrete ``CachePolicy``
-            subclass, ``override`` not a bool.
-        InvalidArgumentError: ``name`` is taken and ``override`` is False.
     """
-    if not isinstance(name, str) or not name:
-        raise InvalidTypeError(f"policy name must be a non-empty str, got {name!r}")
-    _check_policy_class(cls, "policy class")
-    if not isinstance(override, bool):
-        raise InvalidTypeError(f"override must be a bool, got {type(override).__name__} {override!r}")
-    current = _REGISTRY.get(name)
-    if current is None and name in _BUILTIN_MODULES:
-        current = get_policy_class(name)
-    if not override and current is not None and current is not cls:
-        what = "a built-in policy" if name in _BUILTIN_MODULES else f"already registered ({current!r})"
-        raise InvalidArgumentError(
-            f"policy name {name!r} is {what}; pass override=True to replace it, or pick another name"
-        )
-    _REGISTRY[name] = cls
-
-
-def _load(spec: str) -> type[CachePolicy]:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise InvalidArgumentError(f"cache_policy {spec!r}: expected 'package.module:ClassName'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidArgumentError(f"cache_policy {spec!r}: cannot import module {module_name!r}: {exc}") from exc
-    obj = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise InvalidArgumentError(f"cache_policy {spec!r}: module has no attribute {attr!r}") from exc
-    return _check_policy_class(obj, f"cache_policy {spec!r}:")
+    POLICIES.register(name, cls, replace=replace)
 
 
 def get_policy_class(name: str) -> type[CachePolicy]:
-    """The policy class for ``name``: a registered name, a built-in, or ``'module:Class'``."""
-    if not isinstance(name, str):
-        raise InvalidTypeError(f"cache_policy must be a str, got {type(name).__name__}")
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if name in _BUILTIN_MODULES:
-        cls = _load(_BUILTIN_MODULES[name])
-        _REGISTRY.setdefault(name, cls)
-        return cls
-    if ":" in name:
-        return _load(name)
-    raise InvalidArgumentError(
-        f"unknown cache_policy {name!r}: expected one of {sorted(available_policies())} or 'module:Class'"
-    )
+    """The policy class for ``name``: a registered name, a built-in, or ``'module:Class'``
+    (:meth:`kvoffload.registry.Registry.get`)."""
+    return POLICIES.get(name)
 
 
 def available_policies() -> list[str]:
     """Names accepted by :func:`get_policy_class` (besides ``'module:Class'``)."""
-    return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))
+    return POLICIES.names()

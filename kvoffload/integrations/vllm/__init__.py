@@ -15,6 +15,11 @@ blocks whose load failed, so that vLLM recomputes them. With ``"kv_connector": "
 everything else works the same (see :class:`KVOffloadSpec` for the keys and the README's
 "Use it from vLLM" section).
 
+Shared tiers: ``KVOffloadRedisTier`` and ``KVOffloadDiskTier`` are vLLM secondary tiers
+(``"secondary_tiers": [{"type": "KVOffloadRedisTier", "module_path":
+"kvoffload.integrations.vllm", "url": "redis://..."}]``), usable in vLLM's own
+``TieringOffloadingSpec`` and in ``KVOffloadSpec`` (which also takes vLLM's ``fs``, ``obj``...).
+
 Importing this module imports vLLM; ``import kvoffload`` never does.
 """
 
@@ -23,6 +28,14 @@ from __future__ import annotations
 from kvoffload.integrations.vllm.connector import KVOffloadConnector
 from kvoffload.integrations.vllm.manager import KVOffloadManager
 from kvoffload.integrations.vllm.spec import KVOffloadSpec
+from kvoffload.integrations.vllm.tiers import KVOffloadDiskTier, KVOffloadRedisTier
 from kvoffload.integrations.vllm.worker import KVOffloadWorker
 
-__all__ = ["KVOffloadSpec", "KVOffloadConnector", "KVOffloadManager", "KVOffloadWorker"]
+__all__ = [
+    "KVOffloadSpec",
+    "KVOffloadConnector",
+    "KVOffloadManager",
+    "KVOffloadWorker",
+    "KVOffloadRedisTier",
+    "KVOffloadDiskTier",
+]

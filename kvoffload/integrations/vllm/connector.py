@@ -99,7 +99,11 @@ class KVOffloadConnector(OffloadingConnector):
                 if job is None or not job.is_store or job.req_id not in reqs:
                     continue
                 logger.warning("offloading store job %d failed: its %d chunk(s) are dropped", job_id, len(job.keys))
-                sched.manager.complete_store(list(job.keys), reqs[job.req_id].req_context, success=False)
+                fail_store = getattr(sched.manager, "fail_store", None)  # KVOffloadTieringManager
+                if fail_store is not None:
+                    fail_store(list(job.keys), reqs[job.req_id].req_context)
+                else:
+                    sched.manager.complete_store(list(job.keys), reqs[job.req_id].req_context, success=False)
         super().update_connector_output(connector_output)  # completes (unpins) the failed loads too
         discard = getattr(getattr(sched.manager, "core", None), "discard", None)
         if bad_loads and discard is not None:

@@ -43,8 +43,9 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.request_hooks import RequestHooksManager
 from kvoffload.cache.reuse import FilteredReuseManager
-from kvoffload.core.base import LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.core.base import OffloadingManager as CoreManager
+from kvoffload.core.lookup_result import LOOKUP_MISS, LOOKUP_PENDING, lookup_code
+from kvoffload.core.lookup_result import LookupResult as CoreLookupResult
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,10 @@ HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(Offlo
 def _unique(keys: Collection[OffloadKey]) -> list[OffloadKey]:
     out = keys if isinstance(keys, list) else list(keys)
     return out if len(set(out)) == len(out) else list(dict.fromkeys(out))
+
+
+#: kvoffload's lookup codes as vLLM's ``LookupResult`` (the members share their names)
+_VLLM_LOOKUP_RESULT = {code: LookupResult[code.name] for code in CoreLookupResult}
 
 
 class KVOffloadManager(OffloadingManager):
@@ -123,10 +128,7 @@ class KVOffloadManager(OffloadingManager):
 
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        r = self._core_lookup(key, req_context)  # type: ignore[arg-type]
-        if r:
-            return LookupResult.HIT
-        return LookupResult.MISS if r is False else LookupResult.HIT_PENDING
+        return _VLLM_LOOKUP_RESULT[lookup_code(self._core_lookup(key, req_context))]  # type: ignore[arg-type]
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> Any:
         from vllm.v1.metrics.cache_hit_source import CacheHitSource

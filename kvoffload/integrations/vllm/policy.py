@@ -61,12 +61,17 @@ class VLLMPolicyAdapter(CachePolicy):
         self._chunk: list[ChunkStatus | None] = [None] * capacity
         self._evictable = np.zeros(capacity, dtype=bool)  # what the vLLM policy was told
         self._context = VLLMReqContext(req_id="")
+        # vLLM 0.33's insert also takes the storing request's context (0.32's does not)
+        self._insert_takes_context = "req_context" in inspect.signature(self.policy.insert).parameters
 
     def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
         for s, key in zip(slots.tolist(), keys, strict=True):
             chunk = ChunkStatus(s)  # ref_cnt -1: pending
             self._key[s], self._chunk[s] = key, chunk
-            self.policy.insert(key, chunk)
+            if self._insert_takes_context:
+                self.policy.insert(key, chunk, self._context)  # type: ignore[call-arg]
+            else:
+                self.policy.insert(key, chunk)
 
     def remove(self, slots: np.ndarray) -> None:
         for s in slots.tolist():
@@ -141,7 +146,7 @@ def _adapter_name(vllm_cls: type) -> str:
     if name is None:
         name = f"vllm/{vllm_cls.__module__}.{vllm_cls.__qualname__}"
         cls = type(f"VLLMPolicyAdapter[{vllm_cls.__qualname__}]", (VLLMPolicyAdapter,), {"vllm_policy_cls": vllm_cls})
-        register_policy(name, cls, override=True)
+        register_policy(name, cls, replace=True)
         _ADAPTERS[vllm_cls] = name
     return name
 

@@ -15,8 +15,17 @@ Keys read from ``kv_connector_extra_config`` (the same as vLLM's own CPU spec, p
   per offer, as vLLM counts); below 2 (default 0) every block is stored.
 * ``max_tracker_size``: blocks the reuse counter remembers (default 64000).
 * ``offload_prompt_only``: read by vLLM's connector itself (default True).
-* ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``dma`` / ``module:Class``;
+* ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``page_loop`` / ``module:Class``;
   default: ``KVOFFLOAD_BACKEND`` or the device's default (Triton on CUDA).
+* ``secondary_tiers``: tiers beneath the CPU pool, as in vLLM's ``TieringOffloadingSpec``: a list
+  of ``{"type": ..., ["module_path": ...], ...tier options}`` -- kvoffload's ``KVOffloadRedisTier``
+  / ``KVOffloadDiskTier`` (``module_path`` ``kvoffload.integrations.vllm``) or vLLM's own ``fs``,
+  ``obj``, ``p2p``... (``backpressure``, per tier or top-level, as in vLLM). Checked at start: not
+  a list, or an unknown type, is an ``InvalidArgumentError`` (a ``ValueError``). With tiers, the
+  scheduler runs vLLM's own ``TieringOffloadingManager`` with kvoffload's manager as its primary
+  tier, and the pool is vLLM's shared offload region (``/dev/shm``), mapped by the scheduler
+  (where the tiers read and write it) and by every worker (where kvoffload's kernels move the
+  bytes); ``store_threshold`` >= 2 is then an error (as in vLLM's tiering spec).
 
 ``KVOffloadSpec`` is registered as a virtual subclass of vLLM's ``CPUOffloadingSpec``
 (``ABC.register``: nothing is inherited). vLLM 0.32's Prometheus exporter feeds its deprecated
@@ -37,6 +46,9 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.integrations.vllm.manager import KVOffloadManager
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
+from kvoffload.integrations.vllm.shared_region import RegionGeometry, WorkerRegion, region_geometry
+from kvoffload.integrations.vllm.tier_config import secondary_tier_configs, tier_classes
+from kvoffload.integrations.vllm.tier_namespace import KVOFFLOAD_LAYOUT
 from kvoffload.integrations.vllm.worker import KVOffloadWorker
 
 logger = logging.getLogger(__name__)
@@ -61,12 +73,23 @@ class KVOffloadSpec(OffloadingSpec):
     def build_metric_definitions(cls, extra_config: Any) -> dict[str, Any]:
         """The Prometheus metrics the manager's stats carry: the same names and meanings as vLLM's
         own CPU spec (vLLM's exporter drops nothing it was not told about in advance)."""
+        if secondary_tier_configs(extra_config):
+            from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+            return dict(TieringOffloadingSpec.build_metric_definitions(extra_config))
         return dict(CPUOffloadingSpec.build_metric_definitions(extra_config))
 
     @classmethod
     def config_info_keys(cls, extra_config: Any = None) -> tuple[str, ...]:
         """Labels of vLLM 0.33's ``kv_offload_config_info`` metric that the manager fills."""
-        return _INFO_KEYS
+        configs = secondary_tier_configs(extra_config or {})
+        if not configs:
+            return _INFO_KEYS
+        keys = dict.fromkeys((*_INFO_KEYS, "tier"))
+        for cfg, tier_cls in zip(configs, tier_classes(configs), strict=True):
+            info_keys = getattr(tier_cls, "config_info_keys", None)  # vLLM 0.33
+            keys.update(dict.fromkeys(info_keys(cfg) if info_keys is not None else ()))
+        return tuple(keys)
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
@@ -79,14 +102,27 @@ class KVOffloadSpec(OffloadingSpec):
         self.store_threshold = _int(extra, "store_threshold", 0)
         self.max_tracker_size = _int(extra, "max_tracker_size", 64_000)
         self.kernel_backend: str | None = extra.get("kernel_backend") or None
+        #: the checked ``secondary_tiers`` (empty: no tiers, a private pool in each worker)
+        self.secondary_tier_configs = secondary_tier_configs(extra)
+        #: how a host record is laid out (part of a tier's namespace)
+        self.host_layout = KVOFFLOAD_LAYOUT
         world = max(1, int(config.parallel.world_size))
-        chunk_bytes = int(config.worker_kv_bytes_per_block) * self.blocks_per_chunk * world
-        self.num_chunks = cpu_bytes // chunk_bytes if chunk_bytes > 0 else 0
-        if chunk_bytes > 0 and self.num_chunks == 0:
-            raise InvalidArgumentError(
-                f"kv_connector_extra_config['cpu_bytes_to_use']={cpu_bytes} holds no chunk of {chunk_bytes} bytes"
-            )
-        self._manager: KVOffloadManager | None = None
+        self.region: RegionGeometry | None = None
+        if self.secondary_tier_configs:
+            if self.store_threshold >= 2:
+                raise InvalidArgumentError(
+                    "kv_connector_extra_config['store_threshold'] >= 2 cannot be combined with secondary_tiers"
+                )
+            self.region = region_geometry(cpu_bytes, config.worker_kv_bytes_per_block, self.blocks_per_chunk, world)
+            self.num_chunks = self.region.num_chunks
+        else:
+            chunk_bytes = int(config.worker_kv_bytes_per_block) * self.blocks_per_chunk * world
+            self.num_chunks = cpu_bytes // chunk_bytes if chunk_bytes > 0 else 0
+            if chunk_bytes > 0 and self.num_chunks == 0:
+                raise InvalidArgumentError(
+                    f"kv_connector_extra_config['cpu_bytes_to_use']={cpu_bytes} holds no chunk of {chunk_bytes} bytes"
+                )
+        self._manager: OffloadingManager | None = None
         self._worker: KVOffloadWorker | None = None
 
     def get_manager(self) -> OffloadingManager:
@@ -99,19 +135,34 @@ class KVOffloadSpec(OffloadingSpec):
                 "store_threshold": self.store_threshold,
                 "kernel_backend": self.kernel_backend or "auto",
             }
-            self._manager = KVOffloadManager(
-                self.num_chunks,
-                cache_policy=policy,
-                store_threshold=self.store_threshold,
-                max_tracker_size=self.max_tracker_size,
-                enable_events=bool(self.kv_events_config.enable_kv_cache_events),
-                config_info=info,
-            )
+            options: dict[str, Any] = {
+                "cache_policy": policy,
+                "store_threshold": self.store_threshold,
+                "max_tracker_size": self.max_tracker_size,
+                "enable_events": bool(self.kv_events_config.enable_kv_cache_events),
+                "config_info": info,
+            }
+            if self.region is None:
+                self._manager = KVOffloadManager(self.num_chunks, **options)
+            else:
+                from kvoffload.integrations.vllm.tiered_manager import build_tiering_manager
+
+                self._manager = build_tiering_manager(self, self.region, options)
         return self._manager
 
     def get_worker(self, kv_caches: Any) -> OffloadingWorker:
         if self._worker is None:
-            self._worker = KVOffloadWorker(kv_caches, self.num_chunks, self.blocks_per_chunk, self.kernel_backend)
+            region = None
+            if self.region is not None:
+                region = WorkerRegion(self.config.engine_id, self.region, int(self.config.parallel.rank))
+            try:
+                self._worker = KVOffloadWorker(
+                    kv_caches, self.num_chunks, self.blocks_per_chunk, self.kernel_backend, region=region
+                )
+            except Exception:
+                if region is not None:
+                    region.close()
+                raise
         return self._worker
 
 

@@ -62,16 +62,34 @@ class KVOffloadWorker(OffloadingWorker):
         kv_caches: vLLM's ``CanonicalKVCaches``.
         num_cpu_blocks: host pool chunks (same number as the scheduler-side manager's).
         blocks_per_chunk: GPU blocks per chunk.
-        backend: kvoffload kernel backend (``triton``, ``torch``, ``dma``, ``module:Class``) or
+        backend: kvoffload kernel backend (``triton``, ``torch``, ``page_loop``, ``module:Class``) or
             None for the device's default.
+        region: a :class:`~kvoffload.integrations.vllm.shared_region.WorkerRegion`: the host pool
+            lives in vLLM's shared offload region (``secondary_tiers``), where the scheduler's
+            tiers also write chunks (promotions). The worker then cannot know which chunks hold
+            valid bytes, so it does not check (failed stores are dropped by the scheduler through
+            :class:`~kvoffload.integrations.vllm.KVOffloadConnector`); the region is released at
+            :meth:`shutdown`.
     """
 
-    def __init__(self, kv_caches: Any, num_cpu_blocks: int, blocks_per_chunk: int, backend: str | None = None) -> None:
+    def __init__(
+        self,
+        kv_caches: Any,
+        num_cpu_blocks: int,
+        blocks_per_chunk: int,
+        backend: str | None = None,
+        region: Any = None,
+    ) -> None:
+        host: dict[str, Any] = {}
+        if region is not None:
+            host = {"host_memory": region.memory, "host_offset": region.offset, "slot_stride": region.stride}
+        self.region = region
         self.transfer_worker = TransferWorker(
-            table_from_canonical(kv_caches), num_cpu_blocks, blocks_per_chunk, backend=backend
+            table_from_canonical(kv_caches), num_cpu_blocks, blocks_per_chunk, backend=backend, **host
         )
-        #: per chunk: its bytes are a complete, successful store
-        self.valid = np.zeros(num_cpu_blocks, dtype=bool)
+        #: per chunk: its bytes are a complete, successful store (all True, unchecked, with a region)
+        self.valid = np.full(num_cpu_blocks, region is not None, dtype=bool)
+        self._check_valid = region is None
         #: set by KVOffloadConnector: it collects failed loads through take_load_errors()
         self.report_load_errors = False
         self._jobs: dict[int, tuple[bool, np.ndarray, GPULoadStoreSpec]] = {}  # job -> (store, cpu ids, gpu spec)
@@ -98,7 +116,9 @@ class KVOffloadWorker(OffloadingWorker):
             return True
         cpu_ids = cspec.block_ids
         self._jobs[job_id] = (store, cpu_ids, gspec)
-        if store:
+        if not self._check_valid:
+            pass
+        elif store:
             self.valid[cpu_ids] = False  # being overwritten: not loadable until this store succeeds
         elif not self.valid[cpu_ids].all():
             logger.error("offloading job %d: load from chunks whose store failed; not loaded", job_id)
@@ -141,7 +161,7 @@ class KVOffloadWorker(OffloadingWorker):
                 out.append(TransferResult(r.job_id, True, r.transfer_size, r.transfer_time))
                 continue
             logger.error("offloading job %d (%s) failed", r.job_id, "store" if store else "load")
-            if not store:
+            if not store and self._check_valid:
                 self.valid[cpu_ids] = False  # not read back once: do not trust it again
             out.append(self._failed(r.job_id, gspec, store))
         return out
@@ -166,3 +186,5 @@ class KVOffloadWorker(OffloadingWorker):
 
     def shutdown(self) -> None:
         self.transfer_worker.shutdown()
+        if self.region is not None:
+            self.region.close()

@@ -1,4 +1,4 @@
-"""``"dma"`` backend (CUDA only): one asynchronous copy per page -- the baseline engines use today.
+"""``"page_loop"`` backend (CUDA only): one asynchronous copy per page -- the baseline engines use today.
 
 For every (block x view) of a job it issues one ``copy_(..., non_blocking=True)`` between the
 page in GPU memory and its place in the pinned host record, i.e. one ``cudaMemcpyAsync`` per
@@ -11,21 +11,21 @@ from __future__ import annotations
 import torch
 
 from kvoffload.kernels.backend import KernelBackend
-from kvoffload.kernels.job import TransferJob
+from kvoffload.kernels.job import CopyJob
 
-__all__ = ["DmaBackend"]
+__all__ = ["PageLoopBackend"]
 
 
-class DmaBackend(KernelBackend):
+class PageLoopBackend(KernelBackend):
     """One ``cudaMemcpyAsync`` (via ``Tensor.copy_``) per page, on the current CUDA stream."""
 
-    name = "dma"
+    name = "page_loop"
 
     @classmethod
     def is_available(cls, device: torch.device) -> bool:
         return torch.device(device).type == "cuda" and torch.cuda.is_available()
 
-    def _copy(self, job: TransferJob, to_host: bool) -> None:
+    def _copy(self, job: CopyJob, to_host: bool) -> None:
         table, host = job.table, job.host
         with torch.cuda.device(table.device):
             entries = zip(job.block_ids.tolist(), job.group_ids.tolist(), job.host_offsets.tolist(), strict=True)

@@ -1,6 +1,6 @@
-"""Bad input found by the reliability review (issue 12, items 3 and 5), scheduler side.
+"""The scheduler's input checks (kvoffload.scheduler.validation) on every entry point.
 
-Each case raises a ``KVOffloadError`` (also ``ValueError``/``TypeError``) naming the argument,
+Each bad input raises a ``KVOffloadError`` (also ``ValueError``/``TypeError``) naming the argument,
 before the scheduler or the manager changes anything.
 """
 

@@ -1,27 +1,28 @@
 """A model-free engine loop around vLLM's real Scheduler and OffloadingConnector (both roles), on CPU.
 
-Used by the integration tests and ``bench/bench_vllm.py``, and handy to try a configuration
-without a GPU: the "model" writes, for every scheduled token, a known value per (token id,
-position, channel) into a CPU KV tensor; :meth:`Engine.check` (run after every step) verifies
-every computed position of every running request against it. The model config is written to a
-temporary folder (OPT-shaped, tiny) and ``HF_HUB_OFFLINE=1`` is set: nothing is downloaded.
+Test infrastructure of the integration tests: the "model" writes, for every scheduled token, a
+known value per (token id, position, channel) into a CPU KV tensor; :meth:`Engine.check` (run
+after every step) verifies every computed position of every running request against it. The model
+config is written to a temporary folder (OPT-shaped, tiny); import this module after
+:func:`tests.integrations.vllm_env.require_vllm`, which sets ``HF_HUB_OFFLINE=1`` so that nothing
+is downloaded.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
+import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from transformers import OPTConfig  # noqa: E402
-from vllm.config import (  # noqa: E402
+from transformers import OPTConfig
+from vllm.config import (
     CacheConfig,
     DeviceConfig,
     KVTransferConfig,
@@ -29,22 +30,22 @@ from vllm.config import (  # noqa: E402
     SchedulerConfig,
     VllmConfig,
 )
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
     SlidingWindowSpec,
 )
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
 
 BLOCK_SIZE = 4  # tokens per GPU block
 HEADS, HEAD_DIM = 2, 4  # page = 2 (K, V) * 4 tokens * 2 heads * 4 dims * 4 bytes = 256 bytes
@@ -67,24 +68,54 @@ def kv_value(token: int, pos: int) -> torch.Tensor:
     return base + torch.arange(2 * HEADS * HEAD_DIM, dtype=torch.float32).reshape(2, HEADS, HEAD_DIM)
 
 
-@functools.lru_cache(maxsize=1)
-def _base_config() -> VllmConfig:
-    d = tempfile.mkdtemp(prefix="kvoffload-opt-")
-    OPTConfig(
-        num_hidden_layers=1,
-        hidden_size=HEADS * HEAD_DIM,
-        num_attention_heads=HEADS,
-        ffn_dim=16,
-        vocab_size=1000,
-        max_position_embeddings=MAX_LEN,
-    ).save_pretrained(d)
-    mc = ModelConfig(model=d, tokenizer=d, skip_tokenizer_init=True, dtype="float32", max_model_len=MAX_LEN, seed=0)
-    sc = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=MAX_LEN, is_encoder_decoder=False)
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the engine runs: tokens per GPU block, the longest request, the scheduler's limits."""
+
+    block_size: int = BLOCK_SIZE
+    max_len: int = MAX_LEN
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 64
+
+    @property
+    def page(self) -> int:
+        """Bytes of one GPU block (K and V of every head)."""
+        return 2 * self.block_size * HEADS * HEAD_DIM * 4
+
+
+@functools.lru_cache(maxsize=8)
+def _base_config(shape: Shape) -> VllmConfig:
+    # one fixed folder per user: engines in several processes name the same model (the model name
+    # is part of a shared tier's namespace)
+    d = os.path.join(tempfile.gettempdir(), f"kvoffload-opt-{os.getuid()}-{shape.max_len}-{HEADS}x{HEAD_DIM}")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        tmp = tempfile.mkdtemp(prefix="kvoffload-opt-")
+        OPTConfig(
+            num_hidden_layers=1,
+            hidden_size=HEADS * HEAD_DIM,
+            num_attention_heads=HEADS,
+            ffn_dim=16,
+            vocab_size=1000,
+            max_position_embeddings=shape.max_len,
+        ).save_pretrained(tmp)
+        try:
+            os.rename(tmp, d)  # atomic; another process may have won
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    mc = ModelConfig(
+        model=d, tokenizer=d, skip_tokenizer_init=True, dtype="float32", max_model_len=shape.max_len, seed=0
+    )
+    sc = SchedulerConfig(
+        max_num_seqs=shape.max_num_seqs,
+        max_num_batched_tokens=shape.max_num_batched_tokens,
+        max_model_len=shape.max_len,
+        is_encoder_decoder=False,
+    )
     sc.async_scheduling = False
     kt = KVTransferConfig(kv_connector="KVOffloadConnector", kv_connector_module_path=SPEC_MODULE, kv_role="kv_both")
     vc = VllmConfig(
         model_config=mc,
-        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
+        cache_config=CacheConfig(block_size=shape.block_size, enable_prefix_caching=True),
         scheduler_config=sc,
         device_config=DeviceConfig("cpu"),
         kv_transfer_config=kt,
@@ -93,9 +124,9 @@ def _base_config() -> VllmConfig:
     return vc
 
 
-def make_config(extra: dict[str, Any], connector: str = "KVOffloadConnector") -> VllmConfig:
+def make_config(extra: dict[str, Any], connector: str = "KVOffloadConnector", shape: Shape = Shape()) -> VllmConfig:
     """A VllmConfig whose connector is ``connector`` with ``kv_connector_extra_config=extra``."""
-    vc = copy.copy(_base_config())
+    vc = copy.copy(_base_config(shape))
     module = SPEC_MODULE if connector == "KVOffloadConnector" else None
     vc.kv_transfer_config = KVTransferConfig(
         kv_connector=connector,
@@ -116,6 +147,10 @@ class Engine:
         connector: ``"KVOffloadConnector"`` or vLLM's ``"OffloadingConnector"``.
         sliding_window: if set, a second KV-cache group (one sliding-window layer of this many
             tokens) beside the full-attention one, sharing the block pool (a hybrid model).
+        shape: block size, longest request and scheduler limits.
+        check_kv: the model writes KV and :meth:`check` verifies it after every step; without
+            it the model writes nothing and nothing is checked (tokens and transfers still run:
+            for benchmarks of the scheduler side).
     """
 
     def __init__(
@@ -124,23 +159,30 @@ class Engine:
         num_gpu_blocks: int = 64,
         connector: str = "KVOffloadConnector",
         sliding_window: int | None = None,
+        shape: Shape = Shape(),
+        check_kv: bool = True,
     ) -> None:
-        self.vllm_config = make_config(extra, connector)
+        if check_kv and shape.max_len > MAX_LEN:
+            raise ValueError(f"check_kv needs max_len <= {MAX_LEN} (kv_value is exact in float32 up to there)")
+        self.shape = shape
+        self.check_kv = check_kv
+        bs = shape.block_size
+        self.vllm_config = make_config(extra, connector, shape)
         self.vllm_config.cache_config = copy.copy(self.vllm_config.cache_config)
         self.vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
-        shape = dict(block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.float32)
-        specs: list[tuple[str, Any]] = [(LAYER, FullAttentionSpec(**shape))]  # type: ignore[arg-type]
+        layer = dict(block_size=bs, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.float32)
+        specs: list[tuple[str, Any]] = [(LAYER, FullAttentionSpec(**layer))]  # type: ignore[arg-type]
         if sliding_window is not None:
-            specs.append((SW_LAYER, SlidingWindowSpec(**shape, sliding_window=sliding_window)))  # type: ignore[arg-type]
+            specs.append((SW_LAYER, SlidingWindowSpec(**layer, sliding_window=sliding_window)))  # type: ignore[arg-type]
         self.windows = [None, sliding_window]
         #: one KV tensor per group (its single layer)
-        self.kvs = [torch.zeros(num_gpu_blocks, 2, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.float32) for _ in specs]
+        self.kvs = [torch.zeros(num_gpu_blocks, 2, bs, HEADS, HEAD_DIM, dtype=torch.float32) for _ in specs]
         self.kv = self.kvs[0]
         size = self.kv.numel() * 4
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_gpu_blocks,
             kv_cache_tensors=[
-                KVCacheTensor(size=size, layers=[name], layer_stride=size, block_stride=PAGE) for name, _ in specs
+                KVCacheTensor(size=size, layers=[name], layer_stride=size, block_stride=shape.page) for name, _ in specs
             ],
             kv_cache_groups=[KVCacheGroupSpec([name], spec) for name, spec in specs],
         )
@@ -148,14 +190,14 @@ class Engine:
             vllm_config=self.vllm_config,
             kv_cache_config=self.kv_cache_config,
             structured_output_manager=StructuredOutputManager(self.vllm_config),
-            block_size=BLOCK_SIZE,
+            block_size=bs,
             log_stats=True,
         )
         self.worker_connector = KVConnectorFactory.create_connector(
             self.vllm_config, KVConnectorRole.WORKER, self.kv_cache_config
         )
         self.worker_connector.register_kv_caches({name: kv for (name, _), kv in zip(specs, self.kvs, strict=True)})
-        self.hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+        self.hasher = get_request_block_hasher(bs, sha256)
         self.outputs: dict[str, list[int]] = {}
         self.invalid_reported: set[int] = set()
         self.steps = 0
@@ -207,11 +249,8 @@ class Engine:
             n = sched_out.num_scheduled_tokens[rid]
             end = req.num_computed_tokens  # already advanced by schedule()
             toks = req.all_token_ids
-            for kv, blocks in zip(self.kvs, self._block_ids(rid), strict=True):
-                for pos in range(end - n, end):
-                    b = blocks[pos // BLOCK_SIZE]
-                    if b != NULL_BLOCK:  # a sliding-window block already out of the window
-                        kv[b, :, pos % BLOCK_SIZE] = kv_value(toks[pos], pos)
+            if self.check_kv:
+                self._write(rid, toks, end - n, end)
             sampled.append([(len(toks) * 7 + sum(toks[-3:])) % 1000] if end >= req.num_tokens else [])
         wc.wait_for_save()
         sending, recving = wc.get_finished(sched_out.finished_req_ids)
@@ -235,8 +274,18 @@ class Engine:
             for o in eco.outputs:
                 self.outputs[o.request_id].extend(o.new_token_ids)
         self.steps += 1
-        self.check()
+        if self.check_kv:
+            self.check()
         return sched_out
+
+    def _write(self, rid: str, toks: list[int], start: int, end: int) -> None:
+        """The model: the KV of positions ``start..end-1`` of request ``rid``."""
+        bs = self.shape.block_size
+        for kv, blocks in zip(self.kvs, self._block_ids(rid), strict=True):
+            for pos in range(start, end):
+                b = blocks[pos // bs]
+                if b != NULL_BLOCK:  # a sliding-window block already out of the window
+                    kv[b, :, pos % bs] = kv_value(toks[pos], pos)
 
     def check(self) -> int:
         """Verify every computed position of every running request; returns positions checked.
@@ -251,8 +300,10 @@ class Engine:
                 window = self.windows[g]
                 first = 0 if window is None else max(0, done - window + 1)
                 for pos in range(first, done):
-                    b = blocks[pos // BLOCK_SIZE]
-                    if b == NULL_BLOCK or not torch.equal(kv[b, :, pos % BLOCK_SIZE], kv_value(toks[pos], pos)):
+                    b = blocks[pos // self.shape.block_size]
+                    if b == NULL_BLOCK or not torch.equal(
+                        kv[b, :, pos % self.shape.block_size], kv_value(toks[pos], pos)
+                    ):
                         raise KVMismatch(
                             f"step {self.steps}: request {req.request_id} group {g} position {pos} holds wrong KV"
                         )
@@ -280,8 +331,22 @@ class Engine:
         for kv in self.kvs:
             kv.zero_()
 
+    def settle(self, timeout: float = 60.0) -> None:
+        """Step until the offloading manager has no transfer in flight (tier cascades included)."""
+        deadline = time.monotonic() + timeout
+        while self.manager.has_pending_work():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"offloading transfers still pending after {timeout} s")
+            self.step()
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        """Shut the manager and the worker down (releases a shared region and tier connections)."""
+        self.manager.shutdown()
+        self.worker.shutdown()
+
     def finished_ok(self, req_id: str) -> bool:
         return req_id not in self.scheduler.requests and len(self.outputs[req_id]) > 0
 
 
-__all__ = ["Engine", "KVMismatch", "kv_value", "BLOCK_SIZE", "PAGE", "make_config"]
+__all__ = ["Engine", "KVMismatch", "Shape", "kv_value", "BLOCK_SIZE", "PAGE", "make_config"]

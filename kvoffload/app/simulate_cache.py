@@ -1,0 +1,97 @@
+"""The cache-level side of ``kvoffload simulate``: traces as block keys, the sweep, its points.
+
+:func:`block_trace_of` turns the sweep's workload (a Mooncake trace, a kvoffload trace or the chat
+workload) into a :class:`~kvoffload.sim.block_trace.BlockTrace`; :func:`run_cache_sweep` replays it
+for every policy and capacity plus the reference lines (:mod:`kvoffload.sim.cache_sweep`), printing
+one progress line per finished run, and returns the points in the report's
+:class:`~kvoffload.sim.sweep.SimPoint` form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvoffload.sim.block_trace import BlockTrace
+from kvoffload.sim.cache_replay import ReplayResult
+from kvoffload.sim.cache_sweep import CacheSweep, sweep_cache
+from kvoffload.sim.mooncake import MooncakeRequest
+from kvoffload.sim.request import hash_blocks
+from kvoffload.sim.sweep import HASH_BLOCK_TOKENS, SimPoint
+from kvoffload.sim.workload import TraceRequest
+
+__all__ = ["CacheSweepPoints", "block_trace_of", "run_cache_sweep", "to_point"]
+
+
+def block_trace_of(items: list[Any], block_tokens: int, trace_block_tokens: int) -> BlockTrace:
+    """The block keys of ``items``: Mooncake requests, :class:`TraceRequest` s or chat turns."""
+    if items and isinstance(items[0], MooncakeRequest):
+        return BlockTrace.from_mooncake(items, trace_block_tokens, block_tokens)
+    hashes: list[list[bytes]] = []
+    tokens: list[int] = []
+    for it in items:
+        if isinstance(it, TraceRequest):
+            hs = list(it.block_hashes or ()) if it.token_ids is None else hash_blocks(it.token_ids, HASH_BLOCK_TOKENS)
+            tokens.append(it.num_tokens)
+        else:
+            hs = hash_blocks(it.prompt_token_ids, HASH_BLOCK_TOKENS)
+            tokens.append(len(it.prompt_token_ids))
+        hashes.append(hs)
+    return BlockTrace.from_block_hashes(hashes, tokens, block_tokens)
+
+
+def to_point(r: ReplayResult, block_tokens: int, block_bytes: int) -> SimPoint:
+    """A cache-level result as a report point (no GPU tier, no preemption: served = prompt tokens)."""
+    return SimPoint(
+        policy=r.policy,
+        cpu_blocks=r.capacity,
+        cpu_gib=r.capacity * block_bytes / 2**30,
+        cpu_tokens=r.capacity * block_tokens,
+        prompt_tokens=r.prompt_tokens,
+        served_tokens=r.prompt_tokens,
+        cpu_hit_tokens=r.hit_tokens,
+        gpu_hit_tokens=0,
+        computed_prefill_tokens=r.prompt_tokens - r.hit_tokens,
+        cpu_hit_rate=r.hit_rate,
+        hit_rate=r.hit_rate,
+        cpu_evictions=r.evictions,
+        distinct_blocks_stored=r.distinct_stored,
+        preemptions=0,
+        seconds=r.seconds,
+    )
+
+
+@dataclass
+class CacheSweepPoints:
+    """The sweep as report points: the policies', Belady's per capacity, the infinite cache's
+    (its hit rate holds at every capacity), and the sweep's wall time."""
+
+    points: list[SimPoint]
+    belady: list[SimPoint]
+    infinite: SimPoint
+    seconds: float
+
+
+def run_cache_sweep(
+    trace: BlockTrace, policies: list[str], capacities: list[int], jobs: int, block_bytes: int, verbose: bool = True
+) -> CacheSweepPoints:
+    """Sweep ``trace`` (:func:`~kvoffload.sim.cache_sweep.sweep_cache`) on ``jobs`` processes."""
+    bt = trace.block_tokens
+    width = max(len(p) for p in [*policies, "belady"])
+
+    def progress(done: int, total: int, r: ReplayResult, elapsed: float, eta: float) -> None:
+        print(
+            f"  [{done:>3}/{total}] {r.policy:<{width}} {r.capacity * block_bytes / 2**30:9.2f} GiB "
+            f"{r.capacity:>10,} blocks   from CPU tier {r.hit_rate:6.1%}   evicted {r.evictions:>10,}   "
+            f"({r.seconds:.1f} s; {elapsed:.0f} s elapsed, about {eta:.0f} s to go)",
+            flush=True,
+        )
+
+    sweep: CacheSweep = sweep_cache(trace, policies, capacities, jobs, progress if verbose else None)
+    inf = to_point(sweep.infinite, bt, block_bytes)
+    return CacheSweepPoints(
+        [to_point(r, bt, block_bytes) for r in sweep.runs],
+        [to_point(sweep.belady[c], bt, block_bytes) for c in capacities],
+        inf,
+        sweep.seconds,
+    )

@@ -1,0 +1,119 @@
+"""A trace as offloaded-block keys: what the cache-level replay and the reference lines read.
+
+:class:`BlockTrace` holds, for every request in arrival order, the keys of its prompt's full
+offloaded blocks (head first) as dense integer ids, and the manager key (``OffloadKey`` bytes) of
+every id. The keys are exactly those the kvoffload engine computes for the same request: the
+chained hash of the offloaded block's last 16-token block followed by KV-cache group 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvoffload.core.base import OffloadKey, make_offload_key
+from kvoffload.errors import InvalidArgumentError
+from kvoffload.sim.mooncake import PIECE_TOKENS, MooncakeRequest, piece_hash
+
+__all__ = ["BlockTrace"]
+
+
+@dataclass(frozen=True)
+class BlockTrace:
+    """Offloaded-block keys of every request of a trace.
+
+    Attributes:
+        block_tokens: tokens per offloaded block.
+        ids: dense key ids of all requests' full prompt blocks, concatenated (``int64``).
+        starts: request ``r``'s ids are ``ids[starts[r]:starts[r + 1]]`` (``int64[R + 1]``).
+        prompt_tokens: prompt length of every request (``int64[R]``).
+        keys: the manager key of every dense id.
+    """
+
+    block_tokens: int
+    ids: np.ndarray
+    starts: np.ndarray
+    prompt_tokens: np.ndarray
+    keys: list[OffloadKey]
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def num_blocks(self) -> int:
+        """Distinct offloaded blocks in the prompts (the working set)."""
+        return len(self.keys)
+
+    @property
+    def total_prompt_tokens(self) -> int:
+        return int(self.prompt_tokens.sum())
+
+    def key_lists(self) -> list[list[OffloadKey]]:
+        """Per request, its prompt blocks' manager keys, head first."""
+        keys, ids, st = self.keys, self.ids.tolist(), self.starts.tolist()
+        return [[keys[i] for i in ids[st[r] : st[r + 1]]] for r in range(self.num_requests)]
+
+    @classmethod
+    def _from_raw(
+        cls, block_tokens: int, raw: list[np.ndarray], prompt_tokens: list[int], keys_of: object
+    ) -> BlockTrace:
+        lens = np.fromiter((len(a) for a in raw), dtype=np.int64, count=len(raw))
+        starts = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum(lens, out=starts[1:])
+        flat = np.concatenate(raw) if raw else np.zeros(0, dtype=np.int64)
+        uniq, inverse = np.unique(flat, return_inverse=True)
+        keys = keys_of(uniq)  # type: ignore[operator]
+        return cls(block_tokens, inverse.astype(np.int64).ravel(), starts, np.asarray(prompt_tokens, np.int64), keys)
+
+    @classmethod
+    def from_mooncake(
+        cls, requests: Sequence[MooncakeRequest], trace_block_tokens: int, block_tokens: int
+    ) -> BlockTrace:
+        """Keys of Mooncake requests (see :mod:`kvoffload.sim.mooncake` for the piece ids):
+        offloaded block ``j`` is keyed by its last 16-token piece ``(j + 1) * B / 16 - 1``."""
+        _check_sizes(trace_block_tokens, block_tokens)
+        per = trace_block_tokens // PIECE_TOKENS
+        step = block_tokens // PIECE_TOKENS
+        raw: list[np.ndarray] = []
+        for req in requests:
+            n = req.input_length // block_tokens
+            t = np.arange(1, n + 1, dtype=np.int64) * step - 1
+            ids = np.asarray(req.hash_ids, dtype=np.int64)
+            raw.append(ids[t // per] * per + t % per)
+
+        def keys_of(uniq: np.ndarray) -> list[OffloadKey]:
+            return [make_offload_key(piece_hash(p), 0) for p in uniq.tolist()]
+
+        return cls._from_raw(block_tokens, raw, [r.input_length for r in requests], keys_of)
+
+    @classmethod
+    def from_block_hashes(
+        cls, hashes: Sequence[Sequence[bytes]], prompt_tokens: Sequence[int], block_tokens: int
+    ) -> BlockTrace:
+        """Keys from per-request chained 16-token block hashes (the engine's own traces and the
+        chat workload): offloaded block ``j`` is keyed by hash ``(j + 1) * B / 16 - 1``."""
+        _check_sizes(PIECE_TOKENS, block_tokens)
+        step = block_tokens // PIECE_TOKENS
+        index: dict[bytes, int] = {}
+        raw = [
+            np.fromiter((index.setdefault(h, len(index)) for h in hs[step - 1 :: step]), dtype=np.int64)
+            for hs in hashes
+        ]
+        by_id = list(index)
+
+        def keys_of(uniq: np.ndarray) -> list[OffloadKey]:
+            return [make_offload_key(by_id[i], 0) for i in uniq.tolist()]
+
+        return cls._from_raw(block_tokens, raw, list(prompt_tokens), keys_of)
+
+
+def _check_sizes(trace_block_tokens: int, block_tokens: int) -> None:
+    if block_tokens < PIECE_TOKENS or block_tokens % PIECE_TOKENS:
+        raise InvalidArgumentError(f"--block-size must be a multiple of {PIECE_TOKENS} tokens, got {block_tokens}")
+    if trace_block_tokens < PIECE_TOKENS or trace_block_tokens % PIECE_TOKENS:
+        raise InvalidArgumentError(
+            f"--trace-block-size must be a multiple of {PIECE_TOKENS} tokens, got {trace_block_tokens}"
+        )

@@ -1,0 +1,137 @@
+"""Reference lines of a cache-level replay: the infinite cache and Belady's offline optimum.
+
+Both read a :class:`~kvoffload.sim.block_trace.BlockTrace` and count hits as the cache-level
+replay does (a request's hit is the leading run of its prompt blocks found in the cache; tokens
+``min(hit * B, prompt - 1)``), so their lines sit on the same scale as the policies'.
+
+* **Infinite** (:func:`replay_infinite`): every block ever stored stays. A request hits the leading
+  run of its blocks that some earlier request had. No policy at any capacity can do better.
+* **Belady** (:func:`replay_belady`): the capacity is the policy's, and the future is known. After
+  each request the cache keeps, among the blocks it held and the request's blocks, the ``C`` whose
+  next use (the next request whose prompt holds the block) is soonest; blocks never used again are
+  dropped (not stored at all: optional admission, which an offloading cache has). Ties are broken
+  by depth, the deeper block of a prompt going first. With prefix keys a block's ancestors are in
+  every prompt the block is in, so their next use is never later than the block's: the kept set is
+  always prefix-closed, and the leading-run hit equals the number of the request's blocks cached.
+  This is Belady's MIN (furthest next use out) on blocks; the offline optimum for block hits of a
+  cache of ``C`` blocks that may decline to store, hence an upper bound on what a policy gets.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+
+import numpy as np
+
+from kvoffload.sim.block_trace import BlockTrace
+from kvoffload.sim.cache_replay import ReplayResult, hit_tokens_of
+
+__all__ = ["BeladyPlan", "replay_belady", "replay_infinite"]
+
+
+def replay_infinite(trace: BlockTrace) -> ReplayResult:
+    """Hits with a cache that never evicts (module docstring)."""
+    t0 = time.perf_counter()
+    seen = np.zeros(trace.num_blocks, dtype=bool)
+    ids, st = trace.ids, trace.starts
+    hits = np.zeros(trace.num_requests, dtype=np.int64)
+    for r in range(trace.num_requests):
+        blk = ids[st[r] : st[r + 1]]
+        found = seen[blk]
+        miss = np.flatnonzero(~found)
+        hits[r] = miss[0] if len(miss) else len(blk)
+        seen[blk] = True
+    return ReplayResult(
+        policy="infinite",
+        capacity=trace.num_blocks,
+        prompt_tokens=trace.total_prompt_tokens,
+        hit_blocks=int(hits.sum()),
+        hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, trace.block_tokens),
+        stored_blocks=trace.num_blocks,
+        distinct_stored=trace.num_blocks,
+        per_request=hits,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+class BeladyPlan:
+    """The capacity-independent part of Belady's replay: every access's eviction priority.
+
+    An access at depth ``d`` of request ``r`` whose block is next used by request ``n`` gets
+    priority ``n * D + d`` (``D`` > every depth), or -1 when the block is never used again; the
+    block with the largest priority is evicted first.
+    """
+
+    def __init__(self, trace: BlockTrace) -> None:
+        ids, st = trace.ids, trace.starts
+        n = len(ids)
+        req = np.repeat(np.arange(trace.num_requests, dtype=np.int64), np.diff(st))
+        depth = np.arange(n, dtype=np.int64) - st[req]
+        order = np.lexsort((np.arange(n), ids))  # by block id, then by position (arrival)
+        nxt = np.full(n, -1, dtype=np.int64)
+        same = ids[order[1:]] == ids[order[:-1]]
+        nxt[order[:-1][same]] = req[order[1:][same]]
+        width = int(depth.max()) + 1 if n else 1
+        prio = np.where(nxt >= 0, nxt * width + depth, -1)
+        self.trace = trace
+        self.ids: list[int] = ids.tolist()
+        self.starts: list[int] = st.tolist()
+        self.prio: list[int] = prio.tolist()
+
+
+def replay_belady(plan: BeladyPlan, capacity: int) -> ReplayResult:
+    """Belady's offline optimum at ``capacity`` offloaded blocks (module docstring)."""
+    t0 = time.perf_counter()
+    trace = plan.trace
+    ids, st, prio = plan.ids, plan.starts, plan.prio
+    bits = max(1, trace.num_blocks.bit_length())
+    mask = (1 << bits) - 1
+    held = [-1] * trace.num_blocks  # the priority a cached block was pushed with; -1: not cached
+    heap: list[int] = []  # -(priority << bits | block): a max-heap; stale entries skipped when popped
+    push, pop = heapq.heappush, heapq.heappop
+    size = evicted = stored = 0
+    ever = bytearray(trace.num_blocks)
+    hits = np.zeros(trace.num_requests, dtype=np.int64)
+    for r in range(trace.num_requests):
+        s, e = st[r], st[r + 1]
+        h = s
+        while h < e and held[ids[h]] >= 0:
+            h += 1
+        hits[r] = h - s
+        for p in range(s, e):
+            i, pr = ids[p], prio[p]
+            old = held[i]
+            if pr < 0:
+                if old >= 0:
+                    held[i] = -1
+                    size -= 1
+                continue
+            if old < 0:
+                size += 1
+                stored += 1
+                ever[i] = 1
+            held[i] = pr
+            push(heap, -((pr << bits) | i))
+        while size > capacity:
+            v = -pop(heap)
+            i = v & mask
+            if held[i] == v >> bits:
+                held[i] = -1
+                size -= 1
+                evicted += 1
+        if len(heap) > 4 * size + 1_000_000:  # drop stale entries
+            heap = [-((held[i] << bits) | i) for i in range(trace.num_blocks) if held[i] >= 0]
+            heapq.heapify(heap)
+    return ReplayResult(
+        policy="belady",
+        capacity=capacity,
+        prompt_tokens=trace.total_prompt_tokens,
+        hit_blocks=int(hits.sum()),
+        hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, trace.block_tokens),
+        stored_blocks=stored,
+        evictions=evicted,
+        distinct_stored=sum(ever),
+        per_request=hits,
+        seconds=time.perf_counter() - t0,
+    )
