@@ -8,7 +8,9 @@ and returns without waiting on the store; the bytes move on the tier's own threa
   answer :data:`TIER_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
   queued keys as **one** probe batch (one pipelined round trip) to the tier's lookup thread.
 * :meth:`Tier.submit_store` / :meth:`Tier.submit_load` start jobs that copy records to / from the
-  store; :meth:`Tier.get_finished` reports them with per-key success.
+  store; :meth:`Tier.get_finished` reports them with per-key success. The lookup thread hands
+  their batches to the I/O threads (the engine thread wakes one thread, and starts none); it
+  runs under ``SCHED_BATCH`` where the OS has it (:mod:`kvoffload.tiers.threads`).
 * a store that cannot be reached puts the tier in back-off: lookups miss, stores are dropped
   (counted), loads fail; after the back-off the next operation reconnects.
 

@@ -1,12 +1,13 @@
-"""The tier's threads give way to the engine thread when they wake up.
+"""The tier's lookup thread gives way to the engine thread when it wakes up.
 
-A tier thread is woken by the engine thread (a probe batch, a job handed over) or by its store
-answering. On a machine whose cores are all busy, a woken thread of the default policy preempts
-the thread running on that core -- often the engine thread that just woke it, in the middle of
-its step; the engine thread then waits for a core again. A ``SCHED_BATCH`` thread (Linux) is
+The engine thread wakes the tier's lookup thread at most once per step (a probe batch, jobs to
+hand to the I/O threads). On a machine whose cores are all busy, a woken thread of the default
+policy preempts the thread running on that core -- often the engine thread that just woke it, in
+the middle of its step, which then waits for a core again. A ``SCHED_BATCH`` thread (Linux) is
 never scheduled by preempting another on wake-up: it runs on an idle core at once, otherwise at
-the next scheduler tick, with the same share of CPU time as before (same nice value). Elsewhere,
-or when the policy cannot be set, nothing changes.
+the next scheduler tick, with the same share of CPU time (same nice value). Elsewhere, or when
+the policy cannot be set, nothing changes. (The I/O threads keep the default policy: they are
+woken by the lookup thread, and delaying them would hold host slots pinned longer.)
 """
 
 from __future__ import annotations
