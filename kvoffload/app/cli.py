@@ -100,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument(
         "--json", metavar="PATH", default=None, help="also write the summary as JSON (its folder is created)"
     )
+    p_demo.add_argument(
+        "--tier",
+        action="append",
+        metavar="SPEC",
+        default=None,
+        help="a secondary KV tier beneath the host pool, repeatable (first asked first): "
+        "redis://host:6379, rediss://..., unix:///path.sock, redis://h1:p1,h2:p2 (cluster), disk:/path?max_bytes=N",
+    )
     p_demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_demo.set_defaults(func=_cmd_demo)
 

@@ -48,6 +48,7 @@ class DemoSettings:
     policy: str = "lru"
     backend: str | None = None
     seed: int = 0
+    tiers: tuple[str, ...] = ()
 
     def workload(self) -> ChatWorkload:
         """The chat workload these settings describe."""
@@ -128,12 +129,8 @@ def drive(engine: Engine, items: Sequence[Any], max_concurrent: int, progress: _
     engine.run_until_done()  # drain in-flight stores
 
 
-def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats, Engine]:
-    """Run the chat workload of ``settings`` through a fresh engine with real KV bytes.
-
-    Returns the engine's cumulative stats and the (shut down) engine.
-    """
-    workload = settings.workload()
+def build_engine(settings: DemoSettings) -> Engine:
+    """The engine ``settings`` describe (its tiers opened, nothing run yet)."""
     config = EngineConfig(
         groups=(GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, settings.num_layers),),
         num_gpu_blocks=settings.gpu_blocks,
@@ -145,7 +142,17 @@ def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats
         worker_backend=settings.backend,
         seed=settings.seed,
     )
-    engine = Engine(config)
+    return Engine(config, tiers=settings.tiers)
+
+
+def run_chat(settings: DemoSettings, progress: bool = True, engine: Engine | None = None) -> tuple[EngineStats, Engine]:
+    """Run the chat workload of ``settings`` through ``engine`` (default: a fresh
+    :func:`build_engine`) with real KV bytes.
+
+    Returns the engine's cumulative stats and the (shut down) engine.
+    """
+    workload = settings.workload()
+    engine = engine if engine is not None else build_engine(settings)
     bar = _Progress(len(workload), progress)
     try:
         drive(engine, list(workload), settings.max_concurrent, bar)
@@ -169,14 +176,16 @@ def summary_dict(settings: DemoSettings, stats: EngineStats, engine: Engine) -> 
 
     ``stats`` holds :class:`~kvoffload.sim.stats.EngineStats` as a dict; ``geometry`` the block
     sizes in tokens and bytes (``gpu_block_bytes``: one GPU block over all layers, K and V;
-    ``offloaded_block_bytes``: one CPU slot) and the host pool's size.
+    ``offloaded_block_bytes``: one CPU slot) and the host pool's size; ``tiers`` one entry per
+    secondary tier (:func:`tier_report`).
     """
     worker = engine.worker
     backend = getattr(getattr(worker, "backend", None), "name", None)
     pool = getattr(worker, "host_pool", None)
     gpu_block_bytes = engine.kv.block_bytes(0)
     return {
-        "settings": dict(settings.__dict__),
+        # tier specs may hold credentials: the tiers' display names instead
+        "settings": {**settings.__dict__, "tiers": [t.name for t in engine.tiered.tiers] if engine.tiered else []},
         "device": str(engine.device),
         "backend": backend,
         "torch_threads": torch.get_num_threads(),
@@ -189,7 +198,33 @@ def summary_dict(settings: DemoSettings, stats: EngineStats, engine: Engine) -> 
             "host_pool_pinned": bool(getattr(pool, "pinned", False)),
         },
         "stats": stats.as_dict(),
+        "tiers": tier_report(engine, settings.gpu_block_size * settings.block_size_factor),
     }
+
+
+def tier_report(engine: Engine, block_tokens: int) -> list[dict[str, Any]]:
+    """Per secondary tier of ``engine``: its name (no credentials), blocks and tokens loaded from it
+    (promoted into the host pool) and written to it, failures and drops, and the tier's own
+    counters (:class:`~kvoffload.tiers.TierStats`)."""
+    if engine.tiered is None:
+        return []
+    out = []
+    for tier, use in zip(engine.tiered.tiers, engine.tiered.usage(), strict=True):
+        out.append(
+            {
+                "name": use.name,
+                "blocks_loaded": use.blocks_promoted,
+                "tokens_loaded": use.blocks_promoted * block_tokens,
+                "blocks_written": use.blocks_written,
+                "tokens_written": use.blocks_written * block_tokens,
+                "promotions_failed": use.promotions_failed,
+                "promotions_refused": use.promotions_refused,
+                "writes_failed": use.writes_failed,
+                "writes_dropped": use.writes_dropped,
+                "tier_stats": dict(tier.stats().__dict__),
+            }
+        )
+    return out
 
 
 def _share(part: int, whole: int, of: str) -> str:
@@ -199,6 +234,35 @@ def _share(part: int, whole: int, of: str) -> str:
 def _rate(nbytes: int, seconds: float) -> str:
     """Bytes / the time the worker spent in those transfers."""
     return f"{nbytes / seconds / 1e9:.2f} GB/s over the {seconds:.2f} s spent in them" if seconds > 0 else "n/a"
+
+
+def _tier_rows(summary: dict[str, Any], off: str) -> list[tuple[str, str]]:
+    """One row per secondary tier: what it gave the host pool and what was written to it."""
+    rows = []
+    for t in summary.get("tiers", []):
+        lost = t["promotions_failed"] + t["writes_failed"] + t["writes_dropped"]
+        rows.append(
+            (
+                f"tier {t['name']}",
+                f"loaded {t['blocks_loaded']:,} offloaded blocks ({t['tokens_loaded']:,} tokens) into the host pool, "
+                f"wrote {t['blocks_written']:,} ({t['tokens_written']:,} tokens)"
+                + (
+                    f"; {t['promotions_failed']:,} loads failed, {t['writes_failed'] + t['writes_dropped']:,} "
+                    "writes failed or dropped"
+                    if lost
+                    else ""
+                ),
+            )
+        )
+    if rows:
+        s = summary["stats"]
+        rows.append(
+            (
+                "  loaded to the GPU from them",
+                f"{s['tier_blocks_loaded']:,} offloaded blocks whose host-pool bytes came from a tier (verified below)",
+            )
+        )
+    return rows
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -243,12 +307,14 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{s['blocks_loaded']:,} {off} in {s['load_jobs']:,} jobs: {gib(s['bytes_loaded'])}, "
             f"{_rate(s['bytes_loaded'], s['load_seconds'])}",
         ),
+        *_tier_rows(summary, off),
         ("evicted from the CPU tier", f"{s['cpu_evictions']:,} {off}"),
         ("evicted from the GPU cache", f"{s['gpu_evictions']:,} GPU blocks ({geo['gpu_block_tokens']} tokens)"),
         ("requests preempted", f"{s['preemptions']:>9,}"),
         (
             "requests deferred",
-            f"{s['deferrals']:>9,}  (told to retry: a block they need was still being stored or loaded)",
+            f"{s['deferrals']:>9,}  (told to retry: a block they need was still being stored or loaded"
+            + (", or looked up in or promoted from a tier)" if summary.get("tiers") else ")"),
         ),
         (
             "engine",
@@ -331,7 +397,12 @@ def run_demo(args: argparse.Namespace) -> int:
     """
     from kvoffload.cache.policies.base import get_policy_class  # validates the policy name up front
 
-    overrides: dict[str, Any] = {"policy": args.policy, "backend": args.backend, "seed": args.seed}
+    overrides: dict[str, Any] = {
+        "policy": args.policy,
+        "backend": args.backend,
+        "seed": args.seed,
+        "tiers": tuple(getattr(args, "tier", None) or ()),
+    }
     for flag in ("cpu_blocks", "gpu_blocks", "conversations"):
         if getattr(args, flag) is not None:
             overrides[flag] = getattr(args, flag)
@@ -347,8 +418,11 @@ def run_demo(args: argparse.Namespace) -> int:
     json_path = _json_path(args.json)
     if args.threads is not None or not cuda:
         torch.set_num_threads(args.threads or 1)
+    engine = build_engine(settings)  # opens the tiers: a bad --tier is an error before the run
     print(format_header(settings), flush=True)
-    stats, engine = run_chat(settings, progress=not args.no_progress)
+    if engine.tiered is not None:
+        print(f"  tiers:        {', '.join(t.name for t in engine.tiered.tiers)} (first asked first)", flush=True)
+    stats, engine = run_chat(settings, progress=not args.no_progress, engine=engine)
     summary = summary_dict(settings, stats, engine)
     print(format_summary(summary))
     if json_path is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
+from kvoffload.scheduler.deferral import DeferredLookups
 from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import FinishedJob, JobRecord, TransferJob
 from kvoffload.scheduler.state import RequestOffloadState
@@ -34,6 +35,7 @@ class JobCompletion:
     _pending_loads: list[TransferJob]
     _loading_keys: dict[bytes, int]
     _flush: FlushTracker
+    _deferred: DeferredLookups | None
 
     def complete_jobs(self, results: Iterable[Any]) -> list[FinishedJob]:
         """Count worker reports; complete the jobs every worker reported.
@@ -79,6 +81,8 @@ class JobCompletion:
             st.in_flight.discard(job.job_id)
         if job.is_store:
             self.manager.complete_store(job.keys, rec.req_context, success=not rec.failed)
+            if self._deferred is not None:
+                self._deferred.resolve(job.keys)
         else:
             self._unmark_loading(job.keys)
             self.manager.complete_load(job.keys, rec.req_context)
@@ -90,6 +94,8 @@ class JobCompletion:
         return FinishedJob(job.job_id, job.req_id, job.is_store, not rec.failed, job.keys)
 
     def _unmark_loading(self, keys: Sequence[bytes]) -> None:
+        if self._deferred is not None:
+            self._deferred.resolve(keys)
         lk = self._loading_keys
         for k in keys:
             c = lk[k] - 1

@@ -66,6 +66,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
 from kvoffload.scheduler.completion import JobCompletion
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
+from kvoffload.scheduler.deferral import DeferredLookups, request_signature
 from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
@@ -82,6 +83,19 @@ from kvoffload.scheduler.validation import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["OffloadingScheduler"]
+
+
+def _chain_hook(manager: Any, name: str) -> Any:
+    """The method ``name`` of ``manager`` or of the first manager down its ``backing`` chain that
+    has one (a :class:`~kvoffload.cache.tiered.TieredManager` under a reuse filter), else None."""
+    seen: set[int] = set()
+    while manager is not None and id(manager) not in seen:
+        seen.add(id(manager))
+        hook = getattr(type(manager), name, None)
+        if callable(hook):
+            return getattr(manager, name)
+        manager = getattr(manager, "backing", None)
+    return None
 
 
 class OffloadingScheduler(JobCompletion):
@@ -110,6 +124,9 @@ class OffloadingScheduler(JobCompletion):
         self._pending_loads: list[TransferJob] = []
         self._loading_keys: dict[bytes, int] = {}
         self._flush = FlushTracker(config.pool_of_group)
+        self._end_step = _chain_hook(manager, "end_step")
+        take_resolved = _chain_hook(manager, "take_resolved")
+        self._deferred = DeferredLookups(take_resolved) if take_resolved is not None else None
 
     # ------------------------------------------------------------------ state
     def _state(self, request: Any) -> RequestOffloadState:
@@ -167,6 +184,12 @@ class OffloadingScheduler(JobCompletion):
         if st.load_job_id is not None:
             return None, False  # its own load is still in flight
         st.offer = None
+        deferred = self._deferred
+        if deferred is not None:  # a repeat of a deferred lookup: look up again only if a key it waits on changed
+            sig = request_signature(request, n_comp, num_tokens)
+            if deferred.still_deferred(st.req_id, sig):
+                return None, False
+            deferred.forget(st.req_id)
         st.sync_keys()
         hbs = self.config.effective_hash_block_size
         max_end = min(num_tokens - 1 if self.config.has_sliding_window else num_tokens, len(request.block_hashes) * hbs)
@@ -174,8 +197,13 @@ class OffloadingScheduler(JobCompletion):
         end = n_comp
         if max_end - n_comp >= self._min_load_tokens:
             fetch, batched = make_fetch(self.manager, st.req_context)
-            found = find_loadable_tokens(self.config, [gs.keys for gs in st.groups], n_comp, max_end, fetch, batched)
+            waits: list[Any] | None = [] if deferred is not None else None
+            found = find_loadable_tokens(
+                self.config, [gs.keys for gs in st.groups], n_comp, max_end, fetch, batched, pending=waits
+            )
             if found is None:
+                if deferred is not None:
+                    deferred.defer(st.req_id, sig, waits or ())
                 return None, False
             if found - n_comp >= self._min_load_tokens:
                 end = found
@@ -185,6 +213,8 @@ class OffloadingScheduler(JobCompletion):
                 f = gcfg.block_size_factor
                 for key in gs.keys[first // f : last // f]:
                     if key in self._loading_keys:
+                        if deferred is not None:
+                            deferred.defer(st.req_id, sig, [key])
                         return None, False
         touch_request(self.config, st, end, self.manager)
         if end <= n_comp:
@@ -259,6 +289,10 @@ class OffloadingScheduler(JobCompletion):
         Returns:
             flush job ids (wait for them before writing any GPU block this step), the load jobs
             built since the last call, and the store jobs of the blocks that fill up this step.
+
+        Last, it calls the manager's ``end_step()`` when it has one (or a manager down its
+        ``backing`` chain has): a :class:`~kvoffload.cache.tiered.TieredManager` sends the step's
+        tier probes, promotions and writes there, once per step.
         """
         num_groups = len(self._groups)
         preempted = check_preempted(preempted_req_ids, self._states)
@@ -302,6 +336,10 @@ class OffloadingScheduler(JobCompletion):
         for _, st, tokens, _ in run_checked:
             if tokens >= st.next_store_tokens:
                 self._maybe_store(st, tokens, stores)
+        if self._deferred is not None:
+            self._deferred.poll()
+        if self._end_step is not None:
+            self._end_step()
         return out
 
     def _maybe_store(self, st: RequestOffloadState, tokens: int, out: list[TransferJob]) -> None:
@@ -375,6 +413,8 @@ class OffloadingScheduler(JobCompletion):
         str ``request_id``) or its id str, else :class:`~kvoffload.errors.InvalidTypeError`.
         """
         rid = check_finished(request)
+        if self._deferred is not None:
+            self._deferred.forget(rid)
         st = self._states.pop(rid, None)
         if st is None:
             logger.debug("request_finished: %r is not tracked (never scheduled, or already finished)", rid)
@@ -395,4 +435,6 @@ class OffloadingScheduler(JobCompletion):
         if reset is None:
             return False
         reset()
+        if self._deferred is not None:
+            self._deferred.clear()
         return True

@@ -25,10 +25,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from kvoffload.cache.tiered import TieredManager
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
@@ -56,6 +58,11 @@ class Engine(TransferHandling):
         worker: the transfer worker (default ``TransferWorker`` over this engine's KV tensors,
             ``num_cpu_blocks`` slots, backend ``worker_backend or config.worker_backend``).
         worker_backend: kernel backend name for the default worker.
+        tiers: secondary tiers beneath the host pool, as specs (``redis://host:6379``,
+            ``disk:/path?max_bytes=N``; see :func:`kvoffload.tiers.open_tier`), first asked first.
+            The manager is then wrapped in a :class:`~kvoffload.cache.tiered.TieredManager` over
+            tiers built on the worker's host pool records (the worker needs a ``host_pool``).
+        tier_options: keyword options for every tier (``integrity_key``, ``io_threads``...).
 
     Attributes:
         stats: cumulative :class:`EngineStats`.
@@ -63,6 +70,7 @@ class Engine(TransferHandling):
         flush_log: ``(step, job_id)`` per flushed job (``record_transfers=True``).
         stored_keys: every key that became ready in the CPU tier (``track_stored_keys=True``,
             from the manager's events; else None).
+        tiered: the :class:`~kvoffload.cache.tiered.TieredManager` when ``tiers`` were given, else None.
         scheduler / manager / worker / kv: the parts, for inspection.
     """
 
@@ -73,6 +81,8 @@ class Engine(TransferHandling):
         worker: Any = None,
         *,
         worker_backend: str | None = None,
+        tiers: Sequence[str] = (),
+        tier_options: dict[str, Any] | None = None,
     ) -> None:
         cfg = config if config is not None else EngineConfig()
         if not isinstance(cfg, EngineConfig):
@@ -102,7 +112,12 @@ class Engine(TransferHandling):
             raise InvalidArgumentError(
                 f"the manager has {nb} CPU blocks but the host pool only num_cpu_blocks={cfg.num_cpu_blocks}"
             )
-        self.manager = manager
+        if isinstance(tiers, str):
+            raise InvalidTypeError("tiers must be a list of tier specs, not a single str")
+        if tiers:
+            from kvoffload.sim.tiers import check_tier_specs
+
+            check_tier_specs(tiers)
         if worker is None:
             from kvoffload.kernels.layout import KVCacheTable
             from kvoffload.transfer.worker import TransferWorker
@@ -114,6 +129,16 @@ class Engine(TransferHandling):
                 [g.block_size_factor for g in cfg.groups],
                 backend=worker_backend or cfg.worker_backend,
             )
+        self.tiered: TieredManager | None = None
+        if tiers:
+            from kvoffload.sim.tiers import open_engine_tiers
+
+            pool = getattr(worker, "host_pool", None)
+            if pool is None:
+                raise InvalidArgumentError("tiers need a worker with a host_pool (its records are what tiers move)")
+            self.tiered = TieredManager(manager, open_engine_tiers(list(tiers), pool.records(), cfg, tier_options))
+            manager = self.tiered
+        self.manager = manager
         self.worker = DelayedWorker(worker, cfg.transfer_latency_steps) if cfg.transfer_latency_steps else worker
         self.scheduler = OffloadingScheduler(self.sched_config, manager)
         self.gpu = GPUBlockCache(cfg.groups, cfg.num_gpu_blocks, self.hash_block_size, cfg.enable_gpu_prefix_cache)
@@ -238,6 +263,11 @@ class Engine(TransferHandling):
         self.stats.steps += 1
         self.stats.wall_seconds += st.seconds
         busy = st.num_scheduled_tokens or self.scheduler.num_in_flight_jobs or st.completed_jobs
+        if not busy and self.tiered is not None and self.tiered.busy:
+            # only tier work (promotions the waiting requests need, writes) is in flight: give the
+            # tier's threads the CPU for a moment instead of spinning (not counted as step time)
+            busy = True
+            time.sleep(0.0005)
         self._idle_steps = 0 if busy else self._idle_steps + 1
         return st
 
@@ -258,6 +288,10 @@ class Engine(TransferHandling):
         return self.stats
 
     def shutdown(self) -> None:
+        """Finish the tiers' jobs and close them (they use the host pool), then stop the worker and
+        the manager."""
+        if self.tiered is not None:
+            self.tiered.close()
         self.worker.shutdown()
         shutdown = getattr(self.manager, "shutdown", None)
         if shutdown is not None:

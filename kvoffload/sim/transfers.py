@@ -36,6 +36,7 @@ class TransferHandling:
     _jobs: dict[int, TransferJob]
     _load_seq: dict[int, Seq]
     _step: int
+    tiered: Any
 
     def _submit(self, job: TransferJob, st: StepStats) -> None:
         self._jobs[job.job_id] = job
@@ -93,6 +94,9 @@ class TransferHandling:
                     self._verify(seq, g, lo, hi)
                 self.gpu.cache_blocks(req, seq.tables, g, lo, hi)
             self.stats.blocks_loaded += len(fj.keys)
+            if self.tiered is not None:
+                promoted = self.tiered.promoted
+                self.stats.tier_blocks_loaded += sum(k in promoted for k in fj.keys)
             self.stats.loaded_tokens += seq.ext
             seq.num_computed = min(seq.hit + seq.ext, req.num_tokens - 1)
             seq.loaded = seq.num_computed - seq.hit

@@ -8,7 +8,9 @@ and returns without waiting on the store; the bytes move on the tier's own threa
   answer :data:`TIER_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
   queued keys as **one** probe batch (one pipelined round trip) to the tier's lookup thread.
 * :meth:`Tier.submit_store` / :meth:`Tier.submit_load` start jobs that copy records to / from the
-  store; :meth:`Tier.get_finished` reports them with per-key success.
+  store; :meth:`Tier.get_finished` reports them with per-key success. The lookup thread hands
+  their batches to the I/O threads (the engine thread wakes one thread, and starts none); it
+  runs under ``SCHED_BATCH`` where the OS has it (:mod:`kvoffload.tiers.threads`).
 * a store that cannot be reached puts the tier in back-off: lookups miss, stores are dropped
   (counted), loads fail; after the back-off the next operation reconnects.
 
@@ -23,7 +25,7 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Literal
@@ -37,11 +39,15 @@ from kvoffload.tiers.health import Health, TierUnavailable
 from kvoffload.tiers.jobs import Job
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import RecordCodec
+from kvoffload.tiers.threads import as_background_thread
 from kvoffload.tiers.types import TIER_HIT, TIER_MISS, TIER_RETRY, TierJobResult, TierStats
 
 __all__ = ["Tier", "STORED", "PRESENT", "FAILED"]
 
 logger = logging.getLogger(__name__)
+
+#: Store/load batches for the pool: the task function and its argument tuples.
+_Tasks = tuple[Callable[..., None], list[tuple[object, ...]]]
 
 #: Per-key outcomes a backend's :meth:`Tier._store_batch` returns.
 FAILED = 0
@@ -111,7 +117,10 @@ class Tier(ABC):
         self._verdicts: dict[bytes, tuple[int, int]] = {}  # key -> (code, step resolved)
         self._queued: dict[bytes, None] = {}
         self._in_flight: set[bytes] = set()
-        self._probe_q: queue.SimpleQueue[list[bytes] | None] = queue.SimpleQueue()
+        # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
+        # thread wakes one thread per step at most, and never starts a pool thread)
+        self._probe_q: queue.SimpleQueue[list[bytes] | _Tasks | None] = queue.SimpleQueue()
+        self._answered: list[bytes] | None = None  # recorded once take_answered() was called
         self._probe_done: queue.SimpleQueue[tuple[list[bytes], list[bool] | None]] = queue.SimpleQueue()
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
@@ -157,6 +166,15 @@ class Tier(ABC):
         if self._step % 64 == 0:
             self._verdicts = {k: v for k, v in self._verdicts.items() if self._step - v[1] < self._ttl}
 
+    def take_answered(self) -> list[bytes]:
+        """The keys whose probe has returned since the last call (their verdicts are applied first),
+        so a caller can tell when a ``TIER_RETRY`` may have changed. Keys are recorded from the
+        first call on."""
+        self._apply_probe_results()
+        out = self._answered or []
+        self._answered = []
+        return out
+
     def submit_store(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the records in ``slots`` to the tier under ``keys`` (parallel), asynchronously.
 
@@ -181,8 +199,7 @@ class Tier(ABC):
                 return
             self._pending_write_bytes += nbytes
             job = self._jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
-        for start, stop in job.batches():
-            self._pool.submit(self._run_store, job, start, stop, slots[start:stop])
+        self._dispatch(self._run_store, job, slots)
 
     def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the values of ``keys`` into the records in ``slots``, asynchronously.
@@ -196,8 +213,7 @@ class Tier(ABC):
             return
         with self._lock:
             job = self._jobs[job_id] = Job(job_id, "load", keys, len(keys), self._batch_keys)
-        for start, stop in job.batches():
-            self._pool.submit(self._run_load, job, start, stop, slots[start:stop])
+        self._dispatch(self._run_load, job, slots)
 
     def get_finished(self) -> list[TierJobResult]:
         """The jobs finished since the last call (also updates lookup verdicts from them)."""
@@ -304,8 +320,18 @@ class Tier(ABC):
                 raise InvalidArgumentError(f"job_id {job_id} is already in flight on tier {self.name}")
         return job_id, keys, slot_arr
 
+    def _dispatch(self, run: Callable[[Job, int, int, np.ndarray], None], job: Job, slots: np.ndarray) -> None:
+        """Hand ``job``'s batches to the lookup thread, which submits them to the pool."""
+        self._probe_q.put((run, [(job, a, b, slots[a:b]) for a, b in job.batches()]))
+
     def _lookup_loop(self) -> None:
+        as_background_thread()
         while (batch := self._probe_q.get()) is not None:
+            if isinstance(batch, tuple):
+                run, tasks = batch
+                for args in tasks:
+                    self._pool.submit(run, *args)
+                continue
             found: list[bool] | None = None
             if not self._health.is_down():
                 try:
@@ -325,11 +351,11 @@ class Tier(ABC):
                 self._idle.notify_all()
 
     def _apply_probe_results(self) -> None:
-        while True:
-            try:
-                batch, found = self._probe_done.get_nowait()
-            except queue.Empty:
-                return
+        done = self._probe_done
+        while not done.empty():  # the engine thread is the only consumer
+            batch, found = done.get_nowait()
+            if self._answered is not None:
+                self._answered.extend(batch)
             for i, key in enumerate(batch):
                 self._in_flight.discard(key)
                 hit = found is not None and found[i]
