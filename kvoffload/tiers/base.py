@@ -40,7 +40,8 @@ from kvoffload.tiers.jobs import Job
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import RecordCodec
 from kvoffload.tiers.threads import as_background_thread
-from kvoffload.tiers.types import TIER_HIT, TIER_MISS, TIER_RETRY, TierJobResult, TierStats
+from kvoffload.tiers.types import TierJobResult, TierStats
+from kvoffload.tiers.verdicts import Verdicts
 
 __all__ = ["Tier", "STORED", "PRESENT", "FAILED"]
 
@@ -101,7 +102,6 @@ class Tier(ABC):
         self.codec = RecordCodec(self.fingerprint, self.record_bytes, integrity_key)
         self._batch_keys = batch_keys
         self._max_pending_write = max_pending_write_bytes
-        self._ttl = lookup_ttl_steps
         self._health = Health(name, backoff_initial, backoff_max)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -112,15 +112,10 @@ class Tier(ABC):
         self._probes_in_flight = 0
         self._logged: set[str] = set()
         self._closed = False
-        # engine-thread lookup state
-        self._step = 0
-        self._verdicts: dict[bytes, tuple[int, int]] = {}  # key -> (code, step resolved)
-        self._queued: dict[bytes, None] = {}
-        self._in_flight: set[bytes] = set()
+        self._verdicts = Verdicts(lookup_ttl_steps)  # engine-thread lookup state
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
         self._probe_q: queue.SimpleQueue[list[bytes] | _Tasks | None] = queue.SimpleQueue()
-        self._answered: list[bytes] | None = None  # recorded once take_answered() was called
         self._probe_done: queue.SimpleQueue[tuple[list[bytes], list[bool] | None]] = queue.SimpleQueue()
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
@@ -137,43 +132,23 @@ class Tier(ABC):
         """
         keys = check_keys(keys, "keys")
         self._apply_probe_results()
-        out = np.empty(len(keys), dtype=np.int8)
-        down = self._health.is_down()
-        for i, key in enumerate(keys):
-            v = self._verdicts.get(key)
-            if v is not None and self._step - v[1] < self._ttl:
-                out[i] = v[0]
-            elif key in self._in_flight or key in self._queued:
-                out[i] = TIER_RETRY
-            elif down:
-                out[i] = TIER_MISS
-            else:
-                self._queued[key] = None
-                out[i] = TIER_RETRY
-        return out
+        return self._verdicts.answer(keys, self._health.is_down())
 
     def end_step(self) -> None:
         """Send this step's queued lookups as one probe batch; call once per engine step."""
         self._apply_probe_results()
-        if self._queued:
-            batch = list(self._queued)
-            self._queued.clear()
-            self._in_flight.update(batch)
+        batch = self._verdicts.take_batch()
+        if batch:
             with self._lock:
                 self._probes_in_flight += 1
             self._probe_q.put(batch)
-        self._step += 1
-        if self._step % 64 == 0:
-            self._verdicts = {k: v for k, v in self._verdicts.items() if self._step - v[1] < self._ttl}
 
     def take_answered(self) -> list[bytes]:
         """The keys whose probe has returned since the last call (their verdicts are applied first),
         so a caller can tell when a ``TIER_RETRY`` may have changed. Keys are recorded from the
         first call on."""
         self._apply_probe_results()
-        out = self._answered or []
-        self._answered = []
-        return out
+        return self._verdicts.take_answered()
 
     def submit_store(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the records in ``slots`` to the tier under ``keys`` (parallel), asynchronously.
@@ -220,10 +195,7 @@ class Tier(ABC):
         with self._lock:
             done, self._finished = self._finished, []
         for res in done:
-            code = TIER_HIT if res.kind == "store" else TIER_MISS
-            for key, ok in zip(res.keys, res.ok, strict=True):
-                if ok == (res.kind == "store"):
-                    self._verdicts[key] = (code, self._step)
+            self._verdicts.finished(res)
         return done
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -353,13 +325,7 @@ class Tier(ABC):
     def _apply_probe_results(self) -> None:
         done = self._probe_done
         while not done.empty():  # the engine thread is the only consumer
-            batch, found = done.get_nowait()
-            if self._answered is not None:
-                self._answered.extend(batch)
-            for i, key in enumerate(batch):
-                self._in_flight.discard(key)
-                hit = found is not None and found[i]
-                self._verdicts[key] = (TIER_HIT if hit else TIER_MISS, self._step)
+            self._verdicts.probed(*done.get_nowait())
 
     def _run_store(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
         keys = job.keys[start:stop]
