@@ -42,7 +42,8 @@ if str(_HERE.parent) not in sys.path:
 import torch  # noqa: E402
 
 from bench.common import RESULTS_DIR, machine_slug, write_section  # noqa: E402
-from kvoffload.app.demo import DemoSettings, build_engine, drive  # noqa: E402
+from kvoffload.app.demo import build_engine, drive  # noqa: E402
+from kvoffload.app.demo_settings import DemoSettings  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
 
 TIMED = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_step", "complete_jobs", "request_finished")

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvoffload.app.cli import main
-from kvoffload.app.demo import DemoSettings, format_header, format_summary, run_chat, summary_dict
+from kvoffload.app.demo import run_chat
+from kvoffload.app.demo_report import format_header, format_summary, summary_dict
+from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.sim.workload import ChatWorkload
 
 

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from kvoffload.app.demo import DemoSettings, drive
+from kvoffload.app.demo import drive
+from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.cache.policies.base import available_policies, get_policy_class
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens

@@ -17,21 +17,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.app.demo import DemoSettings, gib
-from kvoffload.sim.sweep import ModelShape, SimPoint
+from kvoffload.app.demo_settings import DemoSettings
+from kvoffload.app.units import gib, size_label
+from kvoffload.sim.sweep import ModelShape, SimPoint, largest_run
 
 if TYPE_CHECKING:
     from kvoffload.app.simulate_cache import CacheSweepPoints
 
-__all__ = ["SweepReport", "plot_hit_rates"]
-
-
-def _size(nbytes: int) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= div:
-            value = nbytes / div
-            return f"{value:g} {unit}" if value == int(value) else f"{value:.2f} {unit}"
-    return f"{nbytes} B"
+__all__ = ["SweepReport"]
 
 
 class SweepReport:
@@ -67,8 +60,8 @@ class SweepReport:
         return "\n".join(
             [
                 f"simulating {self.source}",
-                f"  model shape:     {shape.describe()} = {_size(shape.bytes_per_token)} of KV per token",
-                f"  offloaded block: {self.block_tokens} tokens = {_size(self.block_bytes)}{gpu}",
+                f"  model shape:     {shape.describe()} = {size_label(shape.bytes_per_token)} of KV per token",
+                f"  offloaded block: {self.block_tokens} tokens = {size_label(self.block_bytes)}{gpu}",
                 f"  working set:     {self.ws:,} distinct offloaded blocks in the prompts = {gib(self.ws * bb)} "
                 f"(each full {self.block_tokens}-token block of every prompt, counted once by its chained hash)",
                 f"  sweep:           policies {', '.join(self.policies)}; {len(caps)} capacities from {caps[0]:,} to "
@@ -132,7 +125,7 @@ class SweepReport:
 
         def row(cap: int, cells: str) -> str:
             t = f"{_tokens(cap * self.block_tokens):>8}  " if tok else ""
-            return f"{_size(cap * self.block_bytes):>12}  {t}{cap:>{bw},}  {cells}"
+            return f"{size_label(cap * self.block_bytes):>12}  {t}{cap:>{bw},}  {cells}"
 
         lines = ["prompt tokens loaded from the CPU tier, % of prompt tokens:", head(cols)]
         for cap in self.capacities:
@@ -167,9 +160,9 @@ class SweepReport:
                 for pol in self.policies:
                     p = by[(pol, cap, t)]
                     cells.append(f"{p.cpu_hit_rate:6.1%} + {p.tier_hit_rate:5.1%} = {p.hit_rate:5.1%}".rjust(cell))
-                tsize, ttok = (_size(t * self.block_bytes), _tokens(t * self.block_tokens)) if t else ("-", "-")
+                tsize, ttok = (size_label(t * self.block_bytes), _tokens(t * self.block_tokens)) if t else ("-", "-")
                 lines.append(
-                    f"{_size(cap * self.block_bytes):>12}  {_tokens(cap * self.block_tokens):>8}  "
+                    f"{size_label(cap * self.block_bytes):>12}  {_tokens(cap * self.block_tokens):>8}  "
                     f"{tsize:>12}  {ttok:>8}  " + "  ".join(cells)
                 )
         return "\n".join(lines)
@@ -177,7 +170,7 @@ class SweepReport:
     def diagnosis(self, points: list[SimPoint]) -> list[str]:
         """What the sweep says, in sentences that hold for these numbers."""
         bb = self.block_bytes
-        top = _largest_run(points)
+        top = largest_run(points)
         stored = top.distinct_blocks_stored
         room = (
             "and evicted none: the room to keep everything"
@@ -287,6 +280,8 @@ class SweepReport:
             doc["infinite"] = rows[-1]
             doc["sweep_seconds"] = ref.seconds
         json_path.write_text(json.dumps(doc, indent=2) + "\n")
+        from kvoffload.app.simulate_plot import plot_hit_rates
+
         plot_hit_rates(points, png_path, self, ref, [p for p in all_points if p.tier_blocks])
         for path in (csv_path, json_path, png_path):
             os.chmod(path, 0o644)
@@ -312,112 +307,3 @@ def _tokens(n: int) -> str:
         if n >= div:
             return f"{n / div:.3g}{unit}"
     return str(n)
-
-
-def _largest_run(points: list[SimPoint]) -> SimPoint:
-    """The run with the most CPU blocks (of those, the one that stored the most distinct blocks)."""
-    return max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
-
-
-def _by_policy_and_tier(points: list[SimPoint]) -> dict[tuple[str, int], list[SimPoint]]:
-    out: dict[tuple[str, int], list[SimPoint]] = {}
-    for p in sorted(points, key=lambda p: (p.policy, p.tier_blocks, p.cpu_blocks)):
-        out.setdefault((p.policy, p.tier_blocks), []).append(p)
-    return out
-
-
-def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
-    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes' height)."""
-    ax.axvline(x, color="grey", linestyle=linestyle, linewidth=1)
-    ax.annotate(
-        label,
-        (x, y),
-        xycoords=("data", "axes fraction"),
-        xytext=(4, 0),
-        textcoords="offset points",
-        fontsize=8,
-        color="dimgrey",
-    )
-
-
-def plot_hit_rates(
-    points: list[SimPoint],
-    path: Path,
-    report: SweepReport,
-    ref: CacheSweepPoints | None = None,
-    tiered: list[SimPoint] | None = None,
-) -> Path:
-    """Share of prompt tokens loaded from the CPU tier vs host memory (GiB), one line per policy;
-    offloaded blocks on the top axis, the prompts' working set as a dashed line; with ``ref``,
-    Belady's optimum and the infinite cache beside the policies; with ``tiered`` (runs with a
-    shared tier), one dash-dotted line per (policy, tier capacity) of the share loaded from host
-    memory and the tier together. The x axis is logarithmic when the capacities span two decades
-    or more."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gib_per_block = report.block_bytes / 2**30
-    fig, ax = plt.subplots(figsize=(8, 5))
-    colors: dict[str, Any] = {}
-    for policy in report.policies:
-        pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
-        (line,) = ax.plot(
-            [p.cpu_blocks * gib_per_block for p in pts], [100 * p.cpu_hit_rate for p in pts], marker="o", label=policy
-        )
-        colors[policy] = line.get_color()
-    styles = ("-.", (0, (5, 2)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1)))
-    tier_sizes = sorted({p.tier_blocks for p in tiered or []})
-    for (policy, tier), pts in _by_policy_and_tier(tiered or []).items():
-        ax.plot(
-            [p.cpu_blocks * gib_per_block for p in pts],
-            [100 * p.hit_rate for p in pts],
-            color=colors.get(policy),
-            linestyle=styles[tier_sizes.index(tier) % len(styles)],
-            marker="s",
-            markersize=4,
-            label=f"{policy} + {_size(tier * report.block_bytes)} shared tier",
-        )
-    if ref is not None:
-        bel = sorted(ref.belady, key=lambda p: p.cpu_blocks)
-        ax.plot(
-            [p.cpu_blocks * gib_per_block for p in bel],
-            [100 * p.cpu_hit_rate for p in bel],
-            color="black",
-            linestyle="--",
-            marker="x",
-            label="Belady (offline optimum)",
-        )
-        ax.axhline(100 * ref.infinite.cpu_hit_rate, color="black", linestyle=":", label="infinite cache")
-    log_x = report.capacities[-1] >= 100 * report.capacities[0]
-    if log_x:
-        ax.set_xscale("log")
-    ws_gib = report.ws * gib_per_block
-    _mark(ax, ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB")
-    top_run = _largest_run(points)
-    if top_run.cpu_evictions == 0 and top_run.distinct_blocks_stored > report.ws:
-        all_gib = top_run.distinct_blocks_stored * gib_per_block
-        n_all = top_run.distinct_blocks_stored
-        _mark(ax, all_gib, ":", 0.6, f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:.2f} GiB")
-    ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
-    ax.set_ylabel("% of prompt tokens loaded" if tiered else "% of prompt tokens loaded from the CPU tier")
-
-    def to_blocks(gib: Any) -> Any:
-        return gib / gib_per_block
-
-    def to_gib(blocks: Any) -> Any:
-        return blocks * gib_per_block
-
-    top = ax.secondary_xaxis("top", functions=(to_blocks, to_gib))
-    top.set_xlabel(f"offloaded blocks of {report.block_tokens} tokens ({_size(report.block_bytes)} each)")
-    fig.suptitle(f"How much host memory? {report.source}", fontsize=11)
-    if not log_x:
-        ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend(title="eviction policy", loc="lower right", fontsize=8 if tiered else None)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -15,6 +15,7 @@ __all__ = [
     "ModelShape",
     "SimPoint",
     "default_capacities",
+    "largest_run",
     "log_capacities",
     "working_set_blocks",
 ]
@@ -117,3 +118,8 @@ def log_capacities(working_set_offloaded_blocks: int, points: int = 9) -> list[i
     w = max(working_set_offloaded_blocks, 512)
     lo, hi = w / 256, 2.0 * w
     return sorted({max(1, round(lo * (hi / lo) ** (i / (points - 1)))) for i in range(points)})
+
+
+def largest_run(points: list[SimPoint]) -> SimPoint:
+    """The run with the most CPU blocks (of those, the one that stored the most distinct blocks)."""
+    return max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
