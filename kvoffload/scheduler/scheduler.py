@@ -64,10 +64,10 @@ from typing import Any
 from kvoffload.core.base import OffloadingEvent
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
-from kvoffload.scheduler.completion import JobCompletion
+from kvoffload.scheduler.completion import JobCompletion, unmark_loading
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.flush import FlushTracker
-from kvoffload.scheduler.jobs import JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
+from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
 from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
 from kvoffload.scheduler.validation import (
@@ -84,7 +84,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["OffloadingScheduler"]
 
 
-class OffloadingScheduler(JobCompletion):
+class OffloadingScheduler:
     """Scheduler side of KV offloading for one engine (see the module docstring).
 
     Args:
@@ -110,6 +110,9 @@ class OffloadingScheduler(JobCompletion):
         self._pending_loads: list[TransferJob] = []
         self._loading_keys: dict[bytes, int] = {}
         self._flush = FlushTracker(config.pool_of_group)
+        self._completion = JobCompletion(
+            config.num_workers, manager, self._jobs, self._loading_keys, self._flush, self._states
+        )
 
     # ------------------------------------------------------------------ state
     def _state(self, request: Any) -> RequestOffloadState:
@@ -329,7 +332,7 @@ class OffloadingScheduler(JobCompletion):
         rec = self._jobs.pop(jid)
         st.in_flight.discard(jid)
         st.load_job_id = None
-        self._unmark_loading(rec.job.keys)
+        unmark_loading(self._loading_keys, rec.job.keys)
         self.manager.complete_load(rec.job.keys, rec.req_context)
 
     def free_blocks(self, request: Any, block_ids_per_group: Sequence[Sequence[int]]) -> None:
@@ -360,6 +363,11 @@ class OffloadingScheduler(JobCompletion):
         positions = st.table_positions(tables, "block_ids_per_group")
         freed = st.free_positions(positions)
         self._flush.add_users([self._jobs[jid].job for jid in st.in_flight], freed)
+
+    def complete_jobs(self, results: Iterable[Any]) -> list[FinishedJob]:
+        """Count worker reports; return the jobs every worker has now reported, completed with the
+        manager (:meth:`~kvoffload.scheduler.completion.JobCompletion.complete` says how)."""
+        return self._completion.complete(results, self._pending_loads)
 
     # ------------------------------------------------------------------ lifecycle
     def request_finished(self, request: Any, block_ids: Sequence[Sequence[int]] | None = None) -> None:

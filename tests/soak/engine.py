@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from typing import Any
+from typing import Any, NoReturn
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.kernels.layout import KVCacheTable
@@ -44,13 +44,13 @@ from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from kvoffload.transfer.worker import TransferWorker
 from tests.soak.checked_manager import CheckedManager
-from tests.soak.checks import EngineChecks
+from tests.soak.checks import EngineChecks, block_tokens
 from tests.soak.faulty import FaultyWorker
 from tests.soak.kv import BLOCK, ROOT, GPUCaches, chain_hash
-from tests.soak.model import GROUPS, NULL, Seq, SoakConfig, SoakRequest
+from tests.soak.model import GROUPS, NULL, Seq, SoakConfig, SoakFailure, SoakRequest
 
 
-class SoakEngine(EngineChecks):
+class SoakEngine:
     """One seeded soak run (see the module docstring); :meth:`run` returns the counts."""
 
     def __init__(self, seed: int, cfg: SoakConfig | None = None) -> None:
@@ -95,6 +95,26 @@ class SoakEngine(EngineChecks):
         self.all_ids: list[str] = []
         self._next_id = 0
         self.arrivals = True
+        self.checks = EngineChecks(
+            self.gpu,
+            self.manager,
+            self.workers,
+            self.sched,
+            self.pool_of,
+            self.parent,
+            self.jobs,
+            self.free,
+            self.all_ids,
+            cfg.num_gpu_blocks,
+            self._count,
+            self._fail,
+        )
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def _fail(self, msg: str) -> NoReturn:
+        raise SoakFailure(f"step {self.step_no}: {msg}")
 
     # ------------------------------------------------------------------ helpers
     def _extend_hashes(self, req: SoakRequest) -> None:
@@ -224,13 +244,13 @@ class SoakEngine(EngineChecks):
                 w.wait(out.flush_job_ids)
         for job in out.load_jobs:
             self._submit(job)
-        self._verify_running(scheduled)
+        self.checks.verify_running(scheduled)
         self._compute(scheduled)
         for job in out.store_jobs:
             self._submit(job)
         self._after_compute(scheduled)
         self.sched.take_events()
-        self._check_cpu_tier()
+        self.checks.check_cpu_tier()
         self._count("steps")
 
     def _complete(self, results: list[Any]) -> None:
@@ -247,7 +267,7 @@ class SoakEngine(EngineChecks):
             if not fj.success:
                 seq.status = "failed_load"
                 continue
-            self._verify_load(seq, job)
+            self.checks.verify_load(seq, job)
             seq.num_computed = seq.load_end
             seq.status = "ready"
             self.ready.append(seq)
@@ -365,7 +385,7 @@ class SoakEngine(EngineChecks):
         else:
             self._count("load_jobs")
             seq.load_job = job.job_id
-            clash = self._queued_blocks(job.job_id) & self._job_blocks(job)
+            clash = self.checks.queued_blocks(job.job_id) & self.checks.job_blocks(job)
             if clash:
                 self._fail(f"load job {job.job_id} writes blocks {sorted(clash)} that queued jobs still use")
         self.jobs[job.job_id] = job
@@ -374,7 +394,7 @@ class SoakEngine(EngineChecks):
 
     # ------------------------------------------------------------------ compute
     def _compute(self, scheduled: list[tuple[Seq, int]]) -> None:
-        queued = self._queued_blocks(-1)
+        queued = self.checks.queued_blocks(-1)
         for seq, n in scheduled:
             start, end = seq.num_computed, seq.num_computed + n
             for g, t in enumerate(seq.tables):
@@ -382,7 +402,7 @@ class SoakEngine(EngineChecks):
                     b = t[idx]
                     if b == NULL or (self.pool_of[g], b) in queued:
                         self._fail(f"{seq.req.request_id} computes into block {b} (null or used by a queued job)")
-                    parent, toks = self._block_tokens(seq.req, idx, end)
+                    parent, toks = block_tokens(seq.req, idx, end)
                     self.gpu.write(self.pool_of[g], b, max(start - idx * BLOCK, 0), parent, toks, g)
 
     def _after_compute(self, scheduled: list[tuple[Seq, int]]) -> None:
@@ -432,7 +452,7 @@ class SoakEngine(EngineChecks):
             if self.sched.num_in_flight_jobs == 0:
                 break
             self._complete([res for w in self.workers for res in w.drain()])
-        self._check_idle()
+        self.checks.check_idle()
         if self.rng.random() < 0.3:
             if not self.sched.reset_cache() or self.manager.model:
                 self._fail("reset_cache refused or incomplete at quiescence")
