@@ -24,17 +24,19 @@ from array import array
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
-from typing import NamedTuple
 
 import numpy as np
 
+from kvoffload.cache import memo as _memo
+from kvoffload.cache.batch import KeyBatch, Resolved, as_key_list
+from kvoffload.cache.memo import TranslationMemo
 from kvoffload.checks import check_int
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
-from kvoffload.errors import InvalidTypeError
+from kvoffload.errors import InvalidTypeError, KeyStateError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FREE", "PENDING", "SlotTable", "Resolved", "as_key_list", "int_view"]
+__all__ = ["FREE", "PENDING", "SlotTable", "ClosedIndex", "int_view"]
 
 #: ``ref`` value of a free slot.
 FREE = -2
@@ -42,6 +44,9 @@ FREE = -2
 PENDING = -1
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
+#: :meth:`SlotTable.key_batch` resolves a list of at most this many keys with scalar code
+SMALL_KEY_BATCH = 32
+_BYTES_ONLY = {bytes}
 
 
 def int_view(buf: array, dtype: type) -> np.ndarray:
@@ -53,67 +58,21 @@ def int_view(buf: array, dtype: type) -> np.ndarray:
     return view
 
 
-def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool) -> list[OffloadKey]:
-    """Validate a batch of keys with C-speed checks and return it as a new list.
+class ClosedIndex:
+    """Stands in for the key index after ``shutdown``: every per-key lookup raises."""
 
-    The fast path (every item exactly ``bytes``) costs two C loops; anything else goes
-    through :func:`kvoffload.core.base.validate_keys`, which raises the typed error naming
-    the bad item (``bytes`` subclasses such as ``numpy.bytes_`` included).
-    """
-    if keys.__class__ is not list:
-        check_key_batch(keys, name)
-    try:
-        lst = list(keys)
-    except TypeError as exc:
-        raise InvalidTypeError(f"{name} must be an iterable of bytes keys, got {type(keys).__name__}") from exc
-    if lst and set(map(type, lst)) != {bytes}:
-        return validate_keys(lst, name, allow_duplicates=allow_duplicates)
-    if not allow_duplicates and len(set(lst)) != len(lst):
-        return validate_keys(lst, name, allow_duplicates=False)
-    return lst
+    def get(self, key: object, default: object = None) -> object:
+        raise KeyStateError("the CPUOffloadingManager has been shut down")
 
-
-class _Batch:
-    """A remembered key batch: keys, their slots (-1 = absent) and the slots' generations."""
-
-    __slots__ = ("keys", "slots", "gen", "pos", "has_dups", "insert_seen")
-
-    keys: list[OffloadKey]
-    slots: np.ndarray
-    gen: np.ndarray
-    pos: dict[bytes, int]
-    has_dups: bool
-    insert_seen: int
-
-
-class Resolved(NamedTuple):
-    """Result of :meth:`SlotTable.resolve`."""
-
-    keys: list[OffloadKey]
-    slots: np.ndarray
-    unique: bool
-    batch: _Batch | None
-    offset: int
-
-
-#: How many recent key batches the translation memo keeps, and the smallest worth keeping.
-MEMO_ENTRIES = 16
-MEMO_MIN_KEYS = 8
+    def __contains__(self, key: object) -> bool:
+        raise KeyStateError("the CPUOffloadingManager has been shut down")
 
 
 class SlotTable:
     """Key index and per-slot state of a pool of ``num_blocks`` CPU slots.
 
-    Besides the arrays of the module docstring it keeps ``gen`` (``uint32`` per slot,
-    bumped each time the slot is freed) and a small *translation memo*: the key -> slot
-    translation of the last :data:`MEMO_ENTRIES` key lists given to ``lookup_batch`` /
-    ``touch``. A scheduler calls the manager several times per request on slices of the
-    same key list (lookup, touch, load of the hit prefix, stores of the rest, completions);
-    a later call whose keys equal a slice of a remembered list (one C-level list comparison)
-    reuses the translation instead of probing the dict again. The memo is exact: a
-    remembered slot is used only if the slot's generation is unchanged (it was not freed
-    since, so it still holds that key), and remembered absences are re-checked whenever a
-    key was inserted since.
+    Besides the arrays of the module docstring it keeps ``gen`` (``uint32`` per slot, bumped
+    each time the slot is freed) for its :class:`~kvoffload.cache.memo.TranslationMemo`.
 
     Args:
         num_blocks: number of slots (``>= 0``).
@@ -142,7 +101,9 @@ class SlotTable:
         self.num_evictable: int = 0
         self.num_pinned: int = 0
         self.insert_count: int = 0
-        self._memo: list[_Batch] = []
+        #: bumped whenever a key is inserted or a slot freed (a :class:`KeyBatch` stays current until then)
+        self.epoch: int = 0
+        self.memo = TranslationMemo(self.gen, self.slots_of)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -187,11 +148,15 @@ class SlotTable:
         n = len(lst)
         if n == 0:
             return Resolved([], _EMPTY_I64, True, None, 0)
-        if self._memo:
-            found = self._memo_find(lst)
+        if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
+            if allow_duplicates or keys.unique:  # type: ignore[attr-defined]
+                return Resolved(lst, np.array(keys.slots, dtype=np.int64), keys.unique, None, 0)  # type: ignore[attr-defined]
+        memo = self.memo
+        if memo:
+            found = memo.find(lst)
             if found is not None and (allow_duplicates or not found[0].has_dups):
                 b, off = found
-                return Resolved(b.keys[off : off + n], self._memo_slots(b, off, n), not b.has_dups, b, off)
+                return Resolved(b.keys[off : off + n], memo.slots(b, off, n, self.insert_count), not b.has_dups, b, off)
         try:
             slots = np.fromiter(map(self.index.get, lst, repeat(-1)), dtype=np.int64, count=n)
         except TypeError:
@@ -220,69 +185,65 @@ class SlotTable:
                     validate_keys(lst, name, allow_duplicates=False)
             unique = True
         lst = list(lst)
-        if remember and n >= MEMO_MIN_KEYS and self.num_blocks:
-            b = self._remember(lst, slots)
+        if remember and n >= _memo.MEMO_MIN_KEYS and self.num_blocks:
+            b = memo.remember(lst, slots, self.insert_count)
             unique = unique or not b.has_dups
             return Resolved(lst, slots.copy(), unique, b, 0)
         return Resolved(lst, slots, unique, None, 0)
 
-    # ------------------------------------------------------------------ memo
-    def _memo_find(self, lst: list[OffloadKey]) -> tuple[_Batch, int] | None:
-        k0 = lst[0]
-        n = len(lst)
-        try:
-            for b in self._memo:
-                off = b.pos.get(k0)
-                if off is not None and b.keys[off : off + n] == lst:
-                    return b, off
-        except TypeError:  # unhashable first item: let the normal path report it
-            return None
-        return None
-
-    def _memo_slots(self, b: _Batch, off: int, n: int) -> np.ndarray:
-        end = off + n
-        sl = b.slots[off:end]
-        if (self.gen[sl] != b.gen[off:end]).any():
-            fresh = self.slots_of(b.keys[off:end])
-            b.slots[off:end] = fresh
-            b.gen[off:end] = self.gen[fresh]
-        elif b.insert_seen != self.insert_count:
-            a = (sl < 0).nonzero()[0]
-            if len(a):
-                ks = b.keys
-                found = self.slots_of([ks[off + i] for i in a.tolist()])
-                if (found >= 0).any():
-                    b.slots[off + a] = found
-                    b.gen[off + a] = self.gen[found]
-        return b.slots[off:end].copy()
-
-    def _remember(self, lst: list[OffloadKey], slots: np.ndarray) -> _Batch:
-        b = _Batch()
-        n = len(lst)
-        b.keys = lst
-        b.slots = slots.copy()
-        b.gen = self.gen[slots]
-        b.pos = dict(zip(lst, range(n), strict=True))
-        b.has_dups = len(b.pos) != n
-        if b.has_dups:  # keep each key's first position
-            b.pos = dict(zip(reversed(lst), range(n - 1, -1, -1), strict=True))
-        b.insert_seen = self.insert_count
-        memo = self._memo
-        memo.insert(0, b)
-        if len(memo) > MEMO_ENTRIES:
-            memo.pop()
-        return b
-
     def memo_note_insert(self, r: Resolved, positions: np.ndarray, slots: np.ndarray, count_before: int) -> None:
         """After :meth:`allocate` of keys that came from memo batch ``r``: record their slots."""
-        b = r.batch
-        if b is None:
-            return
-        idx = r.offset + positions
-        b.slots[idx] = slots
-        b.gen[idx] = self.gen[slots]
-        if b.insert_seen == count_before:
-            b.insert_seen = self.insert_count
+        if r.batch is not None:
+            self.memo.note_insert(r.batch, r.offset + positions, slots, count_before, self.insert_count)
+
+    def small_slots(self, keys: Iterable[OffloadKey], limit: int) -> list[int] | None:
+        """Slot (-1 = absent) per key of a current :class:`KeyBatch`, or of a plain ``list`` of at
+        most ``limit`` exact ``bytes``, with scalar code (the list is not kept); None otherwise."""
+        if keys.__class__ is KeyBatch:
+            if keys.owner is self and keys.epoch == self.epoch and len(keys) <= limit:  # type: ignore[attr-defined]
+                return keys.slots  # type: ignore[attr-defined,no-any-return]
+            return None
+        if keys.__class__ is not list or len(keys) > limit:  # type: ignore[arg-type]
+            return None
+        if keys and set(map(type, keys)) != _BYTES_ONLY:  # C-level passes, no per-key bytecode
+            return None
+        return list(map(self.index.get, keys, repeat(-1)))
+
+    def key_batch(
+        self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int = SMALL_KEY_BATCH
+    ) -> KeyBatch:
+        """Validate ``keys`` and resolve them to slots once, for the layers inside to reuse.
+
+        ``dedup``: repeated keys are reduced to their first occurrence (else kept as given). A
+        ``list`` of at most ``limit`` keys is resolved with scalar code. Same checks and errors as
+        :meth:`resolve`.
+        """
+        if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
+            if keys.unique or not dedup:  # type: ignore[attr-defined]
+                return keys  # type: ignore[return-value]
+        slots = self.small_slots(keys, limit) if keys.__class__ is list else None
+        if slots is not None:
+            out = KeyBatch(keys)
+            out.unique = True
+            if len(out) > 1 and len(set(out)) != len(out):
+                out.unique = dedup
+                if dedup:
+                    first: dict[OffloadKey, int] = {}
+                    for k, s in zip(keys, slots, strict=True):
+                        first.setdefault(k, s)
+                    out, slots = KeyBatch(first), list(first.values())
+                    out.unique = True
+        else:
+            lst = list(keys) if keys.__class__ is KeyBatch else keys
+            if dedup:
+                lst = as_key_list(lst, name, allow_duplicates=True)
+                if len(set(lst)) != len(lst):
+                    lst = list(dict.fromkeys(lst))
+            r = self.resolve(lst, name, allow_duplicates=not dedup, remember=False)
+            out, slots = KeyBatch(r.keys), r.slots.tolist()
+            out.unique = r.unique
+        out.slots, out.owner, out.epoch = slots, self, self.epoch
+        return out
 
     # ------------------------------------------------------------------ mutation
     def allocate(self, keys: list[OffloadKey]) -> np.ndarray:
@@ -312,6 +273,7 @@ class SlotTable:
         self.ref[slots] = PENDING
         self.num_pending += m
         self.insert_count += 1
+        self.epoch += 1
         return slots
 
     def allocate_list(self, keys: list[OffloadKey]) -> list[int]:
@@ -335,6 +297,7 @@ class SlotTable:
             ref[s] = PENDING
         self.num_pending += m
         self.insert_count += 1
+        self.epoch += 1
         return slots
 
     def release_list(self, slots: list[int]) -> list[OffloadKey]:
@@ -354,6 +317,7 @@ class SlotTable:
         self.num_pending -= n_pending
         self.num_evictable -= len(slots) - n_pending
         self.free_list.extend(slots)
+        self.epoch += 1
         return out
 
     def release(self, slots: np.ndarray, ready: bool = False) -> list[OffloadKey]:
@@ -377,6 +341,7 @@ class SlotTable:
         self.num_evictable -= len(slots) - n_pending
         self.ref[slots] = FREE
         self.free_list.extend(slots.tolist())
+        self.epoch += 1
         return keys
 
     def clear(self) -> None:
@@ -392,7 +357,8 @@ class SlotTable:
         self.num_evictable = 0
         self.num_pinned = 0
         self.insert_count += 1
-        self._memo.clear()
+        self.epoch += 1
+        self.memo.clear()
 
     def metadata_nbytes(self) -> int:
         """Bytes held by the fixed per-slot arrays (not the dict / key objects)."""

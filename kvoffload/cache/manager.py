@@ -1,32 +1,33 @@
 """The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
 
-:class:`CPUOffloadingManager` keeps its per-slot state in flat arrays
-(:class:`~kvoffload.cache.keytable.SlotTable`) and delegates ordering to a pluggable
-:class:`~kvoffload.cache.policies.base.CachePolicy` (``lru``, ``arc``, ``s3fifo`` or
-``"module:Class"``). Batches are handled with array operations: a call on ``k`` keys costs a
-C-level dict pass over the keys plus a fixed number of numpy operations on ``k`` elements,
-independent of the pool's capacity. Calls on a few keys (a ``list`` of at most
-:data:`~kvoffload.cache.manager_small.SMALL_BATCH`, e.g. one block per request in decode)
-take the scalar paths of :mod:`kvoffload.cache.manager_small` instead: a numpy call costs
-about a microsecond whatever its size, which would dominate them.
+One class composed of a slot table (:mod:`~kvoffload.cache.keytable`), a cache policy
+(:mod:`~kvoffload.cache.policies`), one :class:`~kvoffload.cache.stats.Counters`, an event list
+and its :class:`~kvoffload.cache.stores.Stores` (stores and evictions). Each operation checks its arguments once, at
+its start, then runs one of two paths side by side: a few keys (a ``list`` of at most
+:data:`SMALL_BATCH`, e.g. one block per request in decode) take scalar code, since a numpy call
+costs about a microsecond whatever its size; larger calls a fixed number of numpy operations.
+Both give the same results, errors and statistics. A :class:`~kvoffload.cache.batch.KeyBatch`
+from :meth:`CPUOffloadingManager.key_batch` (the outer door of a manager stack) is taken as it
+is: no second check or key probe.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import numpy as np
 
-from kvoffload.cache import manager_small as _small
-from kvoffload.cache.keytable import PENDING
-from kvoffload.cache.manager_hooks import RequestAccessMixin
-from kvoffload.cache.manager_small import FALLBACK, SMALL_BATCH, cpu_spec, make_lookup
-from kvoffload.cache.manager_state import LOOKUP_CODES
-from kvoffload.cache.manager_stats import ClosedIndex, OffloadingStats
+from kvoffload.cache.batch import KeyBatch, Resolved
+from kvoffload.cache.keytable import PENDING, ClosedIndex, SlotTable
+from kvoffload.cache.lookups import LOOKUP_CODES, make_lookup
+from kvoffload.cache.policies.base import CachePolicy, get_policy_class
+from kvoffload.cache.request_hooks import apply_request_access
+from kvoffload.cache.stats import Counters, OffloadingStats
+from kvoffload.cache.stores import CPU_MEDIUM, Stores, cpu_spec
 from kvoffload.checks import check_bool
 from kvoffload.core.base import (
-    CPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -34,76 +35,122 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
     check_req_context,
-    validate_keys,
 )
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import KeyStateError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CPUOffloadingManager", "OffloadingStats"]
+__all__ = ["CPUOffloadingManager", "OffloadingStats", "CPU_MEDIUM", "SMALL_BATCH", "LOOKUP_CODES"]
 
-#: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
-CPU_MEDIUM = CPULoadStoreSpec.medium()
+#: Calls on at most this many keys (a ``list``) take the scalar paths.
+SMALL_BATCH = 32
+#: request-level calls (a whole prompt) on at most this many keys run scalar code
+REQUEST_SCALAR_LIMIT = 256
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
 
-class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
+class CPUOffloadingManager(OffloadingManager):
     """Offloading manager for a pool of ``num_blocks`` CPU slots, vLLM semantics (docs/contract.md §2).
 
     States: a key is absent, *pending* (store in flight: not loadable, not evictable) or
-    *ready*; a ready block with ref count > 0 is *pinned* by loads. Slot ids returned in
-    specs are CPU block ids ``0..num_blocks-1``: never-used slots first, in increasing
-    order, then freed slots last-in-first-out.
+    *ready*; a ready block with ref count > 0 is *pinned* by loads. Slot ids returned in specs
+    are CPU block ids ``0..num_blocks-1``: never-used slots first, in increasing order, then
+    freed slots last-in-first-out. Every method validates all of its arguments before changing
+    anything (a ``req_context`` that is not a :class:`ReqContext` is an ``InvalidTypeError``);
+    a failing call changes nothing.
 
-    Per-slot state is in numpy/``array`` buffers (see :mod:`kvoffload.cache.keytable`);
-    the only per-key Python structure is the ``dict`` key -> slot. Every method validates
-    all of its arguments before changing anything (a ``req_context`` that is not a
-    :class:`ReqContext` is an ``InvalidTypeError``); a failing call changes nothing.
+    Costs (``k`` keys): one C-level dict pass over the keys (none for a current
+    :class:`KeyBatch` or a slice of a recently looked-up/touched list: the table's memo) plus a
+    fixed number of numpy operations on ``k`` elements; touching or evicting ``k`` blocks is
+    O(k) amortised (:mod:`kvoffload.cache.policies.order`), independent of capacity and of
+    pinned blocks; a ``prepare_store`` that cannot make room fails in O(1). Not thread-safe.
 
-    Costs (``k`` = keys in the call): one C-level dict pass over the keys (skipped when the
-    keys are a slice of a recently looked-up/touched list: translation memo) plus a fixed
-    number of numpy operations on ``k`` elements. Recency order is an append-only log with
-    lazy deletion (:mod:`kvoffload.cache.policies.order`): touching ``k`` keys appends
-    ``k`` entries; evicting ``k`` blocks scans O(k) entries amortised, because blocks found
-    pinned or pending at the old end are parked (skipped for good until they become
-    evictable again, then re-queued at their old recency position). Neither depends on the
-    pool's capacity nor on how many pinned blocks sit at the old end; the log is compacted
-    (O(capacity)) at most once per ``capacity`` appends. A ``prepare_store`` that cannot
-    make room fails in O(1) (the manager counts evictable blocks exactly). Not thread-safe:
-    call it from the scheduler's thread, like vLLM's manager. Calls on at most
-    ``SMALL_BATCH`` (32) keys given as a ``list`` run scalar code over the same arrays
-    (:mod:`kvoffload.cache.manager_small`), with the same results and errors.
-
-    ``lookup`` is a per-instance closure (same contract as the method below) so that a miss
-    costs no more than in a plain ``dict``-based manager. ``lookup_batch`` is the vectorised
-    form of ``lookup`` for schedulers that look up a whole prompt at once. A key object that
-    is not ``bytes`` but compares equal to a stored key (e.g. a ``memoryview`` of it) is
-    treated as that key by lookups; keys that are stored are always exactly ``bytes`` (a
-    ``numpy.bytes_`` or a numpy bytes array is refused: numpy drops trailing NUL bytes).
+    ``lookup`` is a per-instance closure (same contract as the method): a miss costs no more
+    than in a plain ``dict``-based manager. A key that is not ``bytes`` but equals a stored key
+    (e.g. a ``memoryview`` of it) is that key for lookups; stored keys are exactly ``bytes``
+    (``numpy.bytes_`` and numpy bytes arrays are refused: numpy drops trailing NUL bytes).
 
     Args:
         num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
-        cache_policy: ``"lru"`` (default), ``"arc"``, ``"s3fifo"``, a registered name, or
-            an out-of-tree ``"package.module:Class"`` (a
-            :class:`~kvoffload.cache.policies.base.CachePolicy` subclass).
-        enable_events: record :class:`OffloadingEvent` s, drained by :meth:`take_events`:
-            one ``removed=True`` event per ``prepare_store`` that evicted (all its evicted
-            keys, in eviction order), one ``removed=False`` event per successful
-            ``complete_store`` that made keys ready (just those keys, in call order).
+        cache_policy: ``"lru"`` (default), ``"arc"``, ``"s3fifo"``, a registered name, or an
+            out-of-tree ``"package.module:Class"`` (a :class:`CachePolicy` subclass).
+        enable_events: record :class:`OffloadingEvent` s, drained by :meth:`take_events`: one
+            ``removed=True`` event per ``prepare_store`` that evicted (its evicted keys, in
+            eviction order), one ``removed=False`` event per successful ``complete_store`` that
+            made keys ready (just those keys, in call order).
 
     Raises:
-        InvalidTypeError: ``num_blocks`` not an int (bools rejected), ``cache_policy`` not
-            a str, ``enable_events`` not a bool.
+        InvalidTypeError: ``num_blocks`` not an int (bools rejected), ``cache_policy`` not a
+            str, ``enable_events`` not a bool.
         InvalidArgumentError: ``num_blocks < 0`` or an unknown policy name.
     """
 
     def __init__(self, num_blocks: int, cache_policy: str = "lru", enable_events: bool = False) -> None:
-        super().__init__(num_blocks, cache_policy, enable_events)
+        enable_events = check_bool(enable_events, "enable_events")
+        policy_cls = get_policy_class(cache_policy)
+        self._table = SlotTable(num_blocks)
+        self.num_blocks: int = self._table.num_blocks
+        self.cache_policy: str = cache_policy
+        self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._counters = Counters()
+        self._stores = Stores(self._table, self._policy, self._counters, self._events)
+        self._closed = False
+        self._index: dict[bytes, int] = self._table.index
+        self._ref = self._table.ref_buf
         if type(self).lookup is CPUOffloadingManager.lookup:  # not overridden by a subclass
-            self.lookup, self._drain_lookup_counts = make_lookup(self._index, self._ref_buf)  # type: ignore[method-assign,assignment]
+            self.lookup = make_lookup(self._index, self._ref, self._counters)  # type: ignore[method-assign,assignment]
             self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
 
+    @property
+    def policy(self) -> CachePolicy:
+        """The policy instance (read-only use)."""
+        return self._policy
+
+    @property
+    def table(self) -> SlotTable:
+        """The slot table (read-only use)."""
+        return self._table
+
+    # ------------------------------------------------------------------ the door
+    def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True, limit: int = SMALL_BATCH) -> KeyBatch:
+        """Validate ``keys`` and resolve them to slots once (repeats reduced to their first
+        occurrence with ``dedup``); every layer of a stack over this manager, and this manager,
+        take the result as it is while no key was inserted or freed since. A ``list`` of at
+        most ``limit`` keys is resolved with scalar code.
+
+        Raises:
+            InvalidTypeError: a key is not ``bytes``; KeyStateError: after :meth:`shutdown`.
+        """
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
+        return self._table.key_batch(keys, dedup=dedup, limit=limit)
+
+    def _small(self, keys: Sequence[OffloadKey], limit: int = 0) -> list[int] | None:
+        """Slot (-1 = absent) per key of a few plain keys; None: the call takes the array path."""
+        return None if self._closed else self._table.small_slots(keys, limit or SMALL_BATCH)
+
+    @staticmethod
+    def _distinct(keys: Sequence[OffloadKey]) -> bool:
+        if len(keys) < 2 or (keys.__class__ is KeyBatch and keys.unique):  # type: ignore[attr-defined]
+            return True
+        return len(set(keys)) == len(keys)
+
+    def _resolve(self, keys: Sequence[OffloadKey], allow_duplicates: bool, remember: bool = False) -> Resolved:
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
+        return self._table.resolve(keys, "keys", allow_duplicates=allow_duplicates, remember=remember)
+
     # ------------------------------------------------------------------ lookups
+    def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
+        """A ``lookup`` for an engine adapter: same checks and statistics as :meth:`lookup`, answering
+        ``answers`` (ready, absent, pending) and taking ``context_cls`` contexts unchecked. Valid
+        until :meth:`shutdown`."""
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
+        return make_lookup(self._index, self._ref, self._counters, answers, context_cls)
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """True if ``key`` is stored and ready, False if absent, None if its store is pending.
 
@@ -112,46 +159,62 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        try:
-            s = self._index.get(key)
-        except TypeError:  # unhashable
-            validate_keys([key], "key")
-            raise
-        if s is None:
-            if key.__class__ is not bytes:
-                validate_keys([key], "key")
-            self._n_misses += 1
-            return False
-        if self._ref_buf[s] >= 0:
-            self._n_hits += 1
-            return True
-        self._n_pending_hits += 1
-        return None
+        return make_lookup(self._index, self._ref, self._counters)(key, req_context)  # type: ignore[arg-type]
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
         """Look up many keys at once (duplicates allowed).
 
         Returns:
-            ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or
-            ``LOOKUP_PENDING`` (2) per key, same as calling :meth:`lookup` on each.
+            ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or ``LOOKUP_PENDING``
+            (2) per key, same as calling :meth:`lookup` on each.
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
-            out = _small.lookup_batch_small(self, keys)  # type: ignore[arg-type]
-            if out is not FALLBACK:
-                return out  # type: ignore[return-value]
-        r = self._resolve(keys, allow_duplicates=True, remember=True)
-        n = len(r.keys)
-        if n == 0:
+        return self._codes(keys, count=True)
+
+    def peek(self, keys: Sequence[OffloadKey]) -> np.ndarray:
+        """:meth:`lookup_batch` that counts nothing in the statistics and remembers nothing."""
+        return self._codes(keys, count=False)
+
+    def peek_list(self, keys: Sequence[OffloadKey]) -> list[int]:
+        """:meth:`peek` as a list of ints (cheaper for a few keys)."""
+        small = self._small(keys)
+        return self._codes(keys, count=False).tolist() if small is None else self._small_codes(small)
+
+    def _small_codes(self, slots: list[int]) -> list[int]:
+        ref = self._ref
+        return [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in slots]
+
+    def _codes(self, keys: Sequence[OffloadKey], count: bool) -> np.ndarray:
+        small = self._small(keys)
+        if small is not None:
+            codes = self._small_codes(small)
+            if count:
+                c = self._counters
+                hits, pend = codes.count(LOOKUP_HIT), codes.count(LOOKUP_PENDING)
+                c.hits += hits
+                c.pending_hits += pend
+                c.misses += len(codes) - hits - pend
+            return np.array(codes, dtype=np.int8)
+        r = self._resolve(keys, allow_duplicates=True, remember=count)
+        if not r.keys:
             return np.zeros(0, dtype=np.int8)
-        slots = r.slots
-        st = self._classes(slots)  # FREE never occurs for a present key
-        counts = np.bincount(st, minlength=4)
-        self._n_hits += int(counts[3])
-        self._n_pending_hits += int(counts[2])
-        self._n_misses += int(counts[0])
+        st = self._classes(r.slots)  # FREE never occurs for a present key
+        if count:
+            counts = np.bincount(st, minlength=4)
+            c = self._counters
+            c.hits += int(counts[3])
+            c.pending_hits += int(counts[2])
+            c.misses += int(counts[0])
         return LOOKUP_CODES[st]
+
+    def _classes(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot (``-1``: absent key), its class: 0 absent, 2 pending, 3 ready (a new array)."""
+        st = self._table.ref[slots] if self.num_blocks else np.zeros(len(slots), dtype=np.int32)
+        np.minimum(st, 0, out=st)
+        st += 3
+        st[slots < 0] = 0
+        return st
 
     # ------------------------------------------------------------------ loads
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
@@ -162,14 +225,23 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
-            out = _small.prepare_load_small(self, keys)  # type: ignore[arg-type]
-            if out is not FALLBACK:
-                return out  # type: ignore[return-value]
+        t = self._table
+        small = self._small(keys)
+        if small is not None and self._distinct(keys):
+            ref = self._ref
+            if all(s >= 0 and ref[s] >= 0 for s in small):  # else the array path raises
+                newly = 0
+                for s in small:
+                    r = ref[s]
+                    newly += r == 0
+                    ref[s] = r + 1
+                t.num_evictable -= newly
+                t.num_pinned += newly
+                self._counters.loads += len(small)
+                return cpu_spec(np.array(small, dtype=np.int64))
         r = self._resolve(keys, allow_duplicates=False)
         slots = r.slots
         if len(slots):
-            t = self._table
             if int(slots.min()) < 0:
                 i = int(np.argmax(slots < 0))
                 raise KeyStateError(f"prepare_load: keys[{i}] {r.keys[i]!r} is not stored")
@@ -182,7 +254,7 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
             t.ref[slots] = states
             t.num_evictable -= newly
             t.num_pinned += newly
-            self._n_loads += len(slots)
+            self._counters.loads += len(slots)
         return cpu_spec(slots)
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
@@ -194,47 +266,56 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
-            if _small.complete_load_small(self, keys) is not FALLBACK:  # type: ignore[arg-type]
+        t = self._table
+        small = self._small(keys)
+        if small is not None:
+            ref = self._ref
+            counts: dict[int, int] = {}
+            for s in small:
+                counts[s] = counts.get(s, 0) + 1
+            if all(s >= 0 and ref[s] >= c for s, c in counts.items()):  # else the array path raises
+                freed = []
+                for s, c in counts.items():
+                    ref[s] -= c
+                    if ref[s] == 0:
+                        freed.append(s)
+                if freed:
+                    t.num_evictable += len(freed)
+                    t.num_pinned -= len(freed)
+                    self._policy.on_evictable_list(freed)
                 return
         r = self._resolve(keys, allow_duplicates=True)
         slots = r.slots
         if len(slots) == 0:
             return
-        t = self._table
         if int(slots.min()) < 0:
             i = int(np.argmax(slots < 0))
             raise KeyStateError(f"complete_load: keys[{i}] {r.keys[i]!r} is not stored")
-        if r.unique:
-            uniq, counts = slots, None
-        else:
-            uniq, counts = np.unique(slots, return_counts=True)
+        uniq, cnt = (slots, None) if r.unique else np.unique(slots, return_counts=True)
         states = t.ref[uniq]
-        bad = states < (1 if counts is None else counts)
+        bad = states < (1 if cnt is None else cnt)
         if bad.any():
             j = int(np.argmax(bad))
             s = int(uniq[j])
             what = "pending" if states[j] == PENDING else f"pinned {int(states[j])} time(s)"
-            c = 1 if counts is None else int(counts[j])
+            c = 1 if cnt is None else int(cnt[j])
             raise KeyStateError(f"complete_load: key {t.keys[s]!r} is {what}, cannot unpin it {c} time(s)")
-        if counts is None:
-            states -= 1
-        else:
-            states -= counts.astype(np.int32)
+        states -= 1 if cnt is None else cnt.astype(np.int32)
         t.ref[uniq] = states
-        freed = uniq[states == 0]
-        if len(freed):
-            t.num_evictable += len(freed)
-            t.num_pinned -= len(freed)
-            self._policy.on_evictable(freed)
+        freed_a = uniq[states == 0]
+        if len(freed_a):
+            t.num_evictable += len(freed_a)
+            t.num_pinned -= len(freed_a)
+            self._policy.on_evictable(freed_a)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
-            if _small.touch_small(self, keys) is not FALLBACK:  # type: ignore[arg-type]
-                return
+        small = self._small(keys)
+        if small is not None:
+            self._policy.touch_list(keys, small)
+            return
         r = self._resolve(keys, allow_duplicates=True, remember=True)
         if r.keys:
             self._policy.touch(r.keys, r.slots, unique=r.unique)
@@ -243,57 +324,19 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         """Allocate pending slots for the keys not present yet, evicting if needed.
 
-        Keys already present (ready or pending) are dropped. Only ready, unpinned blocks
-        not named in ``keys`` are evicted. All-or-nothing: returns None and changes
-        nothing when room cannot be made.
+        Keys already present (ready or pending) are dropped. Only ready, unpinned blocks not
+        named in ``keys`` are evicted. All-or-nothing: returns None and changes nothing when
+        room cannot be made.
 
         Raises:
             InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
-            out = _small.prepare_store_small(self, keys)  # type: ignore[arg-type]
-            if out is not FALLBACK:
-                return out  # type: ignore[return-value]
-        r = self._resolve(keys, allow_duplicates=False)
-        keys_l, slots = r.keys, r.slots
-        t = self._table
-        absent_mask = slots < 0
-        n_new = int(np.count_nonzero(absent_mask))
-        n_present = len(keys_l) - n_new
-        if n_new == 0:
-            self._n_stores_skipped += n_present
-            return PrepareStoreOutput(keys_to_store=[], store_spec=cpu_spec(np.zeros(0, np.int64)), evicted_keys=[])
-        if n_present == 0:
-            positions = None
-            to_store = keys_l
-        else:
-            positions = absent_mask.nonzero()[0]
-            to_store = [keys_l[i] for i in positions.tolist()]
-        need = n_new - t.num_free
-        evicted: list[OffloadKey] = []
-        if need > 0:
-            protected = slots[~absent_mask] if n_present else _EMPTY_I64
-            prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if n_present else 0
-            if need > t.num_evictable - prot_ev:
-                self._n_stores_failed += len(keys_l)
-                return None
-            got = self._evict(need, protected)
-            if got is None:
-                self._n_stores_failed += len(keys_l)
-                return None
-            evicted = got
-            if self._events is not None:
-                self._events.append(OffloadingEvent(keys=list(evicted), medium=CPU_MEDIUM, removed=True))
-        count_before = t.insert_count
-        new_slots = t.allocate(to_store)
-        if r.batch is not None:
-            t.memo_note_insert(r, np.arange(len(keys_l)) if positions is None else positions, new_slots, count_before)
-        self._policy.insert(new_slots, to_store)
-        self._n_stores_started += n_new
-        self._n_stores_skipped += n_present
-        return PrepareStoreOutput(keys_to_store=list(to_store), store_spec=cpu_spec(new_slots), evicted_keys=evicted)
+        small = self._small(keys)
+        if small is not None and self._distinct(keys):
+            return self._stores.prepare_small(keys, small)
+        return self._stores.prepare(self._resolve(keys, allow_duplicates=False))
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         """Finish stores: pending keys become ready (``success``) or are removed (failure).
@@ -304,42 +347,76 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
             check_req_context(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")
-        if keys.__class__ is list and len(keys) <= SMALL_BATCH and not self._closed:
-            if _small.complete_store_small(self, keys, success) is not FALLBACK:  # type: ignore[arg-type]
-                return
-        r = self._resolve(keys, allow_duplicates=True)
-        slots = r.slots
-        if len(slots) == 0 or self.num_blocks == 0:
-            return
-        t = self._table
-        sel_mask = t.ref[slots] == PENDING
-        sel_mask &= slots >= 0
-        sel = sel_mask.nonzero()[0]
-        if len(sel) == 0:
-            return
-        pend = slots[sel]
-        if not r.unique and len(pend) > 1:
-            uniq, first = np.unique(pend, return_index=True)
-            if len(uniq) != len(pend):
-                order = np.sort(first)
-                sel = sel[order]
-                pend = pend[order]
-        if success:
-            t.ref[pend] = 0
-            t.num_pending -= len(pend)
-            t.num_evictable += len(pend)
-            self._n_stores_completed += len(pend)
-            self._policy.on_evictable(pend)
-            if self._events is not None:
-                ks = r.keys
-                done = [ks[i] for i in sel.tolist()]
-                self._events.append(OffloadingEvent(keys=done, medium=CPU_MEDIUM, removed=False))
+        small = self._small(keys)
+        if small is not None:
+            self._stores.complete_small(keys, small, success)
+        elif self.num_blocks:
+            self._stores.complete(self._resolve(keys, allow_duplicates=True), success)
         else:
-            self._policy.remove(pend)
-            t.release(pend)
-            self._n_stores_aborted += len(pend)
+            self._resolve(keys, allow_duplicates=True)  # checks only: nothing can be pending
 
-    # ------------------------------------------------------------------ misc
+    # ------------------------------------------------------------------ request-scoped engines
+    def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
+        """Remove the ready, unpinned ``keys`` (e.g. blocks whose bytes could not be read back).
+
+        Pinned, pending and absent keys are left alone. The slots are freed like evicted ones;
+        with events enabled one ``removed=True`` event lists the removed keys.
+
+        Returns:
+            The keys removed, in first-occurrence order.
+        """
+        r = self._resolve(keys, allow_duplicates=True)
+        slots = [s for s in dict.fromkeys(r.slots.tolist()) if s >= 0]
+        arr = np.array(slots, dtype=np.int64)
+        arr = arr[self._table.ref[arr] == 0] if slots else arr
+        return self._stores.remove(arr) if len(arr) else []
+
+    def apply_request_access(
+        self,
+        keys: Sequence[OffloadKey],
+        req_context: ReqContext,
+        inserted_only: Collection[OffloadKey] = (),
+        reused: Collection[OffloadKey] = (),
+    ) -> None:
+        """Apply one finished request's accesses to the policy at once
+        (:func:`kvoffload.cache.request_hooks.apply_request_access`)."""
+        apply_request_access(self, keys, req_context, inserted_only, reused)
+
+    # ------------------------------------------------------------------ events, stats, lifecycle
+    def take_events(self) -> list[OffloadingEvent]:
+        """Drain the events recorded since the last call (always empty without ``enable_events``)."""
+        if not self._events:
+            return []
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    def get_stats(self) -> OffloadingStats:
+        """Current gauges and the counters accumulated since the previous call (then reset)."""
+        t = self._table
+        n = self.num_blocks
+        stats = OffloadingStats(
+            num_blocks=n,
+            num_used=t.num_used,
+            num_pending=t.num_pending,
+            num_pinned=t.num_pinned,
+            usage=t.num_used / n if n else 0.0,
+            write_usage=t.num_pending / n if n else 0.0,
+        )
+        return self._counters.drain_into(stats)
+
+    def reset_cache(self) -> None:
+        """Drop every block (pending and pinned ones too) and the policy's history.
+
+        Slot allocation restarts from slot 0. No event is emitted (docs/contract.md §2 defines
+        events for stores and evictions only); event consumers should treat a reset as "all
+        cleared". Statistics counters are kept.
+        """
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
+        self._table.clear()
+        self._policy.clear()
+
     def shutdown(self) -> None:
         """Release the tables; every later call raises :class:`KeyStateError`. Idempotent."""
         if self._closed:
@@ -347,13 +424,17 @@ class CPUOffloadingManager(RequestAccessMixin, OffloadingManager):
         self._table.clear()
         self._policy.clear()
         if self._events is not None:
-            self._events = []
+            self._events.clear()
         self._closed = True
         self._index = ClosedIndex()  # type: ignore[assignment]
-        if self._drain_lookup_counts is not None:  # back to the method, which now raises
-            self._fold_lookup_counts()
-            self._drain_lookup_counts = None
-            del self.lookup
+        self.__dict__.pop("lookup", None)  # back to the method, which now raises
+
+    def __len__(self) -> int:
+        """Number of keys present (pending or ready)."""
+        return self._table.num_used
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
 
     def __repr__(self) -> str:
         t = self._table

@@ -7,7 +7,8 @@ ARC, frequency) in one go at the end -- so blocks of a long request do not age w
 and a block a request merely stored is not mistaken for a block used twice.
 
 :class:`RequestHooksManager` adds these hooks to any kvoffload manager stack; the policy work is
-done by the core manager's ``peek`` / ``on_store_miss`` / ``apply_request_access``
+done here (:func:`apply_request_access`) over the core manager's narrow request interface:
+``key_batch`` (keys checked and resolved once), ``peek_list``, ``touch`` and ``policy``
 (:class:`~kvoffload.cache.manager.CPUOffloadingManager` has them). Everything else passes
 through unchanged with its ``req_context``.
 """
@@ -15,12 +16,14 @@ through unchanged with its ``req_context``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
+from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.core.base import (
     LoadStoreSpec,
     OffloadingEvent,
@@ -28,16 +31,54 @@ from kvoffload.core.base import (
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
-    get_offload_group_idx,
 )
 from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LookupResult, lookup_code
 from kvoffload.errors import InvalidTypeError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RequestHooksManager"]
+__all__ = ["RequestHooksManager", "apply_request_access"]
 
-_CORE_METHODS = ("peek_list", "on_store_miss", "apply_request_access")
+_CORE_METHODS = ("key_batch", "peek_list", "touch")
+#: a key's last 4 bytes: its big-endian KV-cache group index (see core.base.make_offload_key)
+_GROUP_SUFFIX = itemgetter(slice(-4, None))
+#: request-level calls on at most this many keys (a whole prompt) run scalar code; beyond, numpy
+REQUEST_SCALAR_LIMIT = 256
+
+
+def apply_request_access(
+    core: Any,
+    keys: Sequence[OffloadKey],
+    req_context: ReqContext,
+    inserted_only: Collection[bytes] = (),
+    reused: Collection[bytes] = (),
+) -> None:
+    """Apply one finished request's accesses to ``core``'s policy, at once.
+
+    Args:
+        core: a :class:`~kvoffload.cache.manager.CPUOffloadingManager` (uses its ``policy``,
+            ``key_batch`` and ``touch``).
+        keys: every key the request stored or loaded, head of the prompt first (the first key
+            ends up most recent, as with ``touch``). Absent keys are ignored.
+        inserted_only: keys this request stored and did not read back.
+        reused: ready keys this request loaded (or found already stored).
+    """
+    policy = core.policy
+    if type(policy).on_request_finished is CachePolicy.on_request_finished:
+        core.touch(keys if keys.__class__ is list else list(keys), req_context)
+        return
+    batch = core.key_batch(keys, dedup=False, limit=REQUEST_SCALAR_LIMIT)
+    if not batch:
+        return
+    if len(batch) <= REQUEST_SCALAR_LIMIT:
+        policy.on_request_finished_list(
+            batch, batch.slots, [k in inserted_only for k in batch], [k in reused for k in batch]
+        )
+        return
+    n = len(batch)
+    ins = np.fromiter((k in inserted_only for k in batch), dtype=bool, count=n)
+    reu = np.fromiter((k in reused for k in batch), dtype=bool, count=n)
+    policy.on_request_finished(batch, np.array(batch.slots, dtype=np.int64), ins, reu)
 
 
 @dataclass
@@ -56,22 +97,24 @@ class RequestHooksManager(OffloadingManager):
     Recording (per ``req_context.req_id``; calls with an empty ``req_id`` are not recorded):
 
     * ``prepare_store``: before delegating, the keys absent from the cache that this request
-      has not offered yet go to the core's ``on_store_miss`` (ARC adapts on ghost hits there);
-      afterwards the call's store candidates (the absent keys, minus those a reuse filter below
-      holds back: its ``store_candidates``) and the keys already stored and ready are recorded
-      for the request -- also when the allocation failed (``None``), as vLLM records them
-      before allocating; the keys the call inserted are marked *inserted*, the ready ones *reused*.
+      has not offered yet go to the core policy's ``on_store_miss`` (ARC adapts on ghost hits
+      there; a no-op for policies without history); the batch the core resolved (``key_batch``)
+      is delegated; afterwards the call's store candidates (the absent keys, minus those a reuse
+      filter below holds back: its ``store_candidates``) and the keys already stored and ready
+      are recorded for the request -- also when the allocation failed (``None``), as vLLM records
+      them before allocating; the keys the call inserted are marked *inserted*, the ready ones
+      *reused*.
     * ``prepare_load``: the keys are recorded as *reused* (unless this request inserted them).
     * ``on_request_finished``: the recorded keys, ordered head of the prompt first (by KV-cache
-      group, then by token position when ``key_position`` knows every key), go to the core's
-      ``apply_request_access`` with the inserted-only and reused sets; the record is dropped.
+      group, then by token position when ``key_position`` knows every key), go to
+      :func:`apply_request_access` with the inserted-only and reused sets; the record is dropped.
 
     Lookups and ``touch`` record nothing (``touch`` still works as in the seed API).
 
     Args:
         backing: the manager stack to delegate to (e.g. a ``FilteredReuseManager``).
-        core: the manager that owns the cache policy (has ``peek_list``, ``on_store_miss`` and
-            ``apply_request_access``, like :class:`~kvoffload.cache.manager.CPUOffloadingManager`);
+        core: the manager that owns the cache policy (has ``key_batch``, ``peek_list``, ``touch``
+            and ``policy``, like :class:`~kvoffload.cache.manager.CPUOffloadingManager`);
             defaults to ``backing``.
     """
 
@@ -80,8 +123,12 @@ class RequestHooksManager(OffloadingManager):
             raise InvalidTypeError(f"backing must be an OffloadingManager, got {type(backing).__name__}")
         core = backing if core is None else core
         missing = [m for m in _CORE_METHODS if not callable(getattr(core, m, None))]
+        if not isinstance(getattr(core, "policy", None), CachePolicy):
+            missing.append("policy")
         if missing:
-            raise InvalidTypeError(f"core must have {', '.join(_CORE_METHODS)}; {type(core).__name__} lacks {missing}")
+            raise InvalidTypeError(
+                f"core must have {', '.join(_CORE_METHODS)} and a policy; {type(core).__name__} lacks {missing}"
+            )
         self._backing = backing
         self._core = core
         self._requests: dict[str, _Access] = {}
@@ -125,14 +172,16 @@ class RequestHooksManager(OffloadingManager):
         if st is None or not st.keys:
             return
         keys: list[OffloadKey] = list(st.keys)  # type: ignore[arg-type]
-        keys.sort(key=get_offload_group_idx)  # stable: first-seen order inside a group
+        # by group (stable: first-seen order inside a group); recorded keys were checked, and their
+        # big-endian group index suffix orders as its bytes do (get_offload_group_idx without a call per key)
+        keys.sort(key=_GROUP_SUFFIX)
         if key_position is not None:
             pos = [key_position(k) for k in keys]
             if all(p is not None for p in pos):
                 order = sorted(range(len(keys)), key=lambda i: pos[i])  # type: ignore[arg-type,return-value]
                 keys = [keys[i] for i in order]
         inserted_only = st.inserted - st.reused
-        self._core.apply_request_access(keys, req_context, inserted_only, st.reused)
+        apply_request_access(self._core, keys, req_context, inserted_only, st.reused)
 
     def lookup_result(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """:meth:`lookup` as a four-valued :class:`LookupResult` (never ``RETRY`` here)."""
@@ -140,30 +189,32 @@ class RequestHooksManager(OffloadingManager):
 
     # ------------------------------------------------------------------ recorded
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        """Record, then delegate the batch resolved once by the core (:meth:`key_batch`)."""
         st = self._state(req_context)
         if st is None:
             return self._backing.prepare_store(keys, req_context)
-        keys = list(keys)
         core = self._core
-        codes = core.peek_list(keys)
-        ready = {k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_HIT}
+        batch = core.key_batch(keys, dedup=False)
+        codes = core.peek_list(batch)
+        ready = {k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_HIT}
         select = getattr(self._backing, "store_candidates", None)  # a reuse filter below says which pass
-        passed = None if select is None or LOOKUP_MISS not in codes else set(select(keys, req_context))
+        passed = None if select is None or LOOKUP_MISS not in codes else set(select(batch, req_context))
         candidates = {
-            k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_MISS and (passed is None or k in passed)
+            k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS and (passed is None or k in passed)
         }
+        seen = st.store_misses
+        policy = core.policy
         misses = None
-        if getattr(core, "tracks_store_misses", True):
-            seen = st.store_misses
-            misses = [k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_MISS and k not in seen]
+        if type(policy).on_store_miss is not CachePolicy.on_store_miss:  # the policy learns from them (ARC)
+            misses = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS and k not in seen]
             if misses:
-                core.on_store_miss(misses, req_context)
-        out = self._backing.prepare_store(keys, req_context)
+                policy.on_store_miss(misses)
+        out = self._backing.prepare_store(batch, req_context)
         if misses:
-            st.store_misses.update(misses)
+            seen.update(misses)
         inserted = set(out.keys_to_store) if out is not None else set()
         if candidates or ready:  # recorded whether or not the allocation succeeded, as vLLM does
-            st.keys.update(dict.fromkeys(k for k in keys if k in candidates or k in ready))
+            st.keys.update(dict.fromkeys(k for k in batch if k in candidates or k in ready))
             st.inserted |= inserted
             st.reused.update(k for k in ready if k not in st.inserted)
         return out

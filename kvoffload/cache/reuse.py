@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.keytable import as_key_list
+from kvoffload.cache.batch import KeyBatch, as_key_list
 from kvoffload.checks import check_int
 from kvoffload.core.base import (
     LoadStoreSpec,
@@ -28,6 +28,13 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 logger = logging.getLogger(__name__)
 
 __all__ = ["FilteredReuseManager"]
+
+
+def _subset(keys: Sequence[OffloadKey], keep: list[bool]) -> list[OffloadKey]:
+    """The kept keys; a :class:`KeyBatch` stays one (with its slots)."""
+    if keys.__class__ is KeyBatch:
+        return keys.select(keep)  # type: ignore[attr-defined,no-any-return]
+    return [k for k, f in zip(keys, keep, strict=True) if f]
 
 
 class FilteredReuseManager(OffloadingManager):
@@ -185,7 +192,8 @@ class FilteredReuseManager(OffloadingManager):
 
     def _resident(self, keys: list[OffloadKey]) -> set[OffloadKey]:
         """The ``keys`` the backing holds (ready or pending), asked through its read-only
-        ``peek_list``; none when the backing has no such probe (every key then counts as new)."""
+        ``peek_list`` (which takes a :class:`KeyBatch` resolved at the door without probing its
+        keys again); none when the backing has no such probe (every key then counts as new)."""
         peek = getattr(self._backing, "peek_list", None)
         if peek is None:
             return set()
@@ -199,29 +207,38 @@ class FilteredReuseManager(OffloadingManager):
         A key is delegated when the backing holds it already (the threshold applies to new
         stores only; the backing then protects it from the call's evictions, as vLLM's manager
         protects every offered key) or when its count, this offer included, reaches the threshold.
+        The keys to delegate are a :class:`KeyBatch` (with its slots) when ``keys`` is one.
         """
         counts, threshold = self.counts, self.store_threshold
         if self.count_on == "offer":
             new = self._offer_new_tracked(keys)
             new_set = set(new)
-            held = [k for k in keys if (counts[k] + 1 if k in counts else int(k in new_set)) < threshold]
+            hold = [(counts[k] + 1 if k in counts else int(k in new_set)) < threshold for k in keys]
         else:
             new = []
             if req_context.req_id:
                 seen = self._by_request.get(req_context.req_id)
-                new = keys if seen is None else [k for k in keys if k not in seen]
+                new = list(keys) if seen is None else [k for k in keys if k not in seen]
             new_set = set(new)
-            held = [k for k in keys if counts.get(k, 0) + (k in new_set) < threshold]
-        if not held:
+            hold = [counts.get(k, 0) + (k in new_set) < threshold for k in keys]
+        if True not in hold:
             return keys, new, 0
-        held_set = set(held) - self._resident(held)
-        return [k for k in keys if k not in held_set], new, len(held_set)
+        resident = self._resident(_subset(keys, hold))
+        keep = [not h or k in resident for k, h in zip(keys, hold, strict=True)]
+        return _subset(keys, keep), new, keep.count(False)
 
     def store_candidates(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
         """The keys of an offer that :meth:`prepare_store` would delegate now (see there); changes nothing."""
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        return self._select(as_key_list(keys, "keys", allow_duplicates=False), req_context)[0]
+        return self._select(self._checked(keys), req_context)[0]
+
+    @staticmethod
+    def _checked(keys: Sequence[OffloadKey]) -> list[OffloadKey]:
+        """``keys`` checked (distinct bytes), unless a :class:`KeyBatch` checked them at the door."""
+        if keys.__class__ is KeyBatch and keys.unique:  # type: ignore[attr-defined]
+            return keys  # type: ignore[return-value]
+        return as_key_list(keys, "keys", allow_duplicates=False)
 
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         """Hold back the absent keys below the threshold (counting the keys this request has not
@@ -233,7 +250,7 @@ class FilteredReuseManager(OffloadingManager):
         """
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
-        keys = as_key_list(keys, "keys", allow_duplicates=False)
+        keys = self._checked(keys)
         delegated, new, n_held = self._select(keys, req_context)
         out = self._backing.prepare_store(delegated, req_context)
         if self.count_on == "offer":
@@ -246,6 +263,11 @@ class FilteredReuseManager(OffloadingManager):
             self._trim_requests()
         self._skipped += n_held
         return out
+
+    def take_skipped(self) -> int:
+        """Keys this filter held back from ``prepare_store`` since the previous call (then reset)."""
+        skipped, self._skipped = self._skipped, 0
+        return skipped
 
     # ------------------------------------------------------------------ delegated
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
@@ -276,7 +298,7 @@ class FilteredReuseManager(OffloadingManager):
 
         Returns None when the backing has no ``get_stats``.
         """
-        skipped, self._skipped = self._skipped, 0
+        skipped = self.take_skipped()
         get = getattr(self._backing, "get_stats", None)
         if get is None:
             return None

@@ -323,10 +323,10 @@ def _fuzz_requests(policy: str, seed: int, n_sequences: int, steps: int) -> None
 def test_memo_paths_match_reference(policy: str, small_batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The memo serves the array paths; with ``small_batch=3`` calls on up to 3 keys take the
     scalar paths in between, which bypass the memo but change slots under it."""
-    import kvoffload.cache.keytable as keytable
+    import kvoffload.cache.memo as memo
 
-    monkeypatch.setattr(keytable, "MEMO_MIN_KEYS", 1)
-    monkeypatch.setattr(keytable, "MEMO_ENTRIES", 3)
+    monkeypatch.setattr(memo, "MEMO_MIN_KEYS", 1)
+    monkeypatch.setattr(memo, "MEMO_ENTRIES", 3)
     _small_paths(monkeypatch, small_batch, scan_budget=0 if small_batch else 64)
     seed = 77 + POLICY_NAMES.index(policy) + 10 * small_batch
     _fuzz_requests(policy, seed=seed, n_sequences=300, steps=30)

@@ -158,43 +158,73 @@ class ARCPolicy(CachePolicy):
         self.t2.on_evictable(slots)
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        ref = self.table.ref
+        got = self._pick(n, protected, scalar=False)
+        if got is None:
+            return None
+        return got[0] if len(got) == 1 else np.concatenate(got)
+
+    def evict_list(self, n: int, protected: list[int]) -> list[int] | None:
+        got = self._pick(n, protected, scalar=True)
+        if got is None:
+            return None
+        return got[0] if len(got) == 1 else [s for g in got for s in g]
+
+    def _pick(self, n: int, protected: np.ndarray | list[int], scalar: bool) -> list | None:  # type: ignore[type-arg]
+        """Choose ``n`` victims (T1 while at or above target, else T2, then T1), forget them, record
+        their keys as ghosts; per list the victims, as arrays or (``scalar``) lists. None: nothing
+        changed."""
         target = int(self.target_t1_size)
-        vt1 = len(self.t1)
-        picks: list[tuple[np.ndarray, bool]] = []
+        picks: list[tuple[object, SlotOrder]] = []
         rem = n
         t1_left = True
-        if vt1 >= target:
-            want = min(rem, vt1 - target + 1)
-            got = self.t1.take(want, ref, protected, self.table.prot_mark)
-            picks.append((got, True))
-            rem -= len(got)
-            t1_left = len(got) == want
+        if len(self.t1) >= target:
+            want = min(rem, len(self.t1) - target + 1)
+            got = self._take(self.t1, want, protected, scalar)
+            picks.append((got, self.t1))
+            rem -= len(got)  # type: ignore[arg-type]
+            t1_left = len(got) == want  # type: ignore[arg-type]
         if rem > 0:
-            got = self.t2.take(rem, ref, protected, self.table.prot_mark)
-            picks.append((got, False))
-            rem -= len(got)
+            got = self._take(self.t2, rem, protected, scalar)
+            picks.append((got, self.t2))
+            rem -= len(got)  # type: ignore[arg-type]
         if rem > 0 and t1_left:
-            got = self.t1.take(rem, ref, protected, self.table.prot_mark)
-            picks.append((got, True))
-            rem -= len(got)
+            got = self._take(self.t1, rem, protected, scalar)
+            picks.append((got, self.t1))
+            rem -= len(got)  # type: ignore[arg-type]
         if rem > 0:
-            for got, from_t1 in picks:
-                (self.t1 if from_t1 else self.t2).restore(got)
+            for got, lst in picks:
+                if scalar:
+                    lst.on_evictable_list(got)  # type: ignore[arg-type]
+                else:
+                    lst.restore(got)  # type: ignore[arg-type]
             return None
         keys = self.table.keys
-        for got, from_t1 in picks:
-            if len(got) == 0:
+        out = []
+        for got, lst in picks:
+            if len(got) == 0:  # type: ignore[arg-type]
                 continue
-            (self.t1 if from_t1 else self.t2).discard(got)
-            ghost = self.b1 if from_t1 else self.b2
-            ghost.update(zip([keys[s] for s in got.tolist()], repeat(None)))  # type: ignore[misc]
+            out.append(got)
+            victims: list[int]
+            if scalar:
+                lst.discard_list(got)  # type: ignore[arg-type]
+                victims = got  # type: ignore[assignment]
+            else:
+                lst.discard(got)  # type: ignore[arg-type]
+                victims = got.tolist()  # type: ignore[attr-defined]
+            ghost = self.b1 if lst is self.t1 else self.b2
+            ghost.update(zip([keys[s] for s in victims], repeat(None)))  # type: ignore[misc]
         for ghost in (self.b1, self.b2):
             for _ in range(len(ghost) - self.capacity):
                 ghost.popitem(last=False)
-        return picks[0][0] if len(picks) == 1 else np.concatenate([g for g, _ in picks])
+        return out
 
-    # scalar forms for small batches (see CachePolicy); eviction and touch use the array forms
+    def _take(self, lst: SlotOrder, k: int, protected: np.ndarray | list[int], scalar: bool) -> object:
+        t = self.table
+        if scalar:
+            return lst.take_list(k, t.ref_buf, protected, t.prot_mark)  # type: ignore[arg-type]
+        return lst.take(k, t.ref, protected, t.prot_mark)  # type: ignore[arg-type]
+
+    # scalar forms for small batches (see CachePolicy); touch uses the array form
     def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
         self.t1.push_back_list(slots)
         for ghost in (self.b1, self.b2):

@@ -7,7 +7,9 @@ as vLLM counts) over :class:`~kvoffload.cache.manager.CPUOffloadingManager`.
 Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in the README):
 
 * keys repeated inside one call are reduced to their first occurrence (kvoffload's core rejects
-  repeats; vLLM's manager tolerates them);
+  repeats; vLLM's manager tolerates them) -- once, at this door: each call's keys are checked,
+  de-duplicated and resolved to slots once (``CPUOffloadingManager.key_batch``) and that batch is
+  handed through the request recording and the reuse filter to the core;
 * ARC adapts its target on ghost hits among all absent keys a request offers for storing, also
   those the reuse filter then drops (vLLM: only keys past the filter);
 * the allocation-size histogram of a ``prepare_store`` that fails counts the absent keys offered
@@ -44,8 +46,7 @@ from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.request_hooks import RequestHooksManager
 from kvoffload.cache.reuse import FilteredReuseManager
 from kvoffload.core.base import OffloadingManager as CoreManager
-from kvoffload.core.lookup_result import LOOKUP_MISS, LOOKUP_PENDING, lookup_code
-from kvoffload.core.lookup_result import LookupResult as CoreLookupResult
+from kvoffload.core.lookup_result import LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
 
 logger = logging.getLogger(__name__)
@@ -54,15 +55,6 @@ __all__ = ["KVOffloadManager"]
 
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
-
-
-def _unique(keys: Collection[OffloadKey]) -> list[OffloadKey]:
-    out = keys if isinstance(keys, list) else list(keys)
-    return out if len(set(out)) == len(out) else list(dict.fromkeys(out))
-
-
-#: kvoffload's lookup codes as vLLM's ``LookupResult`` (the members share their names)
-_VLLM_LOOKUP_RESULT = {code: LookupResult[code.name] for code in CoreLookupResult}
 
 
 class KVOffloadManager(OffloadingManager):
@@ -100,7 +92,11 @@ class KVOffloadManager(OffloadingManager):
         if store_threshold >= 2:
             stack = self._filter = FilteredReuseManager(self.core, store_threshold, max_tracker_size, count_on="offer")
         self.hooks = RequestHooksManager(stack, core=self.core)
-        self._core_lookup = self.core.lookup
+        if type(self).lookup is KVOffloadManager.lookup:  # not overridden by a subclass
+            # one closure call per lookup, answering vLLM's LookupResult (vLLM's contexts pass unchecked)
+            self.lookup = self.core.lookup_function(  # type: ignore[method-assign,assignment]
+                (LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING), ReqContext
+            )
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._alloc_sizes: list[int] = []
         self._config_info = dict(config_info or {})
@@ -128,7 +124,11 @@ class KVOffloadManager(OffloadingManager):
 
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return _VLLM_LOOKUP_RESULT[lookup_code(self._core_lookup(key, req_context))]  # type: ignore[arg-type]
+        """The key's state as vLLM's ``LookupResult`` (replaced per instance by an equivalent closure)."""
+        r = self.core.lookup(key, req_context)  # type: ignore[arg-type]
+        if r:
+            return LookupResult.HIT
+        return LookupResult.MISS if r is False else LookupResult.HIT_PENDING
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> Any:
         from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -136,21 +136,21 @@ class KVOffloadManager(OffloadingManager):
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        spec = self.hooks.prepare_load(_unique(keys), req_context)  # type: ignore[arg-type]
+        spec = self.hooks.prepare_load(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
         return CPULoadStoreSpec(spec.block_ids)  # type: ignore[attr-defined]
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.hooks.touch(_unique(keys), req_context)  # type: ignore[arg-type]
+        self.hooks.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.hooks.complete_load(list(keys), req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        keys = _unique(keys)
-        out = self.hooks.prepare_store(keys, req_context)  # type: ignore[arg-type]
-        if out is None:
-            n_absent = int((self.core.peek(keys) == LOOKUP_MISS).sum())
+        batch = self.core.key_batch(keys)  # checked, de-duplicated and resolved once, for every layer
+        out = self.hooks.prepare_store(batch, req_context)  # type: ignore[arg-type]
+        if out is None:  # a failed store changed no slot: the batch's slots still tell the absent keys
+            n_absent = sum(1 for s in batch.slots if s < 0)
             if n_absent:
                 self._alloc_sizes.append(n_absent)
             return None
@@ -167,9 +167,9 @@ class KVOffloadManager(OffloadingManager):
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.hooks.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
-        codes = self.core.peek(keys)
-        removed = list(dict.fromkeys(k for k, c in zip(keys, codes.tolist(), strict=True) if c == LOOKUP_PENDING))
-        self.hooks.complete_store(keys, req_context, False)  # type: ignore[arg-type]
+        batch = self.core.key_batch(keys)
+        removed = [k for k, c in zip(batch, self.core.peek_list(batch), strict=True) if c == LOOKUP_PENDING]
+        self.hooks.complete_store(batch, req_context, False)  # type: ignore[arg-type]
         if removed:
             self._drain_core_events()
             self._events.append(
@@ -203,7 +203,7 @@ class KVOffloadManager(OffloadingManager):
 
         skipped = 0
         if self._filter is not None:  # keys the filter dropped (not those already stored)
-            skipped, self._filter._skipped = self._filter._skipped, 0
+            skipped = self._filter.take_skipped()
         t = self.core.table
         stats = OffloadingConnectorStats()
         n = self.core.num_blocks
@@ -232,3 +232,4 @@ class KVOffloadManager(OffloadingManager):
 
     def shutdown(self) -> None:
         self.hooks.shutdown()
+        self.__dict__.pop("lookup", None)  # back to the method, which now raises

@@ -1,12 +1,10 @@
-"""Statistics snapshot and small helpers of :class:`~kvoffload.cache.manager.CPUOffloadingManager`."""
+"""Statistics snapshot and event counters of :class:`~kvoffload.cache.manager.CPUOffloadingManager`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvoffload.errors import KeyStateError
-
-__all__ = ["OffloadingStats", "COUNTERS", "ClosedIndex"]
+__all__ = ["OffloadingStats", "COUNTERS", "Counters"]
 
 
 @dataclass
@@ -60,11 +58,20 @@ COUNTERS = (
 )
 
 
-class ClosedIndex:
-    """Stands in for the key index after ``shutdown``: every per-key lookup raises."""
+class Counters:
+    """The manager's event counters, in one object (bumped in place on the hot paths)."""
 
-    def get(self, key: object, default: object = None) -> object:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
+    __slots__ = COUNTERS
 
-    def __contains__(self, key: object) -> bool:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
+    def __init__(self) -> None:
+        self.hits = self.pending_hits = self.misses = self.evictions = self.loads = 0
+        self.stores_started = self.stores_skipped = self.stores_failed = 0
+        self.stores_completed = self.stores_aborted = 0
+
+    def drain_into(self, stats: OffloadingStats) -> OffloadingStats:
+        """Copy the counters into ``stats`` (plus ``lookups``), reset them, return ``stats``."""
+        for name in COUNTERS:
+            setattr(stats, name, getattr(self, name))
+            setattr(self, name, 0)
+        stats.lookups = stats.hits + stats.pending_hits + stats.misses
+        return stats

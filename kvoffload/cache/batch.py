@@ -1,0 +1,75 @@
+"""Key batches: keys checked once, and keys resolved to slots of a :class:`~kvoffload.cache.keytable.SlotTable`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from kvoffload.cache.memo import MemoBatch
+from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
+from kvoffload.errors import InvalidTypeError
+
+if TYPE_CHECKING:
+    from kvoffload.cache.keytable import SlotTable
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KeyBatch", "Resolved", "as_key_list"]
+
+
+def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool) -> list[OffloadKey]:
+    """Validate a batch of keys with C-speed checks and return it as a new list.
+
+    The fast path (every item exactly ``bytes``) costs two C loops; anything else goes
+    through :func:`kvoffload.core.base.validate_keys`, which raises the typed error naming
+    the bad item (``bytes`` subclasses such as ``numpy.bytes_`` included).
+    """
+    if keys.__class__ is not list:
+        check_key_batch(keys, name)
+    try:
+        lst = list(keys)
+    except TypeError as exc:
+        raise InvalidTypeError(f"{name} must be an iterable of bytes keys, got {type(keys).__name__}") from exc
+    if lst and set(map(type, lst)) != {bytes}:
+        return validate_keys(lst, name, allow_duplicates=allow_duplicates)
+    if not allow_duplicates and len(set(lst)) != len(lst):
+        return validate_keys(lst, name, allow_duplicates=False)
+    return lst
+
+
+class KeyBatch(list):  # type: ignore[type-arg]
+    """Keys validated and resolved to slots once, at the outer door (:meth:`SlotTable.key_batch`).
+
+    A ``list`` of the keys (every layer accepts it as a batch of keys) carrying their slots
+    (``-1`` = absent), whether they are distinct, and the table and mutation epoch they were
+    resolved against. A manager handed a *current* batch (same table, no key inserted or freed
+    since) uses the slots as they are instead of checking and probing the keys again; any
+    other batch is just a list of keys. :meth:`select` keeps the slots of a subset.
+    """
+
+    __slots__ = ("slots", "unique", "owner", "epoch")
+
+    slots: list[int]
+    unique: bool
+    owner: SlotTable
+    epoch: int
+
+    def select(self, keep: list[bool]) -> KeyBatch:
+        """The keys whose ``keep`` flag is set, in order, with their slots."""
+        out = KeyBatch(k for k, f in zip(self, keep, strict=True) if f)
+        out.slots = [s for s, f in zip(self.slots, keep, strict=True) if f]
+        out.unique, out.owner, out.epoch = self.unique, self.owner, self.epoch
+        return out
+
+
+class Resolved(NamedTuple):
+    """Result of :meth:`SlotTable.resolve`."""
+
+    keys: list[OffloadKey]
+    slots: np.ndarray
+    unique: bool
+    batch: MemoBatch | None
+    offset: int

@@ -1,0 +1,60 @@
+"""The per-key lookup closure of :class:`~kvoffload.cache.manager.CPUOffloadingManager` and its
+table from slot class to lookup code (codes: :mod:`kvoffload.core.lookup_result`)."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kvoffload.cache.stats import Counters
+from kvoffload.core.base import OffloadKey, ReqContext, check_req_context, validate_keys
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+
+__all__ = ["LOOKUP_CODES", "make_lookup"]
+
+#: lookup code by slot class (0 absent, 1 unused, 2 pending, 3 ready)
+LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
+
+
+def make_lookup(
+    index: dict[bytes, int],
+    ref: array,
+    counters: Counters,
+    answers: tuple[Any, Any, Any] = (True, False, None),
+    context_cls: type = ReqContext,
+) -> Callable[[OffloadKey, Any], Any]:
+    """A per-instance ``lookup`` closure (same contract as :meth:`CPUOffloadingManager.lookup`):
+    closure cells instead of attribute loads make a miss cost a ``dict.get`` plus one call.
+
+    Args:
+        answers: what it returns for a ready, an absent and a pending key (e.g. vLLM's
+            ``LookupResult`` members for an engine adapter).
+        context_cls: the context class taken without a check (others go through
+            :func:`~kvoffload.core.base.check_req_context`).
+    """
+    get = index.get
+    hit, miss, pending = answers
+
+    def lookup(key: OffloadKey, req_context: Any) -> Any:
+        if req_context.__class__ is not context_cls:
+            check_req_context(req_context)
+        try:
+            s = get(key)
+        except TypeError:  # unhashable
+            validate_keys([key], "key")
+            raise
+        if s is None:
+            if key.__class__ is not bytes:
+                validate_keys([key], "key")
+            counters.misses += 1
+            return miss
+        if ref[s] >= 0:
+            counters.hits += 1
+            return hit
+        counters.pending_hits += 1
+        return pending
+
+    return lookup

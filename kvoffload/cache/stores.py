@@ -1,0 +1,219 @@
+"""Stores and evictions of the host pool: the store side of the CPU offloading manager.
+
+:class:`Stores` is the part of :class:`~kvoffload.cache.manager.CPUOffloadingManager` that runs
+``prepare_store`` (making room: victims picked by the cache policy, freed in the slot table),
+``complete_store`` and ``discard``, each with its scalar path (a few keys, slots as a list)
+beside its array path (a :class:`~kvoffload.cache.keytable.Resolved` batch). The manager checks
+the arguments and resolves the keys first; this class shares its table, policy, counters and
+event list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvoffload.cache.batch import Resolved
+from kvoffload.cache.keytable import PENDING, SlotTable
+from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.stats import Counters
+from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey, PrepareStoreOutput
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CPU_MEDIUM", "Stores", "cpu_spec"]
+
+#: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
+CPU_MEDIUM = CPULoadStoreSpec.medium()
+_EMPTY_I64 = np.zeros(0, dtype=np.int64)
+
+
+def cpu_spec(slots: np.ndarray) -> CPULoadStoreSpec:
+    """A :class:`CPULoadStoreSpec` around ``slots``, a private 1-D ``int64`` array of valid ids
+    (the manager's own slots need none of the public constructor's checks and copy)."""
+    spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
+    slots.setflags(write=False)  # specs are immutable (see BlockIDsLoadStoreSpec)
+    spec.__dict__["block_ids"] = slots
+    return spec
+
+
+class Stores:
+    """Store and eviction steps over ``table``; victims in the order ``policy`` picks.
+
+    Args:
+        table, policy, counters: the manager's.
+        events: the manager's event list (``removed=True`` events are appended), or None.
+    """
+
+    def __init__(
+        self, table: SlotTable, policy: CachePolicy, counters: Counters, events: list[OffloadingEvent] | None
+    ) -> None:
+        self.table = table
+        self.policy = policy
+        self.counters = counters
+        self.events = events
+
+    def prepare(self, r: Resolved) -> PrepareStoreOutput | None:
+        """``prepare_store`` of the distinct keys ``r`` (array path)."""
+        keys_l, slots = r.keys, r.slots
+        absent_mask = slots < 0
+        n_new = int(np.count_nonzero(absent_mask))
+        n_present = len(keys_l) - n_new
+        if n_new == 0:
+            return self._stored([], np.zeros(0, dtype=np.int64), [], n_present)
+        if n_present == 0:
+            positions = None
+            to_store = keys_l
+        else:
+            positions = absent_mask.nonzero()[0]
+            to_store = [keys_l[i] for i in positions.tolist()]
+        protected = slots[~absent_mask] if n_present else _EMPTY_I64
+        evicted = self.make_room(n_new, protected, len(keys_l))
+        if evicted is None:
+            return None
+        t = self.table
+        count_before = t.insert_count
+        new_slots = t.allocate(to_store)
+        t.memo_note_insert(r, np.arange(len(keys_l)) if positions is None else positions, new_slots, count_before)
+        self.policy.insert(new_slots, to_store)
+        return self._stored(to_store, new_slots, evicted, n_present)
+
+    def prepare_small(self, keys: Sequence[OffloadKey], slots: list[int]) -> PrepareStoreOutput | None:
+        """``prepare_store`` of a few distinct ``keys`` with their ``slots`` (-1 = absent)."""
+        to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
+        protected = [s for s in slots if s >= 0]
+        if not to_store:
+            return self._stored([], np.zeros(0, dtype=np.int64), [], len(protected))
+        evicted = self.make_room(len(to_store), protected, len(keys))
+        if evicted is None:
+            return None
+        new_slots = self.table.allocate_list(to_store)
+        self.policy.insert_list(new_slots, to_store)
+        return self._stored(to_store, np.array(new_slots, dtype=np.int64), evicted, len(protected))
+
+    def _stored(
+        self, to_store: list[OffloadKey], slots: np.ndarray, evicted: list[OffloadKey], n_present: int
+    ) -> PrepareStoreOutput:
+        c = self.counters
+        c.stores_started += len(to_store)
+        c.stores_skipped += n_present
+        return PrepareStoreOutput(keys_to_store=list(to_store), store_spec=cpu_spec(slots), evicted_keys=evicted)
+
+    def complete(self, r: Resolved, success: bool) -> None:
+        """``complete_store`` of ``r`` (repeats allowed; array path)."""
+        slots = r.slots
+        if len(slots) == 0:
+            return
+        sel_mask = self.table.ref[slots] == PENDING
+        sel_mask &= slots >= 0
+        idx = sel_mask.nonzero()[0]
+        if len(idx) == 0:
+            return
+        pend = slots[idx]
+        if not r.unique and len(pend) > 1:
+            uniq, first = np.unique(pend, return_index=True)
+            if len(uniq) != len(pend):
+                order = np.sort(first)
+                idx, pend = idx[order], pend[order]
+        self._finish(pend, [r.keys[i] for i in idx.tolist()] if self.events is not None else [], success)
+
+    def complete_small(self, keys: Sequence[OffloadKey], slots: list[int], success: bool) -> None:
+        """``complete_store`` of a few ``keys`` with their ``slots`` (-1 = absent; repeats allowed)."""
+        ref = self.table.ref_buf
+        sel: list[int] = []
+        done: list[OffloadKey] = []
+        for k, s in zip(keys, slots, strict=True):
+            if s >= 0 and ref[s] == PENDING and s not in sel:
+                sel.append(s)
+                done.append(k)
+        if sel:
+            self._finish(sel, done, success)
+
+    def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
+        """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
+        t = self.table
+        scalar = pend.__class__ is list
+        if success:
+            if scalar:
+                ref = t.ref_buf
+                for s in pend:
+                    ref[s] = 0
+                self.policy.on_evictable_list(pend)  # type: ignore[arg-type]
+            else:
+                t.ref[pend] = 0
+                self.policy.on_evictable(pend)  # type: ignore[arg-type]
+            t.num_pending -= len(pend)
+            t.num_evictable += len(pend)
+            self.counters.stores_completed += len(pend)
+            if self.events is not None:
+                self.events.append(OffloadingEvent(keys=done, medium=CPU_MEDIUM, removed=False))
+        else:
+            if scalar:
+                self.policy.remove_list(pend)  # type: ignore[arg-type]
+                t.release_list(pend)  # type: ignore[arg-type]
+            else:
+                self.policy.remove(pend)  # type: ignore[arg-type]
+                t.release(pend)  # type: ignore[arg-type]
+            self.counters.stores_aborted += len(pend)
+
+    def make_room(self, n_new: int, protected: np.ndarray | list[int], n_keys: int) -> list[OffloadKey] | None:
+        """Evict so that ``n_new`` slots are free, sparing the slots ``protected`` (the keys of the
+        store already present; a list on the scalar path, an ``int64`` array otherwise).
+
+        Returns:
+            The evicted keys in eviction order (one ``removed=True`` event for them), or None when
+            room cannot be made: nothing changed, ``stores_failed`` counts the ``n_keys`` keys.
+        """
+        t = self.table
+        need = n_new - t.num_free
+        if n_new == 0 or need <= 0:
+            return []
+        scalar = protected.__class__ is list
+        if not len(protected):
+            prot_ev = 0
+        elif scalar:
+            ref = t.ref_buf
+            prot_ev = sum(1 for s in protected if ref[s] == 0)
+        else:
+            prot_ev = int(np.count_nonzero(t.ref[protected] == 0))
+        victims: np.ndarray | list[int] | None = None
+        if need <= t.num_evictable - prot_ev:  # else hopeless: fail in O(1)
+            self._mark(protected, 1)
+            try:
+                if scalar:
+                    victims = self.policy.evict_list(need, protected)  # type: ignore[arg-type]
+                else:
+                    victims = self.policy.evict(need, protected)  # type: ignore[arg-type]
+            finally:
+                self._mark(protected, 0)
+        if victims is None:
+            self.counters.stores_failed += n_keys
+            return None
+        if len(victims) != need:  # pragma: no cover - policy contract violation
+            raise RuntimeError(f"policy {type(self.policy).__name__} returned {len(victims)} victims, expected {need}")
+        self.counters.evictions += need
+        evicted = t.release_list(victims) if scalar else t.release(victims, ready=True)  # type: ignore[arg-type]
+        self._record(evicted)
+        return evicted
+
+    def remove(self, slots: np.ndarray) -> list[OffloadKey]:
+        """Free the ready, unpinned ``slots`` (distinct) at once; return their keys."""
+        self.policy.remove(slots)
+        removed = self.table.release(slots, ready=True)
+        self._record(removed)
+        return removed
+
+    def _record(self, keys: list[OffloadKey]) -> None:
+        if self.events is not None:
+            self.events.append(OffloadingEvent(keys=list(keys), medium=CPU_MEDIUM, removed=True))
+
+    def _mark(self, protected: np.ndarray | list[int], value: int) -> None:
+        """Set ``table.prot_mark`` of the protected slots (the policy's fast membership test)."""
+        if protected.__class__ is list:
+            mark = self.table.prot_mv
+            for s in protected:
+                mark[s] = value
+        elif len(protected):
+            self.table.prot_mark[protected] = value
