@@ -38,7 +38,7 @@ ENGINE_API = {
     "LOOKUP_PENDING": "kvoffload.core.lookup_result",
     "LookupResult": "kvoffload.core.lookup_result",
     "CPUOffloadingManager": "kvoffload.cache.manager",
-    "OffloadingStats": "kvoffload.cache.manager",
+    "OffloadingStats": "kvoffload.cache.stats",
     "FilteredReuseManager": "kvoffload.cache.reuse",
     "RequestHooksManager": "kvoffload.cache.request_hooks",
     "CachePolicy": "kvoffload.cache.policies",
