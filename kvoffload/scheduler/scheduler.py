@@ -64,11 +64,11 @@ from typing import Any
 from kvoffload.core.base import OffloadingEvent
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
-from kvoffload.scheduler.completion import JobCompletion
+from kvoffload.scheduler.completion import JobCompletion, unmark_loading
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.deferral import DeferredLookups, request_signature
 from kvoffload.scheduler.flush import FlushTracker
-from kvoffload.scheduler.jobs import JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
+from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
 from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
 from kvoffload.scheduler.validation import (
@@ -98,7 +98,7 @@ def _chain_hook(manager: Any, name: str) -> Any:
     return None
 
 
-class OffloadingScheduler(JobCompletion):
+class OffloadingScheduler:
     """Scheduler side of KV offloading for one engine (see the module docstring).
 
     Args:
@@ -127,6 +127,9 @@ class OffloadingScheduler(JobCompletion):
         self._end_step = _chain_hook(manager, "end_step")
         take_resolved = _chain_hook(manager, "take_resolved")
         self._deferred = DeferredLookups(take_resolved) if take_resolved is not None else None
+        self._completion = JobCompletion(
+            config.num_workers, manager, self._jobs, self._loading_keys, self._flush, self._states, self._deferred
+        )
 
     # ------------------------------------------------------------------ state
     def _state(self, request: Any) -> RequestOffloadState:
@@ -367,7 +370,9 @@ class OffloadingScheduler(JobCompletion):
         rec = self._jobs.pop(jid)
         st.in_flight.discard(jid)
         st.load_job_id = None
-        self._unmark_loading(rec.job.keys)
+        unmark_loading(self._loading_keys, rec.job.keys)
+        if self._deferred is not None:
+            self._deferred.resolve(rec.job.keys)
         self.manager.complete_load(rec.job.keys, rec.req_context)
 
     def free_blocks(self, request: Any, block_ids_per_group: Sequence[Sequence[int]]) -> None:
@@ -398,6 +403,11 @@ class OffloadingScheduler(JobCompletion):
         positions = st.table_positions(tables, "block_ids_per_group")
         freed = st.free_positions(positions)
         self._flush.add_users([self._jobs[jid].job for jid in st.in_flight], freed)
+
+    def complete_jobs(self, results: Iterable[Any]) -> list[FinishedJob]:
+        """Count worker reports; return the jobs every worker has now reported, completed with the
+        manager (:meth:`~kvoffload.scheduler.completion.JobCompletion.complete` says how)."""
+        return self._completion.complete(results, self._pending_loads)
 
     # ------------------------------------------------------------------ lifecycle
     def request_finished(self, request: Any, block_ids: Sequence[Sequence[int]] | None = None) -> None:

@@ -32,7 +32,7 @@ import torch
 
 from kvoffload.cache.tiered import TieredManager
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
+from kvoffload.scheduler.jobs import ScheduledRequest
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from kvoffload.sim.blocks import GPUBlockCache
 from kvoffload.sim.config import EngineConfig, max_request_tokens
@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Engine"]
 
 
-class Engine(TransferHandling):
+class Engine:
     """A paged-KV engine with a CPU offloading tier (see the module docstring).
 
     Args:
@@ -149,10 +149,11 @@ class Engine(TransferHandling):
         self.loading: dict[str, Seq] = {}
         self.requests: dict[str, SimRequest] = {}
         self._seqs: dict[str, Seq] = {}
-        self._jobs: dict[int, TransferJob] = {}
-        self._load_seq: dict[int, Seq] = {}
         self.stats = EngineStats()
         self.transfer_log: list[TransferRecord] = []
+        self._transfers = TransferHandling(
+            cfg, self.scheduler, self.kv, self.gpu, self.stats, self.loading, self.ready, self.transfer_log, self.tiered
+        )
         self.flush_log: list[tuple[int, int]] = []
         self.stored_keys: set[bytes] | None = set() if cfg.track_stored_keys else None
         self._step = 0
@@ -236,7 +237,7 @@ class Engine(TransferHandling):
         st = StepStats(self._step)
         if isinstance(self.worker, DelayedWorker):
             self.worker.tick()
-        self._handle_results(self.worker.get_finished(), st)
+        self._transfers.handle_results(self.worker.get_finished(), st)
         new, running, preempted = self._schedule(st)
         out = self.scheduler.build_step(new, running, preempted)
         if out.flush_job_ids:
@@ -246,10 +247,10 @@ class Engine(TransferHandling):
             if self.config.record_transfers:
                 self.flush_log.extend((self._step, j) for j in out.flush_job_ids)
         for job in out.load_jobs:
-            self._submit(job, st)
+            self._transfers.submit(self.worker, job, st, self._step)
         self._compute(new + running)
         for job in out.store_jobs:
-            self._submit(job, st)
+            self._transfers.submit(self.worker, job, st, self._step)
         self._finish_step(new + running, st)
         for ev in self.scheduler.take_events():
             if ev.removed:
@@ -366,7 +367,7 @@ class Engine(TransferHandling):
                 continue
             self.gpu.take_hit(req, hit, seq.tables)
             if hit and self.config.verify_gpu_hits:
-                self._verify_gpu_hit(seq, hit)
+                self._transfers.verify_gpu_hit(seq, hit)
             n = ext if ext else min(req.num_tokens - hit, budget)
             if not self.gpu.grow(seq.tables, hit + n):
                 self.gpu.free(seq.tables)
