@@ -20,19 +20,9 @@ An engine drives it like this (one engine step)::
     sched.request_finished(req) when a request ends or is aborted (its GPU blocks may be freed
     at once; a request the scheduler never saw, or one finished already, is a no-op)
 
-Avoiding the load convoy (vLLM issue #44294). vLLM defers a request whenever any of its hit
-blocks is being loaded by another request; with many requests sharing a prefix whose blocks are
-already live in the GPU cache, every one of them waits for an unrelated load, one after the
-other. Here:
-
-* only the keys this request would actually load are compared with the keys being loaded --
-  blocks already in the GPU cache (``num_computed_tokens``) never defer anyone, so requests
-  that share a GPU-resident prefix are admitted at once;
-* a deferred request registers nothing: only a built load job marks keys as being loaded, so
-  waiters never block one another and there is no chain of waiters;
-* a load releases all its waiters in the step its job completes (the engine caches the loaded
-  blocks in its GPU prefix cache, so each waiter then sees them as computed and loads only its
-  own remainder, all of those loads in parallel).
+Deferral. A request is deferred when a key it would load is still being stored, or is being
+loaded by another request, and only then: blocks already in the GPU cache never defer anyone,
+and a deferred request registers nothing (docs/contract.md §6, "Deferral and the load convoy").
 
 Stores. When an offloaded block of a request fills up (computed tokens, within the hashed tokens
 and within ``max_offload_tokens``), :meth:`build_step` calls ``prepare_store`` for all the
@@ -66,7 +56,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
 from kvoffload.scheduler.completion import JobCompletion, unmark_loading
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
-from kvoffload.scheduler.deferral import DeferredLookups, request_signature
+from kvoffload.scheduler.deferral import DeferredLookups, manager_hook, request_signature
 from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
@@ -83,19 +73,6 @@ from kvoffload.scheduler.validation import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["OffloadingScheduler"]
-
-
-def _chain_hook(manager: Any, name: str) -> Any:
-    """The method ``name`` of ``manager`` or of the first manager down its ``backing`` chain that
-    has one (a :class:`~kvoffload.cache.tiered.TieredManager` under a reuse filter), else None."""
-    seen: set[int] = set()
-    while manager is not None and id(manager) not in seen:
-        seen.add(id(manager))
-        hook = getattr(type(manager), name, None)
-        if callable(hook):
-            return getattr(manager, name)
-        manager = getattr(manager, "backing", None)
-    return None
 
 
 class OffloadingScheduler:
@@ -124,8 +101,8 @@ class OffloadingScheduler:
         self._pending_loads: list[TransferJob] = []
         self._loading_keys: dict[bytes, int] = {}
         self._flush = FlushTracker(config.pool_of_group)
-        self._end_step = _chain_hook(manager, "end_step")
-        take_resolved = _chain_hook(manager, "take_resolved")
+        self._end_step = manager_hook(manager, "end_step")
+        take_resolved = manager_hook(manager, "take_resolved")
         self._deferred = DeferredLookups(take_resolved) if take_resolved is not None else None
         self._completion = JobCompletion(
             config.num_workers, manager, self._jobs, self._loading_keys, self._flush, self._states, self._deferred
