@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench bench-micro lint clean
+.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench bench-micro lint clean
 
 install: $(STAMP)
 
@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m kvoffload demo $(ARGS)
+
+# Two demo replicas in two processes share one local redis-server (started on a free port, stopped after).
+demo-shared: $(STAMP)
+	$(PY) -m kvoffload.app.demo_shared $(ARGS)
 
 simulate: $(STAMP)
 	$(PY) -m kvoffload simulate $(ARGS)

@@ -1,5 +1,41 @@
 """kvoffload: move an LLM engine's paged KV cache between GPU memory and a pinned CPU pool.
 
+This package's namespace is the engine-facing API (``__all__``); internal helpers stay in their
+modules. What an engine uses, and the shapes it hands over:
+
+* **Keys** -- an :data:`OffloadKey` is ``bytes``: a block's chained hash followed by its KV-cache
+  group index as 4 big-endian bytes (:func:`make_offload_key`, :func:`get_offload_block_hash`,
+  :func:`get_offload_group_idx`). An offloaded block's key is that of the last hash block in it.
+* **Manager** (scheduler process, no torch) -- :class:`CPUOffloadingManager` (the
+  :class:`OffloadingManager` contract: ``lookup`` / ``lookup_batch`` -> one ``np.int8`` code per
+  key, :data:`LOOKUP_MISS` / :data:`LOOKUP_HIT` / :data:`LOOKUP_PENDING`, the values of
+  :class:`LookupResult`; ``prepare_store`` -> :class:`PrepareStoreOutput`; ``take_events`` ->
+  :class:`OffloadingEvent`; ``get_stats`` -> :class:`OffloadingStats`), wrapped if wanted by
+  :class:`FilteredReuseManager` (store on reuse) or :class:`RequestHooksManager` (vLLM's
+  per-request hooks); every request-facing call takes a :class:`ReqContext`. Eviction policies
+  by name (``"lru"``, ``"arc"``, ``"s3fifo"``...) from :func:`register_policy` /
+  :func:`get_policy_class` / :func:`available_policies`, subclasses of :class:`CachePolicy`.
+* **Specs** -- :class:`GPULoadStoreSpec` (GPU block ids ordered by group, ``group_sizes[g]`` of
+  group ``g``, ``block_indices[g]`` = index within the request of group ``g``'s first block) and
+  :class:`CPULoadStoreSpec` (one host slot id per offloaded block), both
+  :class:`BlockIDsLoadStoreSpec` (a read-only 1-D ``np.int64`` array) of :class:`LoadStoreSpec`.
+* **Scheduler** -- :class:`OffloadingScheduler` with :class:`OffloadingSchedulerConfig` (one
+  :class:`GroupOffloadConfig` per KV-cache group: GPU block size, offloaded block size, sliding
+  window, block pool): lookups, ``build_step`` -> :class:`SchedulerStepOutput` of
+  :class:`TransferJob` (``(src, dst)`` specs and the keys moved), ``complete_jobs`` ->
+  :class:`FinishedJob`; the engine describes each step's requests with :class:`ScheduledRequest`.
+* **Worker** (GPU worker process) -- :class:`KVCacheTable` registers the KV cache: per group, a
+  list of per-layer tensors in a layout, ``"flash_attn"`` ``[2, num_blocks, block_size, heads,
+  head_dim]``, ``"flashinfer"`` ``[num_blocks, 2, block_size, heads, head_dim]``, ``"mla"``
+  ``[num_blocks, block_size, dim]`` or a :class:`GenericLayout`; a group's *record* is the packed
+  bytes of one GPU block (the page of every distinct layer view, back to back). :class:`TransferWorker` moves jobs
+  between it and its :class:`HostPool` (``num_cpu_blocks`` slots of ``max_g(factor_g *
+  record_bytes_g)`` bytes; an offloaded block of group ``g`` is ``factor_g`` records in one slot)
+  and reports :class:`TransferResult` s. Kernel backends by name (``"triton"``, ``"torch"``,
+  ``"page_loop"``) from :func:`get_backend` / :func:`register_backend` /
+  :func:`available_backends`, subclasses of :class:`KernelBackend`.
+* **Errors** -- everything raised on bad input or a failed transfer is a :class:`KVOffloadError`.
+
 Layers (imports run downward only):
 
 * :mod:`kvoffload.kernels` -- Triton pack/unpack kernels (GPU pages <-> packed host records),
@@ -38,7 +74,6 @@ from kvoffload.core.base import (
     get_offload_block_hash,
     get_offload_group_idx,
     make_offload_key,
-    validate_keys,
 )
 from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupResult
 from kvoffload.errors import (
@@ -57,7 +92,6 @@ from kvoffload.kernels import (
     KVCacheTable,
     available_backends,
     get_backend,
-    kernel_mode,
     register_backend,
 )
 from kvoffload.scheduler import (
@@ -68,8 +102,6 @@ from kvoffload.scheduler import (
     ScheduledRequest,
     SchedulerStepOutput,
     TransferJob,
-    maximal_prefix_lookup,
-    sliding_window_lookup,
 )
 from kvoffload.transfer.host_pool import HostPool
 from kvoffload.transfer.worker import TransferResult, TransferWorker
@@ -92,7 +124,6 @@ __all__ = [
     "make_offload_key",
     "get_offload_block_hash",
     "get_offload_group_idx",
-    "validate_keys",
     "ReqContext",
     "LoadStoreSpec",
     "BlockIDsLoadStoreSpec",
@@ -121,7 +152,6 @@ __all__ = [
     "get_backend",
     "register_backend",
     "available_backends",
-    "kernel_mode",
     "HostPool",
     "TransferWorker",
     "TransferResult",
@@ -133,6 +163,4 @@ __all__ = [
     "SchedulerStepOutput",
     "TransferJob",
     "FinishedJob",
-    "maximal_prefix_lookup",
-    "sliding_window_lookup",
 ]

@@ -17,8 +17,8 @@ from kvoffload import (
     get_offload_block_hash,
     get_offload_group_idx,
     make_offload_key,
-    validate_keys,
 )
+from kvoffload.core.base import validate_keys
 
 
 @pytest.mark.parametrize("group_idx", [0, 1, 2, 255, 256, 2**32 - 1])

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from kvoffload.app.cli import main
-from kvoffload.app.demo import DemoSettings, format_header, format_summary, run_chat, summary_dict
+from kvoffload.app.demo import run_chat
+from kvoffload.app.demo_report import format_header, format_summary, summary_dict
+from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.sim.workload import ChatWorkload
 
 
@@ -119,6 +121,10 @@ def test_demo_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         (["demo", "--threads", "0"], "positive integer"),
         (["demo", "--json", "/proc/version/x.json"], "--json /proc/version/x.json"),
         (["demo", "--json", "/"], "is a directory"),
+        (["demo", "--tier", "http://127.0.0.1:6379"], "expected redis://"),
+        (["demo", "--tier", "redis://127.0.0.1:notaport"], "notaport"),
+        (["demo", "--tier", "disk:/tmp/kv?bogus=1"], "unknown disk tier option 'bogus'"),
+        (["demo", "--tier", "redis://u:secret@127.0.0.1:6379?cluster=maybe"], "cluster"),
         (["simulate", "--trace", "/nonexistent/trace.jsonl"], "cannot be read"),
         (["simulate", "--capacities", "10,-3"], "positive integer"),
         (["simulate", "--policies", "lru,nope"], "nope"),
@@ -132,3 +138,4 @@ def test_bad_flags_one_line_no_traceback(argv: list[str], needle: str) -> None:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("kvoffload: error:") and needle in lines[0], proc.stderr
     assert "requests finished" not in proc.stdout  # rejected before the run
+    assert "secret" not in proc.stderr  # a tier URL's password is never printed

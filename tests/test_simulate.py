@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.app.cli import main
-from kvoffload.app.demo import DemoSettings
+from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.app.simulate import default_capacities, simulate, working_set_blocks
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.request import hash_blocks

@@ -48,6 +48,12 @@ def _capacity_list(text: str) -> list[tuple[float, str]]:
     return [parse_capacity(part) for part in text.split(",") if part.strip()]
 
 
+def _tier_capacity_list(text: str) -> list[tuple[float, str]]:
+    from kvoffload.app.simulate import parse_tier_capacity
+
+    return [parse_tier_capacity(part) for part in text.split(",") if part.strip()]
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from kvoffload.app.info import collect_info, format_info
 
@@ -94,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument(
         "--json", metavar="PATH", default=None, help="also write the summary as JSON (its folder is created)"
     )
+    p_demo.add_argument(
+        "--tier",
+        action="append",
+        metavar="SPEC",
+        default=None,
+        help="a secondary KV tier beneath the host pool, repeatable (first asked first): "
+        "redis://host:6379, rediss://..., unix:///path.sock, redis://h1:p1,h2:p2 (cluster), disk:/path?max_bytes=N",
+    )
     p_demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_demo.set_defaults(func=_cmd_demo)
 
@@ -131,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated CPU-tier capacities: offloaded blocks (e.g. 256) or host memory (e.g. 2GiB, 512MiB); "
         "default: 1/16 to 2x the prompts' working set",
+    )
+    p_sim.add_argument(
+        "--tier-capacity",
+        type=_tier_capacity_list,
+        action="append",
+        default=None,
+        help="shared tier beneath host memory (Redis, allkeys-lru), as --capacities (e.g. 64GiB or 20Mtok; 0: "
+        "none); comma-separated or repeated: every host capacity is replayed with each, and without one "
+        "(cache-level replay only)",
     )
     shape = p_sim.add_argument_group("model shape (turns blocks into bytes)")
     shape.add_argument(

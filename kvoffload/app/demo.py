@@ -15,55 +15,20 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
+from kvoffload.app.demo_report import format_header, format_summary, summary_dict
+from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.stats import EngineStats
-from kvoffload.sim.workload import ChatWorkload
 
-__all__ = ["DemoSettings", "drive", "run_chat", "run_demo", "format_header", "format_summary", "summary_dict"]
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    """Sizes of the demo; the defaults run in well under a minute on a 2-core CPU."""
-
-    conversations: int = 128
-    turns: int = 6
-    system_prompts: int = 3
-    gpu_block_size: int = 16
-    block_size_factor: int = 2
-    num_layers: int = 8
-    num_heads: int = 8
-    head_dim: int = 64
-    gpu_blocks: int = 512
-    cpu_blocks: int = 1536
-    max_concurrent: int = 16
-    policy: str = "lru"
-    backend: str | None = None
-    seed: int = 0
-
-    def workload(self) -> ChatWorkload:
-        """The chat workload these settings describe."""
-        return ChatWorkload(
-            conversations=self.conversations, turns=self.turns, system_prompts=self.system_prompts, seed=self.seed
-        )
-
-    @property
-    def token_bytes(self) -> int:
-        """KV bytes of one token over all layers (K and V, 16-bit words)."""
-        return self.num_layers * 2 * self.num_heads * self.head_dim * 2
-
-    @property
-    def gpu_block_bytes(self) -> int:
-        """KV bytes of one GPU block over all layers."""
-        return self.gpu_block_size * self.token_bytes
+__all__ = ["build_engine", "drive", "run_chat", "run_demo"]
 
 
 class _Progress:
@@ -128,12 +93,8 @@ def drive(engine: Engine, items: Sequence[Any], max_concurrent: int, progress: _
     engine.run_until_done()  # drain in-flight stores
 
 
-def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats, Engine]:
-    """Run the chat workload of ``settings`` through a fresh engine with real KV bytes.
-
-    Returns the engine's cumulative stats and the (shut down) engine.
-    """
-    workload = settings.workload()
+def build_engine(settings: DemoSettings) -> Engine:
+    """The engine ``settings`` describe (its tiers opened, nothing run yet)."""
     config = EngineConfig(
         groups=(GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, settings.num_layers),),
         num_gpu_blocks=settings.gpu_blocks,
@@ -145,7 +106,17 @@ def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats
         worker_backend=settings.backend,
         seed=settings.seed,
     )
-    engine = Engine(config)
+    return Engine(config, tiers=settings.tiers)
+
+
+def run_chat(settings: DemoSettings, progress: bool = True, engine: Engine | None = None) -> tuple[EngineStats, Engine]:
+    """Run the chat workload of ``settings`` through ``engine`` (default: a fresh
+    :func:`build_engine`) with real KV bytes.
+
+    Returns the engine's cumulative stats and the (shut down) engine.
+    """
+    workload = settings.workload()
+    engine = engine if engine is not None else build_engine(settings)
     bar = _Progress(len(workload), progress)
     try:
         drive(engine, list(workload), settings.max_concurrent, bar)
@@ -153,156 +124,6 @@ def run_chat(settings: DemoSettings, progress: bool = True) -> tuple[EngineStats
         bar.close()
         engine.shutdown()
     return engine.stats, engine
-
-
-def gib(nbytes: float) -> str:
-    """``nbytes`` in GiB, two decimals."""
-    return f"{nbytes / 2**30:.2f} GiB"
-
-
-def _kib(nbytes: int) -> str:
-    return f"{nbytes // 1024:,} KiB" if nbytes % 1024 == 0 else f"{nbytes:,} B"
-
-
-def summary_dict(settings: DemoSettings, stats: EngineStats, engine: Engine) -> dict[str, Any]:
-    """The demo's results as plain data (what ``--json`` writes).
-
-    ``stats`` holds :class:`~kvoffload.sim.stats.EngineStats` as a dict; ``geometry`` the block
-    sizes in tokens and bytes (``gpu_block_bytes``: one GPU block over all layers, K and V;
-    ``offloaded_block_bytes``: one CPU slot) and the host pool's size.
-    """
-    worker = engine.worker
-    backend = getattr(getattr(worker, "backend", None), "name", None)
-    pool = getattr(worker, "host_pool", None)
-    gpu_block_bytes = engine.kv.block_bytes(0)
-    return {
-        "settings": dict(settings.__dict__),
-        "device": str(engine.device),
-        "backend": backend,
-        "torch_threads": torch.get_num_threads(),
-        "geometry": {
-            "gpu_block_tokens": settings.gpu_block_size,
-            "gpu_block_bytes": gpu_block_bytes,
-            "offloaded_block_tokens": settings.gpu_block_size * settings.block_size_factor,
-            "offloaded_block_bytes": gpu_block_bytes * settings.block_size_factor,
-            "host_pool_bytes": gpu_block_bytes * settings.block_size_factor * settings.cpu_blocks,
-            "host_pool_pinned": bool(getattr(pool, "pinned", False)),
-        },
-        "stats": stats.as_dict(),
-    }
-
-
-def _share(part: int, whole: int, of: str) -> str:
-    return f"{part:>9,}  {part / whole:6.1%} of {of}" if whole else f"{part:>9,}"
-
-
-def _rate(nbytes: int, seconds: float) -> str:
-    """Bytes / the time the worker spent in those transfers."""
-    return f"{nbytes / seconds / 1e9:.2f} GB/s over the {seconds:.2f} s spent in them" if seconds > 0 else "n/a"
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    """The end-of-run table: how the prompt tokens were served (the rows add up), transfers, checks.
-
-    Every row counts in one unit, named in the row; rates name their denominator.
-    """
-    s, cfg, geo = summary["stats"], summary["settings"], summary["geometry"]
-    off = f"offloaded blocks ({geo['offloaded_block_tokens']} tokens)"
-    readmitted = s["readmitted_output_tokens"]
-    whole = s["served_tokens"]
-    of = "prompt tokens" if not readmitted else "admitted tokens"
-    rows = [
-        (
-            "requests finished",
-            f"{s['requests_finished']:>9,}  ({cfg['conversations']} conversations x {cfg['turns']} turns)",
-        ),
-        ("prompt tokens", f"{s['prompt_tokens']:>9,}"),
-    ]
-    if readmitted:
-        rows.append(("+ generated tokens re-admitted", f"{readmitted:>9,}  (prefilled again after a preemption)"))
-    rows += [
-        ("  from the GPU prefix cache", _share(s["prefill_gpu_hit_tokens"], whole, of)),
-        ("  loaded from the CPU tier", _share(s["prefill_loaded_tokens"], whole, of)),
-        ("  computed (prefill)", _share(s["prefill_computed_tokens"], whole, of)),
-        (
-            "decode tokens computed",
-            f"{s['decode_tokens']:>9,}  ({s['generated_tokens']:,} tokens generated: each request's first one is "
-            "sampled at the end of its prefill)",
-        ),
-    ]
-    if s["discarded_tokens"]:
-        rows.append(("tokens lost to preemptions", f"{s['discarded_tokens']:>9,}  (computed, then freed)"))
-    rows += [
-        (
-            "stores, GPU -> CPU tier",
-            f"{s['blocks_stored']:,} {off} in {s['store_jobs']:,} jobs: {gib(s['bytes_stored'])}, "
-            f"{_rate(s['bytes_stored'], s['store_seconds'])}",
-        ),
-        (
-            "loads, CPU tier -> GPU",
-            f"{s['blocks_loaded']:,} {off} in {s['load_jobs']:,} jobs: {gib(s['bytes_loaded'])}, "
-            f"{_rate(s['bytes_loaded'], s['load_seconds'])}",
-        ),
-        ("evicted from the CPU tier", f"{s['cpu_evictions']:,} {off}"),
-        ("evicted from the GPU cache", f"{s['gpu_evictions']:,} GPU blocks ({geo['gpu_block_tokens']} tokens)"),
-        ("requests preempted", f"{s['preemptions']:>9,}"),
-        (
-            "requests deferred",
-            f"{s['deferrals']:>9,}  (told to retry: a block they need was still being stored or loaded)",
-        ),
-        (
-            "engine",
-            f"{s['steps']:,} steps in {s['wall_seconds']:.1f} s on {summary['device']}, kernel backend "
-            f"{summary['backend']}, {summary['torch_threads']} torch thread(s)",
-        ),
-    ]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    verified = s["verified_blocks"]
-    if s["verification_failures"]:
-        lines.append(
-            f"VERIFICATION FAILED: {s['verification_failures']:,} of {verified:,} GPU blocks written by loads "
-            "differ from the KV the engine computed for them"
-        )
-    elif verified == 0:
-        why = (
-            f"the CPU tier evicted {s['cpu_evictions']:,} offloaded blocks before any was asked for again: "
-            "try a larger --cpu-blocks"
-            if s["cpu_evictions"]
-            else "the GPU prefix cache served all reuse: try a smaller --gpu-blocks"
-        )
-        lines.append(f"verified: nothing was loaded from the CPU tier, nothing to check ({why})")
-    else:
-        lines.append(
-            f"verified: all {verified:,} GPU blocks ({geo['gpu_block_tokens']} tokens) written by loads hold exactly "
-            "the KV computed for them"
-        )
-        if verified != s["blocks_loaded"] * cfg["block_size_factor"]:
-            lines.append(
-                f"  ({s['blocks_loaded']:,} offloaded blocks of {cfg['block_size_factor']} GPU blocks: a load starts "
-                "part-way into an offloaded block whose first GPU blocks were GPU prefix-cache hits)"
-            )
-    return "\n".join(lines)
-
-
-def format_header(settings: DemoSettings) -> str:
-    """What the run is: workload, model shape, block sizes in tokens and bytes, both capacities."""
-    gpu_block = settings.gpu_block_bytes
-    off_tokens = settings.gpu_block_size * settings.block_size_factor
-    off_bytes = gpu_block * settings.block_size_factor
-    return "\n".join(
-        [
-            f"kvoffload demo: {settings.conversations} conversations x {settings.turns} turns sharing "
-            f"{settings.system_prompts} system prompts, eviction policy {settings.policy}",
-            f"  KV per token: {settings.num_layers} layers x K,V x {settings.num_heads} heads x {settings.head_dim} "
-            f"x fp16 = {_kib(settings.token_bytes)}",
-            f"  GPU KV cache: {settings.gpu_blocks:,} GPU blocks of {settings.gpu_block_size} tokens "
-            f"({_kib(gpu_block)} each) = {gib(settings.gpu_blocks * gpu_block)}",
-            f"  CPU tier:     {settings.cpu_blocks:,} offloaded blocks of {off_tokens} tokens "
-            f"({settings.block_size_factor} GPU blocks, {_kib(off_bytes)} each) = host pool of "
-            f"{gib(settings.cpu_blocks * off_bytes)}",
-        ]
-    )
 
 
 def _json_path(text: str | None) -> Path | None:
@@ -331,7 +152,12 @@ def run_demo(args: argparse.Namespace) -> int:
     """
     from kvoffload.cache.policies.base import get_policy_class  # validates the policy name up front
 
-    overrides: dict[str, Any] = {"policy": args.policy, "backend": args.backend, "seed": args.seed}
+    overrides: dict[str, Any] = {
+        "policy": args.policy,
+        "backend": args.backend,
+        "seed": args.seed,
+        "tiers": tuple(getattr(args, "tier", None) or ()),
+    }
     for flag in ("cpu_blocks", "gpu_blocks", "conversations"):
         if getattr(args, flag) is not None:
             overrides[flag] = getattr(args, flag)
@@ -347,8 +173,11 @@ def run_demo(args: argparse.Namespace) -> int:
     json_path = _json_path(args.json)
     if args.threads is not None or not cuda:
         torch.set_num_threads(args.threads or 1)
+    engine = build_engine(settings)  # opens the tiers: a bad --tier is an error before the run
     print(format_header(settings), flush=True)
-    stats, engine = run_chat(settings, progress=not args.no_progress)
+    if engine.tiered is not None:
+        print(f"  tiers:        {', '.join(t.name for t in engine.tiered.tiers)} (first asked first)", flush=True)
+    stats, engine = run_chat(settings, progress=not args.no_progress, engine=engine)
     summary = summary_dict(settings, stats, engine)
     print(format_summary(summary))
     if json_path is not None:

@@ -10,6 +10,10 @@ every policy and a range of CPU-tier capacities, without moving KV bytes, in one
   (:mod:`kvoffload.sim.cache_replay`), with Belady's optimum and the infinite cache beside them
   (:mod:`kvoffload.sim.optimal`), the runs spread over ``--jobs`` processes. The default for
   workloads of more than :data:`ENGINE_REPLAY_MAX_TOKENS` prompt tokens.
+With ``--tier-capacity`` the cache-level replay also puts a shared tier (Redis with
+``allkeys-lru``, :mod:`kvoffload.sim.shared_tier`) of each given size beneath every host
+capacity, and the report splits the prompt tokens loaded into those found in host memory and those
+promoted from the tier.
 Capacities are reported in bytes of host memory for a stated model shape
 (:class:`ModelShape`; default an 8B-class model) as well as in offloaded blocks. Writes
 ``hit_rate.png``, ``results.csv`` and ``results.json`` into the output directory (default
@@ -27,7 +31,8 @@ from typing import Any
 
 import torch
 
-from kvoffload.app.demo import DemoSettings, drive
+from kvoffload.app.demo import drive
+from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.cache.policies.base import available_policies, get_policy_class
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens
@@ -62,6 +67,7 @@ __all__ = [
     "SimPoint",
     "default_capacities",
     "parse_capacity",
+    "parse_tier_capacity",
     "run_simulate",
     "simulate",
     "working_set_blocks",
@@ -119,25 +125,36 @@ def parse_capacity(text: str) -> tuple[float, str]:
     )
 
 
+def parse_tier_capacity(text: str) -> tuple[float, str]:
+    """One ``--tier-capacity`` item: ``0`` (no tier) or anything :func:`parse_capacity` takes."""
+    if text.strip() == "0":
+        return 0.0, "blocks"
+    try:
+        return parse_capacity(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected 0, a positive integer (offloaded blocks), a size such as 64GiB, or tokens such as 20Mtok, "
+            f"got {text!r}"
+        ) from None
+
+
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("GB", 10**9), ("MB", 10**6))
 _TOKEN_UNITS = (("Mtok", 10**6), ("Ktok", 10**3), ("tok", 1))
 
 
-def _to_blocks(value: float, unit: str, block_bytes: int, block_tokens: int = 1) -> int:
+def _to_blocks(value: float, unit: str, block_bytes: int, block_tokens: int = 1, flag: str = "--capacities") -> int:
     if unit == "blocks":
         return int(value)
     if unit in dict(_TOKEN_UNITS):
         tokens = value * dict(_TOKEN_UNITS)[unit]
         if tokens < block_tokens:
-            raise InvalidArgumentError(
-                f"--capacities {value:g}{unit} holds no offloaded block of {block_tokens} tokens"
-            )
+            raise InvalidArgumentError(f"{flag} {value:g}{unit} holds no offloaded block of {block_tokens} tokens")
         return int(tokens // block_tokens)
     nbytes = value * dict(_UNITS)[unit]
     blocks = int(nbytes // block_bytes)
     if blocks < 1:
         raise InvalidArgumentError(
-            f"--capacities {value:g}{unit} holds no offloaded block of {block_bytes:,} bytes for this model shape"
+            f"{flag} {value:g}{unit} holds no offloaded block of {block_bytes:,} bytes for this model shape"
         )
     return blocks
 
@@ -274,9 +291,14 @@ def run_simulate(args: argparse.Namespace) -> int:
         overrides["conversations"] = args.conversations
     settings = replace(DemoSettings(), **overrides)
     items, source, trace_block = _read_workload(args, settings)
+    tier_items = [t for group in (getattr(args, "tier_capacity", None) or []) for t in group]
+    tiers = sorted({0, *(_to_blocks(v, u, block_bytes, args.block_size, "--tier-capacity") for v, u in tier_items)})
     replay = args.replay
+    if len(tiers) > 1 and replay == "engine":
+        raise InvalidArgumentError("--tier-capacity needs the cache-level replay (--replay cache or auto)")
     if replay == "auto":
-        replay = "engine" if _prompt_tokens(items) <= ENGINE_REPLAY_MAX_TOKENS else "cache"
+        small = _prompt_tokens(items) <= ENGINE_REPLAY_MAX_TOKENS
+        replay = "engine" if small and len(tiers) == 1 else "cache"
     if replay == "engine":
         if items and isinstance(items[0], MooncakeRequest):
             items = _mooncake_to_trace(items, trace_block)
@@ -295,7 +317,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
-    report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes, replay)
+    report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes, replay, tiers)
     print(report.header(), flush=True)
     if replay == "engine":
         torch.set_num_threads(1)  # tiny tensors: more threads only contend
@@ -306,7 +328,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             f"  replay:          cache-level, {jobs} processes; Belady's optimum and the infinite cache beside",
             flush=True,
         )
-        swept = run_cache_sweep(btrace, policies, capacities, jobs, block_bytes)
+        swept = run_cache_sweep(btrace, policies, capacities, jobs, block_bytes, tier_capacities=tiers)
         print(report.finish(swept.points, out, swept))
     return 0
 

@@ -41,7 +41,9 @@ def block_trace_of(items: list[Any], block_tokens: int, trace_block_tokens: int)
 
 
 def to_point(r: ReplayResult, block_tokens: int, block_bytes: int) -> SimPoint:
-    """A cache-level result as a report point (no GPU tier, no preemption: served = prompt tokens)."""
+    """A cache-level result as a report point (no GPU tier, no preemption: served = prompt tokens;
+    ``cpu_*`` the host pool's part, ``tier_*`` the shared tier's, ``hit_rate`` both)."""
+    share = r.prompt_tokens or 1
     return SimPoint(
         policy=r.policy,
         cpu_blocks=r.capacity,
@@ -49,22 +51,29 @@ def to_point(r: ReplayResult, block_tokens: int, block_bytes: int) -> SimPoint:
         cpu_tokens=r.capacity * block_tokens,
         prompt_tokens=r.prompt_tokens,
         served_tokens=r.prompt_tokens,
-        cpu_hit_tokens=r.hit_tokens,
+        cpu_hit_tokens=r.host_hit_tokens,
         gpu_hit_tokens=0,
         computed_prefill_tokens=r.prompt_tokens - r.hit_tokens,
-        cpu_hit_rate=r.hit_rate,
+        cpu_hit_rate=r.host_hit_tokens / share,
         hit_rate=r.hit_rate,
         cpu_evictions=r.evictions,
         distinct_blocks_stored=r.distinct_stored,
         preemptions=0,
         seconds=r.seconds,
+        tier_blocks=r.tier_capacity,
+        tier_gib=r.tier_capacity * block_bytes / 2**30,
+        tier_tokens=r.tier_capacity * block_tokens,
+        tier_hit_tokens=r.tier_hit_tokens,
+        tier_hit_rate=r.tier_hit_tokens / share,
+        tier_evictions=r.tier_evictions,
     )
 
 
 @dataclass
 class CacheSweepPoints:
-    """The sweep as report points: the policies', Belady's per capacity, the infinite cache's
-    (its hit rate holds at every capacity), and the sweep's wall time."""
+    """The sweep as report points: the policies' (one-tier runs first, then per shared-tier
+    capacity), Belady's per capacity, the infinite cache's (its hit rate holds at every capacity),
+    and the sweep's wall time."""
 
     points: list[SimPoint]
     belady: list[SimPoint]
@@ -73,21 +82,35 @@ class CacheSweepPoints:
 
 
 def run_cache_sweep(
-    trace: BlockTrace, policies: list[str], capacities: list[int], jobs: int, block_bytes: int, verbose: bool = True
+    trace: BlockTrace,
+    policies: list[str],
+    capacities: list[int],
+    jobs: int,
+    block_bytes: int,
+    verbose: bool = True,
+    tier_capacities: list[int] | None = None,
 ) -> CacheSweepPoints:
-    """Sweep ``trace`` (:func:`~kvoffload.sim.cache_sweep.sweep_cache`) on ``jobs`` processes."""
+    """Sweep ``trace`` (:func:`~kvoffload.sim.cache_sweep.sweep_cache`) on ``jobs`` processes,
+    for each shared-tier capacity in ``tier_capacities`` (blocks; default ``[0]``: none)."""
     bt = trace.block_tokens
     width = max(len(p) for p in [*policies, "belady"])
 
     def progress(done: int, total: int, r: ReplayResult, elapsed: float, eta: float) -> None:
+        pt = r.prompt_tokens or 1
+        found = (
+            f" + tier {r.tier_capacity * block_bytes / 2**30:.2f} GiB   from host {r.host_hit_tokens / pt:6.1%}"
+            f" + tier {r.tier_hit_tokens / pt:6.1%}"
+            if r.tier_capacity
+            else f"   from CPU tier {r.hit_rate:6.1%}"
+        )
         print(
             f"  [{done:>3}/{total}] {r.policy:<{width}} {r.capacity * block_bytes / 2**30:9.2f} GiB "
-            f"{r.capacity:>10,} blocks   from CPU tier {r.hit_rate:6.1%}   evicted {r.evictions:>10,}   "
+            f"{r.capacity:>10,} blocks{found}   evicted {r.evictions:>10,}   "
             f"({r.seconds:.1f} s; {elapsed:.0f} s elapsed, about {eta:.0f} s to go)",
             flush=True,
         )
 
-    sweep: CacheSweep = sweep_cache(trace, policies, capacities, jobs, progress if verbose else None)
+    sweep: CacheSweep = sweep_cache(trace, policies, capacities, jobs, progress if verbose else None, tier_capacities)
     inf = to_point(sweep.infinite, bt, block_bytes)
     return CacheSweepPoints(
         [to_point(r, bt, block_bytes) for r in sweep.runs],

@@ -2,7 +2,10 @@
 
 Capacities are shown in GiB of host memory for the stated model shape and in offloaded blocks;
 hit rates are shares of the prompt tokens (plus generated tokens prefilled again after a
-preemption, when there were any), counted over each request's completed admission.
+preemption, when there were any), counted over each request's completed admission. With shared-tier
+capacities (cache-level replay), a second table gives, per (host capacity, tier capacity), the
+shares found in host memory and promoted from the tier; the first table, the diagnosis, the
+reference lines and Belady's shares are those of host memory alone.
 """
 
 from __future__ import annotations
@@ -14,21 +17,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.app.demo import DemoSettings, gib
-from kvoffload.sim.sweep import ModelShape, SimPoint
+from kvoffload.app.demo_settings import DemoSettings
+from kvoffload.app.units import gib, size_label
+from kvoffload.sim.sweep import ModelShape, SimPoint, largest_run
 
 if TYPE_CHECKING:
     from kvoffload.app.simulate_cache import CacheSweepPoints
 
-__all__ = ["SweepReport", "plot_hit_rates"]
-
-
-def _size(nbytes: int) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= div:
-            value = nbytes / div
-            return f"{value:g} {unit}" if value == int(value) else f"{value:.2f} {unit}"
-    return f"{nbytes} B"
+__all__ = ["SweepReport"]
 
 
 class SweepReport:
@@ -44,11 +40,13 @@ class SweepReport:
         working_set_blocks: int,
         block_bytes: int,
         replay: str = "engine",
+        tier_capacities: list[int] | None = None,
     ) -> None:
         self.source, self.shape, self.settings, self.replay = source, shape, settings, replay
         self.policies, self.capacities = policies, capacities
         self.ws, self.block_bytes = working_set_blocks, block_bytes
         self.block_tokens = settings.gpu_block_size * settings.block_size_factor
+        self.tiers = [0] if not tier_capacities else tier_capacities
 
     def header(self) -> str:
         s, shape = self.settings, self.shape
@@ -62,12 +60,21 @@ class SweepReport:
         return "\n".join(
             [
                 f"simulating {self.source}",
-                f"  model shape:     {shape.describe()} = {_size(shape.bytes_per_token)} of KV per token",
-                f"  offloaded block: {self.block_tokens} tokens = {_size(self.block_bytes)}{gpu}",
+                f"  model shape:     {shape.describe()} = {size_label(shape.bytes_per_token)} of KV per token",
+                f"  offloaded block: {self.block_tokens} tokens = {size_label(self.block_bytes)}{gpu}",
                 f"  working set:     {self.ws:,} distinct offloaded blocks in the prompts = {gib(self.ws * bb)} "
                 f"(each full {self.block_tokens}-token block of every prompt, counted once by its chained hash)",
                 f"  sweep:           policies {', '.join(self.policies)}; {len(caps)} capacities from {caps[0]:,} to "
                 f"{caps[-1]:,} offloaded blocks ({gib(caps[0] * bb)} to {gib(caps[-1] * bb)})",
+                *(
+                    [
+                        "  shared tier:     none, "
+                        + ", ".join(f"{gib(t * bb)} ({_tokens(t * self.block_tokens)} tokens)" for t in self.tiers if t)
+                        + " beneath each (an LRU model of Redis with allkeys-lru, written through, promoted on hits)"
+                    ]
+                    if len(self.tiers) > 1
+                    else []
+                ),
             ]
         )
 
@@ -88,6 +95,10 @@ class SweepReport:
             "policies": self.policies,
             "capacities_blocks": self.capacities,
             "capacities_gib": [c * self.block_bytes / 2**30 for c in self.capacities],
+            "tier_capacities_blocks": self.tiers,
+            "tier_capacities_gib": [t * self.block_bytes / 2**30 for t in self.tiers],
+            "tier_model": "shared tier beneath host memory: exact LRU over blocks (Redis allkeys-lru, which "
+            "samples); EXISTS probes leave recency alone, GET and SET NX refresh it",
         }
 
     def table(self, points: list[SimPoint], ref: CacheSweepPoints | None = None) -> str:
@@ -114,7 +125,7 @@ class SweepReport:
 
         def row(cap: int, cells: str) -> str:
             t = f"{_tokens(cap * self.block_tokens):>8}  " if tok else ""
-            return f"{_size(cap * self.block_bytes):>12}  {t}{cap:>{bw},}  {cells}"
+            return f"{size_label(cap * self.block_bytes):>12}  {t}{cap:>{bw},}  {cells}"
 
         lines = ["prompt tokens loaded from the CPU tier, % of prompt tokens:", head(cols)]
         for cap in self.capacities:
@@ -132,10 +143,34 @@ class SweepReport:
                 lines.append(row(cap, cells))
         return "\n".join(lines)
 
+    def tier_table(self, points: list[SimPoint]) -> str:
+        """Per (host capacity, tier capacity), per policy: the shares of prompt tokens found in host
+        memory and promoted from the shared tier, and their sum."""
+        by = {(p.policy, p.cpu_blocks, p.tier_blocks): p for p in points}
+        cell = 22
+        lines = [
+            "prompt tokens loaded with a shared tier beneath host memory, % of prompt tokens "
+            "(from host memory + from the tier = both):",
+            f"{'host memory':>12}  {'tokens':>8}  {'tier':>12}  {'tokens':>8}  "
+            + "  ".join(f"{p:>{cell}}" for p in self.policies),
+        ]
+        for cap in self.capacities:
+            for t in self.tiers:
+                cells = []
+                for pol in self.policies:
+                    p = by[(pol, cap, t)]
+                    cells.append(f"{p.cpu_hit_rate:6.1%} + {p.tier_hit_rate:5.1%} = {p.hit_rate:5.1%}".rjust(cell))
+                tsize, ttok = (size_label(t * self.block_bytes), _tokens(t * self.block_tokens)) if t else ("-", "-")
+                lines.append(
+                    f"{size_label(cap * self.block_bytes):>12}  {_tokens(cap * self.block_tokens):>8}  "
+                    f"{tsize:>12}  {ttok:>8}  " + "  ".join(cells)
+                )
+        return "\n".join(lines)
+
     def diagnosis(self, points: list[SimPoint]) -> list[str]:
         """What the sweep says, in sentences that hold for these numbers."""
         bb = self.block_bytes
-        top = _largest_run(points)
+        top = largest_run(points)
         stored = top.distinct_blocks_stored
         room = (
             "and evicted none: the room to keep everything"
@@ -215,7 +250,9 @@ class SweepReport:
         if ref is not None:
             for p, row in zip(everything, rows, strict=True):
                 b = best.get(p.cpu_blocks)
-                row["share_of_belady"] = p.cpu_hit_tokens / b if b else None
+                # Belady's optimum is of host memory alone: no share for runs with a tier
+                row["share_of_belady"] = p.cpu_hit_tokens / b if b and not p.tier_blocks else None
+        all_points, points = points, [p for p in points if not p.tier_blocks]
         csv_path, json_path, png_path = out / "results.csv", out / "results.json", out / "hit_rate.png"
         with csv_path.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -225,7 +262,7 @@ class SweepReport:
         made_by = (
             "(prompts only: the cache-level replay)" if self.replay == "cache" else "(prompts and generated tokens)"
         )
-        n_pts = len(points)
+        n_pts = len(all_points)
         doc: dict[str, Any] = {
             "sweep": self.settings_dict(),
             "working_set": {
@@ -243,12 +280,21 @@ class SweepReport:
             doc["infinite"] = rows[-1]
             doc["sweep_seconds"] = ref.seconds
         json_path.write_text(json.dumps(doc, indent=2) + "\n")
-        plot_hit_rates(points, png_path, self, ref)
+        from kvoffload.app.simulate_plot import plot_hit_rates
+
+        plot_hit_rates(points, png_path, self, ref, [p for p in all_points if p.tier_blocks])
         for path in (csv_path, json_path, png_path):
             os.chmod(path, 0o644)
         extra = [] if ref is None else self.reference_lines(points, ref)
+        tiered = [self.tier_table(all_points)] if len(self.tiers) > 1 else []
         return "\n".join(
-            [self.table(points, ref), *self.diagnosis(points), *extra, f"wrote {png_path}, {csv_path}, {json_path}"]
+            [
+                self.table(points, ref),
+                *tiered,
+                *self.diagnosis(points),
+                *extra,
+                f"wrote {png_path}, {csv_path}, {json_path}",
+            ]
         )
 
 
@@ -261,85 +307,3 @@ def _tokens(n: int) -> str:
         if n >= div:
             return f"{n / div:.3g}{unit}"
     return str(n)
-
-
-def _largest_run(points: list[SimPoint]) -> SimPoint:
-    """The run with the most CPU blocks (of those, the one that stored the most distinct blocks)."""
-    return max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
-
-
-def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
-    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes' height)."""
-    ax.axvline(x, color="grey", linestyle=linestyle, linewidth=1)
-    ax.annotate(
-        label,
-        (x, y),
-        xycoords=("data", "axes fraction"),
-        xytext=(4, 0),
-        textcoords="offset points",
-        fontsize=8,
-        color="dimgrey",
-    )
-
-
-def plot_hit_rates(
-    points: list[SimPoint], path: Path, report: SweepReport, ref: CacheSweepPoints | None = None
-) -> Path:
-    """Share of prompt tokens loaded from the CPU tier vs host memory (GiB), one line per policy;
-    offloaded blocks on the top axis, the prompts' working set as a dashed line; with ``ref``,
-    Belady's optimum and the infinite cache beside the policies. The x axis is logarithmic when
-    the capacities span two decades or more."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gib_per_block = report.block_bytes / 2**30
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for policy in report.policies:
-        pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
-        ax.plot(
-            [p.cpu_blocks * gib_per_block for p in pts], [100 * p.cpu_hit_rate for p in pts], marker="o", label=policy
-        )
-    if ref is not None:
-        bel = sorted(ref.belady, key=lambda p: p.cpu_blocks)
-        ax.plot(
-            [p.cpu_blocks * gib_per_block for p in bel],
-            [100 * p.cpu_hit_rate for p in bel],
-            color="black",
-            linestyle="--",
-            marker="x",
-            label="Belady (offline optimum)",
-        )
-        ax.axhline(100 * ref.infinite.cpu_hit_rate, color="black", linestyle=":", label="infinite cache")
-    log_x = report.capacities[-1] >= 100 * report.capacities[0]
-    if log_x:
-        ax.set_xscale("log")
-    ws_gib = report.ws * gib_per_block
-    _mark(ax, ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB")
-    top_run = _largest_run(points)
-    if top_run.cpu_evictions == 0 and top_run.distinct_blocks_stored > report.ws:
-        all_gib = top_run.distinct_blocks_stored * gib_per_block
-        n_all = top_run.distinct_blocks_stored
-        _mark(ax, all_gib, ":", 0.6, f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:.2f} GiB")
-    ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
-    ax.set_ylabel("% of prompt tokens loaded from the CPU tier")
-
-    def to_blocks(gib: Any) -> Any:
-        return gib / gib_per_block
-
-    def to_gib(blocks: Any) -> Any:
-        return blocks * gib_per_block
-
-    top = ax.secondary_xaxis("top", functions=(to_blocks, to_gib))
-    top.set_xlabel(f"offloaded blocks of {report.block_tokens} tokens ({_size(report.block_bytes)} each)")
-    fig.suptitle(f"How much host memory? {report.source}", fontsize=11)
-    if not log_x:
-        ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend(title="eviction policy", loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

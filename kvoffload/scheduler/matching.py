@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.core.base import OffloadKey, ReqContext
-from kvoffload.core.lookup_result import lookup_code
+from kvoffload.core.lookup_result import LOOKUP_PENDING, lookup_code
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.lookup import LookupCodes
 from kvoffload.scheduler.state import RequestOffloadState
@@ -54,6 +54,7 @@ def find_loadable_tokens(
     max_end_tokens: int,
     fetch: Callable[[Sequence[OffloadKey]], np.ndarray],
     batched: bool = True,
+    pending: list[OffloadKey] | None = None,
 ) -> int | None:
     """The end (in tokens) of the longest loadable range, or None to defer.
 
@@ -66,6 +67,8 @@ def find_loadable_tokens(
         fetch: batch lookup returning ``np.int8`` codes.
         batched: False: fetch one key at a time (a manager without ``lookup_batch`` is asked
             exactly what the key-by-key pure functions would ask).
+        pending: when given and the answer is None, the keys that answered ``LOOKUP_PENDING``
+            are appended to it (what the deferred request waits on).
 
     Returns:
         An end ``e`` aligned to every group's offloaded block size with ``e <= max_end_tokens``;
@@ -97,11 +100,13 @@ def find_loadable_tokens(
                 else:
                     hits = lc.prefix(start_block, end_block)
                     if hits is None:
+                        _note_pending(codes, pending)
                         return None
                     end = (start_block + hits) * obs
             else:
                 e = lc.window(end_block, gcfg.sliding_window_size_in_blocks)
                 if e is None:
+                    _note_pending(codes, pending)
                     return None
                 end = e * obs
             if end < candidate:
@@ -110,6 +115,13 @@ def find_loadable_tokens(
             if candidate <= num_computed_tokens:
                 return candidate
     return candidate
+
+
+def _note_pending(codes: dict[int, LookupCodes], pending: list[OffloadKey] | None) -> None:
+    """Append the keys fetched as ``LOOKUP_PENDING`` to ``pending`` (when given)."""
+    if pending is not None:
+        for lc in codes.values():
+            pending.extend(lc.keys[i] for i in np.flatnonzero(lc.codes == LOOKUP_PENDING).tolist())
 
 
 def load_ranges(config: OffloadingSchedulerConfig, n_comp: int, end: int) -> tuple[tuple[int, int], ...]:

@@ -20,19 +20,9 @@ An engine drives it like this (one engine step)::
     sched.request_finished(req) when a request ends or is aborted (its GPU blocks may be freed
     at once; a request the scheduler never saw, or one finished already, is a no-op)
 
-Avoiding the load convoy (vLLM issue #44294). vLLM defers a request whenever any of its hit
-blocks is being loaded by another request; with many requests sharing a prefix whose blocks are
-already live in the GPU cache, every one of them waits for an unrelated load, one after the
-other. Here:
-
-* only the keys this request would actually load are compared with the keys being loaded --
-  blocks already in the GPU cache (``num_computed_tokens``) never defer anyone, so requests
-  that share a GPU-resident prefix are admitted at once;
-* a deferred request registers nothing: only a built load job marks keys as being loaded, so
-  waiters never block one another and there is no chain of waiters;
-* a load releases all its waiters in the step its job completes (the engine caches the loaded
-  blocks in its GPU prefix cache, so each waiter then sees them as computed and loads only its
-  own remainder, all of those loads in parallel).
+Deferral. A request is deferred when a key it would load is still being stored, or is being
+loaded by another request, and only then: blocks already in the GPU cache never defer anyone,
+and a deferred request registers nothing (docs/contract.md §6, "Deferral and the load convoy").
 
 Stores. When an offloaded block of a request fills up (computed tokens, within the hashed tokens
 and within ``max_offload_tokens``), :meth:`build_step` calls ``prepare_store`` for all the
@@ -64,10 +54,11 @@ from typing import Any
 from kvoffload.core.base import OffloadingEvent
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
-from kvoffload.scheduler.completion import JobCompletion
+from kvoffload.scheduler.completion import JobCompletion, unmark_loading
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
+from kvoffload.scheduler.deferral import DeferredLookups, manager_hook, request_signature
 from kvoffload.scheduler.flush import FlushTracker
-from kvoffload.scheduler.jobs import JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
+from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
 from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
 from kvoffload.scheduler.validation import (
@@ -84,7 +75,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["OffloadingScheduler"]
 
 
-class OffloadingScheduler(JobCompletion):
+class OffloadingScheduler:
     """Scheduler side of KV offloading for one engine (see the module docstring).
 
     Args:
@@ -110,6 +101,12 @@ class OffloadingScheduler(JobCompletion):
         self._pending_loads: list[TransferJob] = []
         self._loading_keys: dict[bytes, int] = {}
         self._flush = FlushTracker(config.pool_of_group)
+        self._end_step = manager_hook(manager, "end_step")
+        take_resolved = manager_hook(manager, "take_resolved")
+        self._deferred = DeferredLookups(take_resolved) if take_resolved is not None else None
+        self._completion = JobCompletion(
+            config.num_workers, manager, self._jobs, self._loading_keys, self._flush, self._states, self._deferred
+        )
 
     # ------------------------------------------------------------------ state
     def _state(self, request: Any) -> RequestOffloadState:
@@ -167,6 +164,12 @@ class OffloadingScheduler(JobCompletion):
         if st.load_job_id is not None:
             return None, False  # its own load is still in flight
         st.offer = None
+        deferred = self._deferred
+        if deferred is not None:  # a repeat of a deferred lookup: look up again only if a key it waits on changed
+            sig = request_signature(request, n_comp, num_tokens)
+            if deferred.still_deferred(st.req_id, sig):
+                return None, False
+            deferred.forget(st.req_id)
         st.sync_keys()
         hbs = self.config.effective_hash_block_size
         max_end = min(num_tokens - 1 if self.config.has_sliding_window else num_tokens, len(request.block_hashes) * hbs)
@@ -174,8 +177,13 @@ class OffloadingScheduler(JobCompletion):
         end = n_comp
         if max_end - n_comp >= self._min_load_tokens:
             fetch, batched = make_fetch(self.manager, st.req_context)
-            found = find_loadable_tokens(self.config, [gs.keys for gs in st.groups], n_comp, max_end, fetch, batched)
+            waits: list[Any] | None = [] if deferred is not None else None
+            found = find_loadable_tokens(
+                self.config, [gs.keys for gs in st.groups], n_comp, max_end, fetch, batched, pending=waits
+            )
             if found is None:
+                if deferred is not None:
+                    deferred.defer(st.req_id, sig, waits or ())
                 return None, False
             if found - n_comp >= self._min_load_tokens:
                 end = found
@@ -185,6 +193,8 @@ class OffloadingScheduler(JobCompletion):
                 f = gcfg.block_size_factor
                 for key in gs.keys[first // f : last // f]:
                     if key in self._loading_keys:
+                        if deferred is not None:
+                            deferred.defer(st.req_id, sig, [key])
                         return None, False
         touch_request(self.config, st, end, self.manager)
         if end <= n_comp:
@@ -259,6 +269,10 @@ class OffloadingScheduler(JobCompletion):
         Returns:
             flush job ids (wait for them before writing any GPU block this step), the load jobs
             built since the last call, and the store jobs of the blocks that fill up this step.
+
+        Last, it calls the manager's ``end_step()`` when it has one (or a manager down its
+        ``backing`` chain has): a :class:`~kvoffload.cache.tiered.TieredManager` sends the step's
+        tier probes, promotions and writes there, once per step.
         """
         num_groups = len(self._groups)
         preempted = check_preempted(preempted_req_ids, self._states)
@@ -302,6 +316,10 @@ class OffloadingScheduler(JobCompletion):
         for _, st, tokens, _ in run_checked:
             if tokens >= st.next_store_tokens:
                 self._maybe_store(st, tokens, stores)
+        if self._deferred is not None:
+            self._deferred.poll()
+        if self._end_step is not None:
+            self._end_step()
         return out
 
     def _maybe_store(self, st: RequestOffloadState, tokens: int, out: list[TransferJob]) -> None:
@@ -329,7 +347,9 @@ class OffloadingScheduler(JobCompletion):
         rec = self._jobs.pop(jid)
         st.in_flight.discard(jid)
         st.load_job_id = None
-        self._unmark_loading(rec.job.keys)
+        unmark_loading(self._loading_keys, rec.job.keys)
+        if self._deferred is not None:
+            self._deferred.resolve(rec.job.keys)
         self.manager.complete_load(rec.job.keys, rec.req_context)
 
     def free_blocks(self, request: Any, block_ids_per_group: Sequence[Sequence[int]]) -> None:
@@ -361,6 +381,11 @@ class OffloadingScheduler(JobCompletion):
         freed = st.free_positions(positions)
         self._flush.add_users([self._jobs[jid].job for jid in st.in_flight], freed)
 
+    def complete_jobs(self, results: Iterable[Any]) -> list[FinishedJob]:
+        """Count worker reports; return the jobs every worker has now reported, completed with the
+        manager (:meth:`~kvoffload.scheduler.completion.JobCompletion.complete` says how)."""
+        return self._completion.complete(results, self._pending_loads)
+
     # ------------------------------------------------------------------ lifecycle
     def request_finished(self, request: Any, block_ids: Sequence[Sequence[int]] | None = None) -> None:
         """Forget a finished (or aborted) request; its GPU blocks may be freed at once.
@@ -375,6 +400,8 @@ class OffloadingScheduler(JobCompletion):
         str ``request_id``) or its id str, else :class:`~kvoffload.errors.InvalidTypeError`.
         """
         rid = check_finished(request)
+        if self._deferred is not None:
+            self._deferred.forget(rid)
         st = self._states.pop(rid, None)
         if st is None:
             logger.debug("request_finished: %r is not tracked (never scheduled, or already finished)", rid)
@@ -395,4 +422,6 @@ class OffloadingScheduler(JobCompletion):
         if reset is None:
             return False
         reset()
+        if self._deferred is not None:
+            self._deferred.clear()
         return True

@@ -13,11 +13,31 @@ the calls the kvoffload scheduler makes for it on a
    policy evicts to make room, possibly blocks this request just loaded; None when the evictable
    blocks do not give enough room: then nothing of the request is stored), ``complete_store``.
 
-The CPU-tier hit of a request in tokens is ``min(hit_blocks * B, prompt_tokens - 1)``: the engine
-always computes the prompt's last token. This is exactly what the engine replay does with one
-request at a time, no GPU prefix cache, a step budget that prefills a whole prompt at once and no
-generated tokens (see ``tests/sim/test_cache_replay_agrees.py``); with the GPU prefix cache,
-concurrency and generated blocks the engine's numbers differ by design.
+The hit of a request in tokens is ``min(hit_blocks * B, prompt_tokens - 1)``: the engine always
+computes the prompt's last token. This is exactly what the engine replay does with one request at
+a time, no GPU prefix cache, a step budget that prefills a whole prompt at once and no generated
+tokens (see ``tests/sim/test_cache_replay.py``); with the GPU prefix cache, concurrency and
+generated blocks the engine's numbers differ by design.
+
+**A shared tier beneath host memory** (``tier_capacity`` blocks > 0: Redis with ``allkeys-lru``,
+modelled by :class:`~kvoffload.sim.shared_tier.LRUTierModel`) is wired as kvoffload's tiered
+manager wires a tier below the host pool (docs/contract.md §8):
+
+* after step 1, the blocks from the first host miss on that the host pool misses are looked up in
+  the tier (``EXISTS``, no recency change); the tier hits before the first block missing from both
+  are promoted: one ``prepare_store`` of those blocks, naming the request's host hits too so that
+  they are not evicted (the host policy evicts others; all or nothing: when it returns None the
+  promotion is refused and the request hits only its host run), ``complete_store``, and a ``GET``
+  of each promoted block in the tier (recency refreshed); then ``lookup_batch`` again, whose
+  leading run (host hits and promoted blocks) is the request's hit, loaded as in step 3;
+* every block a step-4 store made ready (``keys_to_store``) is written through to the tier
+  (``SET NX``: a block already there is left alone but becomes most recent); promoted blocks are
+  not written back.
+
+The hit is split by where each block was at lookup: ``tier_hit_tokens`` are the tokens of the
+promoted blocks (the prompt's last token, never loaded, is taken from the tier's share when the
+tier supplied the last hit block), the rest came from the host pool. With ``tier_capacity=0`` the
+tier holds nothing and the replay is the one-tier replay, call for call.
 """
 
 from __future__ import annotations
@@ -31,41 +51,60 @@ from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import OffloadKey, ReqContext
 from kvoffload.core.lookup_result import LOOKUP_HIT
 from kvoffload.sim.block_trace import BlockTrace
+from kvoffload.sim.shared_tier import LRUTierModel
 
 __all__ = ["ReplayResult", "replay_cache"]
 
 
 @dataclass
 class ReplayResult:
-    """Totals of one (policy, capacity) cache-level replay.
+    """Totals of one (policy, capacity, tier capacity) cache-level replay.
 
     Attributes:
-        policy / capacity: the policy name and the capacity in offloaded blocks.
+        policy / capacity: the host pool's policy name and capacity in offloaded blocks.
+        tier_capacity: the shared tier's capacity in offloaded blocks (0: no tier).
         prompt_tokens: all requests' prompt tokens.
-        hit_blocks: prompt blocks found (leading runs), summed over requests.
-        hit_tokens: prompt tokens loaded from the CPU tier (``min(hit * B, prompt - 1)`` each).
-        stored_blocks: blocks stored (``keys_to_store``), evictions: blocks evicted.
+        hit_blocks: prompt blocks found (leading runs, host pool and tier), summed over requests.
+        hit_tokens: prompt tokens loaded (``min(hit * B, prompt - 1)`` each), from either tier.
+        tier_hit_blocks / tier_hit_tokens: the part of those promoted from the shared tier.
+        stored_blocks: blocks stored into the host pool by requests (``keys_to_store``, promotions
+            not counted); evictions: blocks evicted from the host pool (by stores and promotions).
         failed_stores: requests whose ``prepare_store`` returned None.
-        distinct_stored: distinct blocks stored at least once.
-        per_request: hit blocks of every request (``int64[R]``).
+        refused_promotions: requests whose tier hits the host pool had no room for.
+        tier_evictions: blocks the shared tier evicted.
+        distinct_stored: distinct blocks stored (by requests) at least once.
+        per_request: hit blocks of every request (``int64[R]``); tier_per_request: of those, the
+            blocks promoted from the tier.
         seconds: wall time of the replay.
     """
 
     policy: str
     capacity: int
+    tier_capacity: int = 0
     prompt_tokens: int = 0
     hit_blocks: int = 0
     hit_tokens: int = 0
+    tier_hit_blocks: int = 0
+    tier_hit_tokens: int = 0
     stored_blocks: int = 0
     evictions: int = 0
     failed_stores: int = 0
+    refused_promotions: int = 0
+    tier_evictions: int = 0
     distinct_stored: int = 0
     per_request: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    tier_per_request: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     seconds: float = 0.0
 
     @property
     def hit_rate(self) -> float:
+        """Share of prompt tokens loaded, from the host pool or the tier."""
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def host_hit_tokens(self) -> int:
+        """Prompt tokens loaded from blocks found in the host pool."""
+        return self.hit_tokens - self.tier_hit_tokens
 
 
 def hit_tokens_of(hits: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int) -> int:
@@ -74,22 +113,30 @@ def hit_tokens_of(hits: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int
 
 
 def replay_cache(
-    trace: BlockTrace, policy: str, capacity: int, key_lists: list[list[OffloadKey]] | None = None
+    trace: BlockTrace,
+    policy: str,
+    capacity: int,
+    key_lists: list[list[OffloadKey]] | None = None,
+    tier_capacity: int = 0,
 ) -> ReplayResult:
-    """Replay ``trace`` through a fresh ``CPUOffloadingManager(capacity, policy)`` (module docstring).
+    """Replay ``trace`` through a fresh ``CPUOffloadingManager(capacity, policy)`` with a shared
+    tier of ``tier_capacity`` blocks beneath it (module docstring).
 
     ``key_lists`` (``trace.key_lists()``) may be passed to share one copy between runs.
     """
     t0 = time.perf_counter()
+    tier = LRUTierModel(tier_capacity)
     lists = trace.key_lists() if key_lists is None else key_lists
     m = CPUOffloadingManager(capacity, policy)
     ctx = ReqContext("replay")
     lookup_batch, touch, prepare_load, complete_load = m.lookup_batch, m.touch, m.prepare_load, m.complete_load
     prepare_store, complete_store = m.prepare_store, m.complete_store
     hits = np.zeros(len(lists), dtype=np.int64)
+    tier_hits = np.zeros(len(lists), dtype=np.int64)
+    last_from_tier = np.zeros(len(lists), dtype=bool)
     ever_stored = np.zeros(trace.num_blocks, dtype=bool)
     ids, starts = trace.ids, trace.starts
-    stored = evicted = failed = 0
+    stored = evicted = failed = refused = 0
     for r, keys in enumerate(lists):
         n = len(keys)
         if n == 0:
@@ -97,6 +144,16 @@ def replay_cache(
         codes = lookup_batch(keys, ctx)
         miss = np.flatnonzero(codes != LOOKUP_HIT)
         hit = int(miss[0]) if len(miss) else n
+        promoted: list[int] = []
+        if hit < n and len(tier):
+            promoted, evicted_by_promotion = _promote(m, tier, keys, codes, ids, int(starts[r]), hit, ctx)
+            if evicted_by_promotion is None:
+                refused += 1
+            elif promoted:
+                evicted += evicted_by_promotion
+                codes = lookup_batch(keys, ctx)
+                miss = np.flatnonzero(codes != LOOKUP_HIT)
+                hit = int(miss[0]) if len(miss) else n
         touch(keys, ctx)
         if hit:
             prepare_load(keys[:hit], ctx)
@@ -109,21 +166,73 @@ def replay_cache(
                 complete_store(out.keys_to_store, ctx)
                 # keys_to_store are the offered keys that were absent, in order
                 s = int(starts[r]) + hit
-                ever_stored[ids[s : s + n - hit][codes[hit:] != LOOKUP_HIT]] = True
+                new_ids = ids[s : s + n - hit][codes[hit:] != LOOKUP_HIT]
+                ever_stored[new_ids] = True
+                tier.write(new_ids.tolist())  # write-through: SET NX
             stored += len(out.keys_to_store)
             evicted += len(out.evicted_keys)
         hits[r] = hit
+        if promoted:
+            tier_hits[r] = sum(1 for i in promoted if i < hit)
+            last_from_tier[r] = hit - 1 in promoted
     m.shutdown()
+    bt = trace.block_tokens
+    excess = np.maximum(hits * bt - (trace.prompt_tokens - 1), 0)  # the last token, never loaded
     return ReplayResult(
         policy=policy,
         capacity=capacity,
+        tier_capacity=tier_capacity,
         prompt_tokens=trace.total_prompt_tokens,
         hit_blocks=int(hits.sum()),
-        hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, trace.block_tokens),
+        hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, bt),
+        tier_hit_blocks=int(tier_hits.sum()),
+        tier_hit_tokens=int((tier_hits * bt - excess * last_from_tier).sum()),
         stored_blocks=stored,
         evictions=evicted,
         failed_stores=failed,
+        refused_promotions=refused,
+        tier_evictions=tier.evictions,
         distinct_stored=int(ever_stored.sum()),
         per_request=hits,
+        tier_per_request=tier_hits,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _promote(
+    m: CPUOffloadingManager,
+    tier: LRUTierModel,
+    keys: list[OffloadKey],
+    codes: np.ndarray,
+    ids: np.ndarray,
+    start: int,
+    first: int,
+    ctx: ReqContext,
+) -> tuple[list[int], int | None]:
+    """Promote the tier hits of one request into the host pool (module docstring).
+
+    ``first`` is the request's first host miss. Returns the promoted positions and the host
+    evictions the promotion made, or ``([], None)`` when the host pool had no room (refused).
+    """
+    host_hit = (codes == LOOKUP_HIT).tolist()
+    n = len(keys)
+    positions: list[int] = []
+    i = first
+    while i < n:
+        if not host_hit[i]:
+            if not tier.contains(int(ids[start + i])):  # EXISTS: recency left alone
+                break
+            positions.append(i)
+        i += 1
+    if not positions:
+        return [], 0
+    tier_keys = list(dict.fromkeys(keys[p] for p in positions))
+    named = set(tier_keys)
+    protect = list(dict.fromkeys(k for k, h in zip(keys, host_hit, strict=True) if h and k not in named))
+    out = m.prepare_store([*tier_keys, *protect], ctx)
+    if out is None:
+        return [], None
+    if out.keys_to_store:
+        m.complete_store(out.keys_to_store, ctx)
+    tier.read(int(ids[start + p]) for p in positions)  # GET: most recent
+    return positions, len(out.evicted_keys)

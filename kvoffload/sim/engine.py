@@ -25,12 +25,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from kvoffload.cache.tiered import TieredManager
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
+from kvoffload.scheduler.jobs import ScheduledRequest
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from kvoffload.sim.blocks import GPUBlockCache
 from kvoffload.sim.config import EngineConfig, max_request_tokens
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Engine"]
 
 
-class Engine(TransferHandling):
+class Engine:
     """A paged-KV engine with a CPU offloading tier (see the module docstring).
 
     Args:
@@ -56,6 +58,11 @@ class Engine(TransferHandling):
         worker: the transfer worker (default ``TransferWorker`` over this engine's KV tensors,
             ``num_cpu_blocks`` slots, backend ``worker_backend or config.worker_backend``).
         worker_backend: kernel backend name for the default worker.
+        tiers: secondary tiers beneath the host pool, as specs (``redis://host:6379``,
+            ``disk:/path?max_bytes=N``; see :func:`kvoffload.tiers.open_tier`), first asked first.
+            The manager is then wrapped in a :class:`~kvoffload.cache.tiered.TieredManager` over
+            tiers built on the worker's host pool records (the worker needs a ``host_pool``).
+        tier_options: keyword options for every tier (``integrity_key``, ``io_threads``...).
 
     Attributes:
         stats: cumulative :class:`EngineStats`.
@@ -63,6 +70,7 @@ class Engine(TransferHandling):
         flush_log: ``(step, job_id)`` per flushed job (``record_transfers=True``).
         stored_keys: every key that became ready in the CPU tier (``track_stored_keys=True``,
             from the manager's events; else None).
+        tiered: the :class:`~kvoffload.cache.tiered.TieredManager` when ``tiers`` were given, else None.
         scheduler / manager / worker / kv: the parts, for inspection.
     """
 
@@ -73,6 +81,8 @@ class Engine(TransferHandling):
         worker: Any = None,
         *,
         worker_backend: str | None = None,
+        tiers: Sequence[str] = (),
+        tier_options: dict[str, Any] | None = None,
     ) -> None:
         cfg = config if config is not None else EngineConfig()
         if not isinstance(cfg, EngineConfig):
@@ -102,7 +112,12 @@ class Engine(TransferHandling):
             raise InvalidArgumentError(
                 f"the manager has {nb} CPU blocks but the host pool only num_cpu_blocks={cfg.num_cpu_blocks}"
             )
-        self.manager = manager
+        if isinstance(tiers, str):
+            raise InvalidTypeError("tiers must be a list of tier specs, not a single str")
+        if tiers:
+            from kvoffload.sim.tiers import check_tier_specs
+
+            check_tier_specs(tiers)
         if worker is None:
             from kvoffload.kernels.layout import KVCacheTable
             from kvoffload.transfer.worker import TransferWorker
@@ -114,6 +129,16 @@ class Engine(TransferHandling):
                 [g.block_size_factor for g in cfg.groups],
                 backend=worker_backend or cfg.worker_backend,
             )
+        self.tiered: TieredManager | None = None
+        if tiers:
+            from kvoffload.sim.tiers import open_engine_tiers
+
+            pool = getattr(worker, "host_pool", None)
+            if pool is None:
+                raise InvalidArgumentError("tiers need a worker with a host_pool (its records are what tiers move)")
+            self.tiered = TieredManager(manager, open_engine_tiers(list(tiers), pool.records(), cfg, tier_options))
+            manager = self.tiered
+        self.manager = manager
         self.worker = DelayedWorker(worker, cfg.transfer_latency_steps) if cfg.transfer_latency_steps else worker
         self.scheduler = OffloadingScheduler(self.sched_config, manager)
         self.gpu = GPUBlockCache(cfg.groups, cfg.num_gpu_blocks, self.hash_block_size, cfg.enable_gpu_prefix_cache)
@@ -124,10 +149,11 @@ class Engine(TransferHandling):
         self.loading: dict[str, Seq] = {}
         self.requests: dict[str, SimRequest] = {}
         self._seqs: dict[str, Seq] = {}
-        self._jobs: dict[int, TransferJob] = {}
-        self._load_seq: dict[int, Seq] = {}
         self.stats = EngineStats()
         self.transfer_log: list[TransferRecord] = []
+        self._transfers = TransferHandling(
+            cfg, self.scheduler, self.kv, self.gpu, self.stats, self.loading, self.ready, self.transfer_log, self.tiered
+        )
         self.flush_log: list[tuple[int, int]] = []
         self.stored_keys: set[bytes] | None = set() if cfg.track_stored_keys else None
         self._step = 0
@@ -211,7 +237,7 @@ class Engine(TransferHandling):
         st = StepStats(self._step)
         if isinstance(self.worker, DelayedWorker):
             self.worker.tick()
-        self._handle_results(self.worker.get_finished(), st)
+        self._transfers.handle_results(self.worker.get_finished(), st)
         new, running, preempted = self._schedule(st)
         out = self.scheduler.build_step(new, running, preempted)
         if out.flush_job_ids:
@@ -221,10 +247,10 @@ class Engine(TransferHandling):
             if self.config.record_transfers:
                 self.flush_log.extend((self._step, j) for j in out.flush_job_ids)
         for job in out.load_jobs:
-            self._submit(job, st)
+            self._transfers.submit(self.worker, job, st, self._step)
         self._compute(new + running)
         for job in out.store_jobs:
-            self._submit(job, st)
+            self._transfers.submit(self.worker, job, st, self._step)
         self._finish_step(new + running, st)
         for ev in self.scheduler.take_events():
             if ev.removed:
@@ -238,6 +264,11 @@ class Engine(TransferHandling):
         self.stats.steps += 1
         self.stats.wall_seconds += st.seconds
         busy = st.num_scheduled_tokens or self.scheduler.num_in_flight_jobs or st.completed_jobs
+        if not busy and self.tiered is not None and self.tiered.busy:
+            # only tier work (promotions the waiting requests need, writes) is in flight: give the
+            # tier's threads the CPU for a moment instead of spinning (not counted as step time)
+            busy = True
+            time.sleep(0.0005)
         self._idle_steps = 0 if busy else self._idle_steps + 1
         return st
 
@@ -258,6 +289,10 @@ class Engine(TransferHandling):
         return self.stats
 
     def shutdown(self) -> None:
+        """Finish the tiers' jobs and close them (they use the host pool), then stop the worker and
+        the manager."""
+        if self.tiered is not None:
+            self.tiered.close()
         self.worker.shutdown()
         shutdown = getattr(self.manager, "shutdown", None)
         if shutdown is not None:
@@ -332,7 +367,7 @@ class Engine(TransferHandling):
                 continue
             self.gpu.take_hit(req, hit, seq.tables)
             if hit and self.config.verify_gpu_hits:
-                self._verify_gpu_hit(seq, hit)
+                self._transfers.verify_gpu_hit(seq, hit)
             n = ext if ext else min(req.num_tokens - hit, budget)
             if not self.gpu.grow(seq.tables, hit + n):
                 self.gpu.free(seq.tables)

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
 
 from kvoffload.errors import InvalidArgumentError
+from kvoffload.kernels.layout import LayoutSpec
 
 __all__ = ["GroupKVSpec", "SimKVCache"]
 
@@ -116,8 +118,9 @@ class SimKVCache:
         return np.ascontiguousarray(rows).reshape(-1)
 
     @property
-    def layouts(self) -> list[str]:
-        return [s.layout for s in self.specs]
+    def layouts(self) -> list[LayoutSpec]:
+        """Per group, its layout name (checked against the known layouts at construction)."""
+        return [cast(LayoutSpec, s.layout) for s in self.specs]
 
     def _values_np(self, group: int, token_keys: np.ndarray) -> np.ndarray:
         a, b = self._consts[group]

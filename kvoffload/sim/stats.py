@@ -59,7 +59,10 @@ class EngineStats:
     ``EngineConfig.track_stored_keys``). ``verified_blocks`` counts GPU blocks checked after a
     load (per group block, every layer), ``verified_gpu_hit_blocks`` GPU prefix-cache blocks
     checked at admission (with ``verify_gpu_hits``), ``verification_failures`` the checked
-    blocks whose bytes differed from the computed KV.
+    blocks whose bytes differed from the computed KV. With secondary tiers,
+    ``tier_blocks_loaded`` counts the offloaded blocks loaded CPU -> GPU whose host-pool bytes
+    came from a tier (promoted, not since rewritten by a GPU store); they are verified with the
+    rest of their load job.
     """
 
     steps: int = 0
@@ -97,6 +100,7 @@ class EngineStats:
     verified_blocks: int = 0
     verified_gpu_hit_blocks: int = 0
     verification_failures: int = 0
+    tier_blocks_loaded: int = 0
     wall_seconds: float = 0.0
 
     @property

@@ -15,6 +15,7 @@ __all__ = [
     "ModelShape",
     "SimPoint",
     "default_capacities",
+    "largest_run",
     "log_capacities",
     "working_set_blocks",
 ]
@@ -54,6 +55,11 @@ class SimPoint:
     ``served_tokens`` = prompt tokens (+ generated tokens prefilled again after a preemption)
     = ``gpu_hit_tokens + cpu_hit_tokens + computed_prefill_tokens``; ``cpu_hit_rate`` and
     ``hit_rate`` are shares of ``served_tokens``.
+
+    With a shared tier beneath host memory (cache-level replay, ``tier_blocks > 0``):
+    ``cpu_hit_tokens`` are the tokens found in host memory, ``tier_hit_tokens`` those promoted
+    from the tier, and ``hit_rate`` is their sum's share; ``computed_prefill_tokens`` the rest.
+    One-tier runs have ``tier_blocks == 0`` and no tier figures.
     """
 
     policy: str
@@ -71,6 +77,12 @@ class SimPoint:
     distinct_blocks_stored: int
     preemptions: int
     seconds: float
+    tier_blocks: int = 0
+    tier_gib: float = 0.0
+    tier_tokens: int = 0
+    tier_hit_tokens: int = 0
+    tier_hit_rate: float = 0.0
+    tier_evictions: int = 0
 
 
 def working_set_blocks(items: list[Any], hash_block_size: int = HASH_BLOCK_TOKENS, block_size_factor: int = 1) -> int:
@@ -106,3 +118,8 @@ def log_capacities(working_set_offloaded_blocks: int, points: int = 9) -> list[i
     w = max(working_set_offloaded_blocks, 512)
     lo, hi = w / 256, 2.0 * w
     return sorted({max(1, round(lo * (hi / lo) ** (i / (points - 1)))) for i in range(points)})
+
+
+def largest_run(points: list[SimPoint]) -> SimPoint:
+    """The run with the most CPU blocks (of those, the one that stored the most distinct blocks)."""
+    return max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))

@@ -1,7 +1,7 @@
 """Transfer handling of the reference engine: submit jobs, complete them, verify loaded blocks.
 
-A mixin of :class:`~kvoffload.sim.engine.Engine` (it uses the engine's ``worker``,
-``scheduler``, ``kv``, ``groups``, ``stats``, ``config`` and request bookkeeping).
+:class:`TransferHandling` is a part that :class:`~kvoffload.sim.engine.Engine` holds: it owns
+the in-flight job book and is handed the engine's parts and request bookkeeping it updates.
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from kvoffload.scheduler.jobs import FinishedJob, TransferJob
-from kvoffload.sim.blocks import NULL_BLOCK
+from kvoffload.scheduler.scheduler import OffloadingScheduler
+from kvoffload.sim.blocks import NULL_BLOCK, GPUBlockCache
+from kvoffload.sim.config import EngineConfig
+from kvoffload.sim.kvcache import SimKVCache
 from kvoffload.sim.seq import FINISHED, READY, Seq
-from kvoffload.sim.stats import StepStats, TransferRecord
+from kvoffload.sim.stats import EngineStats, StepStats, TransferRecord
 
 logger = logging.getLogger("kvoffload.sim.engine")
 
@@ -21,23 +24,50 @@ __all__ = ["TransferHandling"]
 
 
 class TransferHandling:
-    """Job submission, completion and load verification (mixed into the engine)."""
+    """Job submission, completion and load verification for the reference engine.
 
-    config: Any
-    worker: Any
-    scheduler: Any
-    kv: Any
-    gpu: Any
-    groups: Any
-    stats: Any
-    loading: dict[str, Seq]
-    ready: list[Seq]
-    transfer_log: list[TransferRecord]
-    _jobs: dict[int, TransferJob]
-    _load_seq: dict[int, Seq]
-    _step: int
+    Args:
+        config: the engine's configuration (``groups``, ``record_transfers``, ``verify_loads``).
+        scheduler: the engine's scheduler (``complete_jobs``).
+        kv: the engine's KV tensors (loaded blocks are checked on them).
+        gpu: the engine's GPU block cache (loaded blocks are cached in it).
+        stats: the engine's cumulative stats, updated in place.
+        loading: the engine's loading requests, request id -> Seq; a finished load removes its own.
+        ready: the engine's loaded requests; a finished load appends its Seq.
+        transfer_log: a :class:`TransferRecord` is appended per submitted job (``record_transfers``).
+        tiered: the engine's tiered manager (loads of blocks it promoted from a tier are counted in
+            ``stats.tier_blocks_loaded``), or None without tiers.
 
-    def _submit(self, job: TransferJob, st: StepStats) -> None:
+    It owns the jobs in flight (job id -> job) and, per load job, the Seq it loads into.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        scheduler: OffloadingScheduler,
+        kv: SimKVCache,
+        gpu: GPUBlockCache,
+        stats: EngineStats,
+        loading: dict[str, Seq],
+        ready: list[Seq],
+        transfer_log: list[TransferRecord],
+        tiered: Any = None,
+    ) -> None:
+        self.config = config
+        self.scheduler = scheduler
+        self.kv = kv
+        self.gpu = gpu
+        self.groups = config.groups
+        self.stats = stats
+        self.loading = loading
+        self.ready = ready
+        self.transfer_log = transfer_log
+        self.tiered = tiered
+        self._jobs: dict[int, TransferJob] = {}
+        self._load_seq: dict[int, Seq] = {}
+
+    def submit(self, worker: Any, job: TransferJob, st: StepStats, step: int) -> None:
+        """Hand ``job`` to ``worker`` (recorded in ``st`` as step ``step``); a refused job fails at once."""
         self._jobs[job.job_id] = job
         if job.is_store:
             st.store_jobs.append(job.job_id)
@@ -47,12 +77,14 @@ class TransferHandling:
             self.stats.load_jobs += 1
             self._load_seq[job.job_id] = self.loading[job.req_id]
         if self.config.record_transfers:
-            self.transfer_log.append(TransferRecord.from_job(self._step, job))
-        if not self.worker.transfer_async(job.job_id, job.spec):
+            self.transfer_log.append(TransferRecord.from_job(step, job))
+        if not worker.transfer_async(job.job_id, job.spec):
             logger.warning("worker refused job %d", job.job_id)
-            self._handle_results([(job.job_id, False)], st)
+            self.handle_results([(job.job_id, False)], st)
 
-    def _handle_results(self, results: Iterable[Any], st: StepStats) -> None:
+    def handle_results(self, results: Iterable[Any], st: StepStats) -> None:
+        """Count the workers' results, complete the finished jobs in the scheduler; a finished
+        load is verified (``verify_loads``) and cached, and its request becomes ready."""
         results = list(results)
         if not results:
             return
@@ -93,6 +125,9 @@ class TransferHandling:
                     self._verify(seq, g, lo, hi)
                 self.gpu.cache_blocks(req, seq.tables, g, lo, hi)
             self.stats.blocks_loaded += len(fj.keys)
+            if self.tiered is not None:
+                promoted = self.tiered.promoted
+                self.stats.tier_blocks_loaded += sum(k in promoted for k in fj.keys)
             self.stats.loaded_tokens += seq.ext
             seq.num_computed = min(seq.hit + seq.ext, req.num_tokens - 1)
             seq.loaded = seq.num_computed - seq.hit
@@ -102,7 +137,8 @@ class TransferHandling:
         seq.status = READY
         self.ready.append(seq)
 
-    def _verify_gpu_hit(self, seq: Seq, hit: int) -> None:
+    def verify_gpu_hit(self, seq: Seq, hit: int) -> None:
+        """Check the GPU prefix-cache blocks ``seq`` was given cover its first ``hit`` tokens' KV."""
         for g, gc in enumerate(self.groups):
             table = seq.tables[g]
             lo = next((i for i, b in enumerate(table) if b != NULL_BLOCK), len(table))

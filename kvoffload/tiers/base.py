@@ -8,7 +8,9 @@ and returns without waiting on the store; the bytes move on the tier's own threa
   answer :data:`TIER_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
   queued keys as **one** probe batch (one pipelined round trip) to the tier's lookup thread.
 * :meth:`Tier.submit_store` / :meth:`Tier.submit_load` start jobs that copy records to / from the
-  store; :meth:`Tier.get_finished` reports them with per-key success.
+  store; :meth:`Tier.get_finished` reports them with per-key success. The lookup thread hands
+  their batches to the I/O threads (the engine thread wakes one thread, and starts none); it
+  runs under ``SCHED_BATCH`` where the OS has it (:mod:`kvoffload.tiers.threads`).
 * a store that cannot be reached puts the tier in back-off: lookups miss, stores are dropped
   (counted), loads fail; after the back-off the next operation reconnects.
 
@@ -23,7 +25,7 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Literal
@@ -37,11 +39,16 @@ from kvoffload.tiers.health import Health, TierUnavailable
 from kvoffload.tiers.jobs import Job
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import RecordCodec
-from kvoffload.tiers.types import TIER_HIT, TIER_MISS, TIER_RETRY, TierJobResult, TierStats
+from kvoffload.tiers.threads import as_background_thread
+from kvoffload.tiers.types import TierJobResult, TierStats
+from kvoffload.tiers.verdicts import Verdicts
 
 __all__ = ["Tier", "STORED", "PRESENT", "FAILED"]
 
 logger = logging.getLogger(__name__)
+
+#: Store/load batches for the pool: the task function and its argument tuples.
+_Tasks = tuple[Callable[..., None], list[tuple[object, ...]]]
 
 #: Per-key outcomes a backend's :meth:`Tier._store_batch` returns.
 FAILED = 0
@@ -95,7 +102,6 @@ class Tier(ABC):
         self.codec = RecordCodec(self.fingerprint, self.record_bytes, integrity_key)
         self._batch_keys = batch_keys
         self._max_pending_write = max_pending_write_bytes
-        self._ttl = lookup_ttl_steps
         self._health = Health(name, backoff_initial, backoff_max)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -106,12 +112,10 @@ class Tier(ABC):
         self._probes_in_flight = 0
         self._logged: set[str] = set()
         self._closed = False
-        # engine-thread lookup state
-        self._step = 0
-        self._verdicts: dict[bytes, tuple[int, int]] = {}  # key -> (code, step resolved)
-        self._queued: dict[bytes, None] = {}
-        self._in_flight: set[bytes] = set()
-        self._probe_q: queue.SimpleQueue[list[bytes] | None] = queue.SimpleQueue()
+        self._verdicts = Verdicts(lookup_ttl_steps)  # engine-thread lookup state
+        # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
+        # thread wakes one thread per step at most, and never starts a pool thread)
+        self._probe_q: queue.SimpleQueue[list[bytes] | _Tasks | None] = queue.SimpleQueue()
         self._probe_done: queue.SimpleQueue[tuple[list[bytes], list[bool] | None]] = queue.SimpleQueue()
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
@@ -128,34 +132,23 @@ class Tier(ABC):
         """
         keys = check_keys(keys, "keys")
         self._apply_probe_results()
-        out = np.empty(len(keys), dtype=np.int8)
-        down = self._health.is_down()
-        for i, key in enumerate(keys):
-            v = self._verdicts.get(key)
-            if v is not None and self._step - v[1] < self._ttl:
-                out[i] = v[0]
-            elif key in self._in_flight or key in self._queued:
-                out[i] = TIER_RETRY
-            elif down:
-                out[i] = TIER_MISS
-            else:
-                self._queued[key] = None
-                out[i] = TIER_RETRY
-        return out
+        return self._verdicts.answer(keys, self._health.is_down())
 
     def end_step(self) -> None:
         """Send this step's queued lookups as one probe batch; call once per engine step."""
         self._apply_probe_results()
-        if self._queued:
-            batch = list(self._queued)
-            self._queued.clear()
-            self._in_flight.update(batch)
+        batch = self._verdicts.take_batch()
+        if batch:
             with self._lock:
                 self._probes_in_flight += 1
             self._probe_q.put(batch)
-        self._step += 1
-        if self._step % 64 == 0:
-            self._verdicts = {k: v for k, v in self._verdicts.items() if self._step - v[1] < self._ttl}
+
+    def take_answered(self) -> list[bytes]:
+        """The keys whose probe has returned since the last call (their verdicts are applied first),
+        so a caller can tell when a ``TIER_RETRY`` may have changed. Keys are recorded from the
+        first call on."""
+        self._apply_probe_results()
+        return self._verdicts.take_answered()
 
     def submit_store(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the records in ``slots`` to the tier under ``keys`` (parallel), asynchronously.
@@ -181,8 +174,7 @@ class Tier(ABC):
                 return
             self._pending_write_bytes += nbytes
             job = self._jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
-        for start, stop in job.batches():
-            self._pool.submit(self._run_store, job, start, stop, slots[start:stop])
+        self._dispatch(self._run_store, job, slots)
 
     def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the values of ``keys`` into the records in ``slots``, asynchronously.
@@ -196,18 +188,14 @@ class Tier(ABC):
             return
         with self._lock:
             job = self._jobs[job_id] = Job(job_id, "load", keys, len(keys), self._batch_keys)
-        for start, stop in job.batches():
-            self._pool.submit(self._run_load, job, start, stop, slots[start:stop])
+        self._dispatch(self._run_load, job, slots)
 
     def get_finished(self) -> list[TierJobResult]:
         """The jobs finished since the last call (also updates lookup verdicts from them)."""
         with self._lock:
             done, self._finished = self._finished, []
         for res in done:
-            code = TIER_HIT if res.kind == "store" else TIER_MISS
-            for key, ok in zip(res.keys, res.ok, strict=True):
-                if ok == (res.kind == "store"):
-                    self._verdicts[key] = (code, self._step)
+            self._verdicts.finished(res)
         return done
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -304,8 +292,18 @@ class Tier(ABC):
                 raise InvalidArgumentError(f"job_id {job_id} is already in flight on tier {self.name}")
         return job_id, keys, slot_arr
 
+    def _dispatch(self, run: Callable[[Job, int, int, np.ndarray], None], job: Job, slots: np.ndarray) -> None:
+        """Hand ``job``'s batches to the lookup thread, which submits them to the pool."""
+        self._probe_q.put((run, [(job, a, b, slots[a:b]) for a, b in job.batches()]))
+
     def _lookup_loop(self) -> None:
+        as_background_thread()
         while (batch := self._probe_q.get()) is not None:
+            if isinstance(batch, tuple):
+                run, tasks = batch
+                for args in tasks:
+                    self._pool.submit(run, *args)
+                continue
             found: list[bool] | None = None
             if not self._health.is_down():
                 try:
@@ -325,15 +323,9 @@ class Tier(ABC):
                 self._idle.notify_all()
 
     def _apply_probe_results(self) -> None:
-        while True:
-            try:
-                batch, found = self._probe_done.get_nowait()
-            except queue.Empty:
-                return
-            for i, key in enumerate(batch):
-                self._in_flight.discard(key)
-                hit = found is not None and found[i]
-                self._verdicts[key] = (TIER_HIT if hit else TIER_MISS, self._step)
+        done = self._probe_done
+        while not done.empty():  # the engine thread is the only consumer
+            self._verdicts.probed(*done.get_nowait())
 
     def _run_store(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
         keys = job.keys[start:stop]

@@ -1,4 +1,19 @@
-"""File I/O of the disk tier: the O_DIRECT probe, aligned bounce buffers, whole-value reads and writes."""
+"""File I/O of the disk tier: the O_DIRECT probe, the two file layouts, whole-value reads and writes.
+
+A value file holds one value (header + payload, :mod:`kvoffload.tiers.record`) in one of two
+layouts, told apart by the file's size (they never coincide: a header is under 4 KiB):
+
+* **packed** (buffered I/O): the header, then the payload; ``header + record`` bytes.
+* **paged** (O_DIRECT): the header zero-padded to one :data:`ALIGN` page, then the payload
+  zero-padded to a whole page; ``ALIGN + round_up(record)`` bytes. The payload starts on a
+  page, so with page-aligned host records (the host pool's are) it moves straight between the
+  record and the disk with one ``pwritev`` / ``preadv``, no bounce copy.
+
+Both are written with vectored I/O from the header and the record itself; only O_DIRECT with a
+record that is not page aligned (address or length) goes through the thread's aligned bounce
+buffer. A reader accepts either layout whatever its own mode, and checks the padding is zero,
+so every byte of a file is checked.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +33,7 @@ __all__ = [
     "file_bytes",
     "probe_o_direct",
     "BounceBuffers",
+    "is_page_aligned",
     "write_value",
     "read_value",
     "temp_name",
@@ -36,9 +52,9 @@ def _round_up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def file_bytes(value_bytes: int, o_direct: bool) -> int:
-    """Size of the file holding a value of ``value_bytes`` (O_DIRECT files are padded to :data:`ALIGN`)."""
-    return _round_up(value_bytes) if o_direct else value_bytes
+def file_bytes(header_bytes: int, record_bytes: int, o_direct: bool) -> int:
+    """Size of a value file: the paged layout when written with O_DIRECT, else the packed one."""
+    return ALIGN + _round_up(record_bytes) if o_direct else header_bytes + record_bytes
 
 
 def probe_o_direct(directory: str) -> bool:
@@ -91,10 +107,11 @@ def is_stale_temp(name: str, mtime: float) -> bool:
 
 
 class BounceBuffers:
-    """One page-aligned buffer per thread, large enough for the biggest value (O_DIRECT needs alignment)."""
+    """One page-aligned buffer per thread: a header page, then room for a page-rounded record."""
 
-    def __init__(self, max_value_bytes: int) -> None:
-        self.size = _round_up(max_value_bytes)
+    def __init__(self, record_bytes: int) -> None:
+        self.record_bytes = record_bytes
+        self.size = ALIGN + _round_up(record_bytes)
         self._local = threading.local()
 
     def get(self) -> np.ndarray:
@@ -106,26 +123,71 @@ class BounceBuffers:
         return arr
 
 
-def write_value(final: str, header: bytes, payload: np.ndarray, buf: np.ndarray, o_direct: bool) -> None:
-    """Write ``header + payload`` to ``final`` atomically: a temp file in its directory, then rename.
+def is_page_aligned(records: np.ndarray) -> bool:
+    """Whether every row of ``records`` starts on a page and is whole pages long (O_DIRECT in place)."""
+    return records.shape[1] % ALIGN == 0 and records.ctypes.data % ALIGN == 0
 
-    With ``o_direct`` the file is the value zero-padded to a multiple of :data:`ALIGN` (readers
-    take the value's length from what they expect: :func:`file_bytes`).
-    A failure removes the temporary file and raises the ``OSError``.
+
+def _advance(views: list[memoryview], n: int) -> list[memoryview]:
+    """``views`` without their first ``n`` bytes."""
+    i = 0
+    while i < len(views) and n >= len(views[i]):
+        n -= len(views[i])
+        i += 1
+    rest = views[i:]
+    if rest and n:
+        rest[0] = rest[0][n:]
+    return rest
+
+
+def _write_all(fd: int, views: list[memoryview]) -> None:
+    off = 0
+    while views:
+        n = os.pwritev(fd, views, off)
+        off += n
+        views = _advance(views, n)
+
+
+def _read_all(fd: int, views: list[memoryview], want: int) -> None:
+    """Fill ``views`` from offset 0 until ``want`` bytes are read; ValueRejected if the file ends first."""
+    got = 0
+    while got < want:
+        n = os.preadv(fd, views, got)
+        if n == 0:
+            raise ValueRejected("truncated")
+        got += n
+        views = _advance(views, n)
+
+
+def write_value(
+    final: str, header: bytes, payload: np.ndarray, bufs: BounceBuffers, o_direct: bool, in_place: bool
+) -> None:
+    """Write the value ``header + payload`` to ``final`` atomically: a temp file, then rename.
+
+    ``o_direct`` writes the paged layout with O_DIRECT (``in_place``: ``payload`` is page aligned
+    and written from where it is), else the packed layout with buffered I/O. A failure removes the
+    temporary file and raises the ``OSError``.
     """
-    n = len(header) + payload.size
-    buf[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-    buf[len(header) : n] = payload
+    hb = len(header)
+    if o_direct:
+        buf = bufs.get()
+        buf[:hb] = np.frombuffer(header, dtype=np.uint8)
+        buf[hb:ALIGN] = 0
+        if in_place:
+            views = [buf.data[:ALIGN], payload.data]
+        else:
+            end = ALIGN + payload.size
+            buf[ALIGN:end] = payload
+            buf[end:] = 0
+            views = [buf.data]
+    else:
+        views = [memoryview(header), payload.data]
     tmp = os.path.join(os.path.dirname(final), temp_name())
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | (_O_DIRECT if o_direct else 0)
     fd = os.open(tmp, flags, 0o644)
     try:
         try:
-            length = _round_up(n) if o_direct else n
-            view = buf.data[:length]
-            done = 0
-            while done < length:
-                done += os.write(fd, view[done:])
+            _write_all(fd, views)
         finally:
             os.close(fd)
         os.replace(tmp, final)
@@ -137,24 +199,40 @@ def write_value(final: str, header: bytes, payload: np.ndarray, buf: np.ndarray,
         raise
 
 
-def read_value(path: str, buf: np.ndarray, o_direct: bool) -> memoryview:
-    """The whole file at ``path`` read into ``buf`` (a view of its first ``size`` bytes).
+def read_value(
+    path: str, header_bytes: int, row: np.ndarray, bufs: BounceBuffers, o_direct: bool, in_place: bool
+) -> tuple[memoryview, memoryview | None]:
+    """Read the value file at ``path`` (either layout): its header, and its payload unless in ``row``.
 
-    Raises :class:`ValueRejected` for a file longer than ``buf`` (no valid value is).
+    The payload is read straight into ``row`` (the destination record; then ``None`` is returned
+    for it) when the layout and mode allow, else into this thread's bounce buffer, returned for
+    the caller to copy after checking. Nothing is checked but the layout. Raises
+    :class:`ValueRejected` for a file of neither layout's size, that ends early, or whose padding
+    is not zero; ``OSError`` as it comes.
     """
+    rb = row.size
+    buf = bufs.get()
     fd = os.open(path, os.O_RDONLY | (_O_DIRECT if o_direct else 0))
     try:
         size = os.fstat(fd).st_size
-        if size > buf.size:
-            raise ValueRejected("length")
-        length = _round_up(size) if o_direct else size
-        view = buf.data[:length]
-        done = 0
-        while done < size:
-            got = os.readv(fd, [view[done:]])
-            if got == 0:
-                break
-            done += got
-        return buf.data[: min(done, size)]
+        if size == ALIGN + _round_up(rb):  # paged
+            end = ALIGN + rb
+            if o_direct and not in_place:
+                views, payload = [buf.data[:size]], buf.data[ALIGN:end]
+            else:
+                views, payload = [buf.data[:ALIGN], row.data], None
+                if size > end:
+                    views.append(buf.data[end:size])
+            _read_all(fd, views, size)
+            if buf[header_bytes:ALIGN].any() or buf[end:size].any():
+                raise ValueRejected("padding")
+            return buf.data[:header_bytes], payload
+        if size == header_bytes + rb:  # packed
+            if o_direct:  # aligned reads only: the whole file into the bounce buffer
+                _read_all(fd, [buf.data[: _round_up(size)]], size)
+                return buf.data[:header_bytes], buf.data[header_bytes:size]
+            _read_all(fd, [buf.data[:header_bytes], row.data], size)
+            return buf.data[:header_bytes], None
+        raise ValueRejected("truncated" if size < header_bytes + rb else "length")
     finally:
         os.close(fd)

@@ -2,7 +2,10 @@
 
 Files live in ``<path>/kvoffload-<fingerprint hex>/<id[:2]>/<id>.kv`` where ``id`` is the hex
 BLAKE2b-128 of the key (the key itself is in the value's header and checked on every load). A
-file is the value (header + record), zero-padded to 4 KiB when written with O_DIRECT.
+file is the value (header + record): packed with buffered I/O; with O_DIRECT the header and the
+record each start on a 4 KiB page, so page-aligned host records (the host pool's) are written
+and read in place with no copy (:mod:`kvoffload.tiers.disk_io`). A load checks the header and
+the XXH3/MAC digest of the bytes it read into the slot before reporting it ok.
 Values are written under a temporary name in the same directory and renamed, so no reader ever
 sees a partial value; temporary files left by a crash are removed at start. The index of files
 (size, recency) is rebuilt from a directory scan at start, so a restart keeps the cache; files
@@ -21,12 +24,19 @@ import numpy as np
 
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.tiers.args import MAX_KEY_BYTES, check_records
+from kvoffload.tiers.args import check_records
 from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.disk_index import VALUE_SUFFIX, DiskIndex
-from kvoffload.tiers.disk_io import BounceBuffers, file_bytes, probe_o_direct, read_value, write_value
+from kvoffload.tiers.disk_io import (
+    BounceBuffers,
+    file_bytes,
+    is_page_aligned,
+    probe_o_direct,
+    read_value,
+    write_value,
+)
 from kvoffload.tiers.namespace import TierNamespace
-from kvoffload.tiers.record import FIXED_HEADER_BYTES, ValueRejected
+from kvoffload.tiers.record import ValueRejected
 
 __all__ = ["DiskTier"]
 
@@ -92,12 +102,25 @@ class DiskTier(Tier):
         self.temp_files_removed = self.index.scan(self.root)
         tier_options.setdefault("name", f"disk:{base}")
         super().__init__(recs, namespace, **tier_options)
-        self._bufs = BounceBuffers(FIXED_HEADER_BYTES + MAX_KEY_BYTES + self.record_bytes)
+        self._bufs = BounceBuffers(self.record_bytes)
+        self._in_place = is_page_aligned(self.records)
         self._subdirs: set[str] = set()
+        self._make_subdirs()
+
+    def _make_subdirs(self) -> None:
+        """Create the 256 ``<id[:2]>`` subdirectories now, off the store path (best effort: a
+        directory that cannot be created here is tried again by the store that needs it)."""
+        for i in range(256):
+            sub = os.path.join(self.root, f"{i:02x}")
+            try:
+                os.makedirs(sub, exist_ok=True)
+            except OSError:
+                return
+            self._subdirs.add(sub)
 
     def file_bytes(self, key: bytes) -> int:
         """Bytes on disk of ``key``'s value file (what ``max_bytes`` counts)."""
-        return file_bytes(self.codec.value_bytes(key), self.o_direct)
+        return file_bytes(self.codec.header_bytes(key), self.record_bytes, self.o_direct)
 
     def value_path(self, key: bytes) -> str:
         """The file that holds ``key``'s value."""
@@ -122,7 +145,6 @@ class DiskTier(Tier):
         return out
 
     def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
-        buf = self._bufs.get()
         out = []
         for key, slot in zip(keys, slots, strict=True):
             fid, path = _file_id(key), self.value_path(key)
@@ -130,19 +152,22 @@ class DiskTier(Tier):
                 self.index.touch(fid)
                 out.append(PRESENT)
                 continue
-            size = file_bytes(self.codec.value_bytes(key), self.o_direct)
+            size = self.file_bytes(key)
             if self.max_bytes is not None and size > self.max_bytes:
                 self._count_error("store", OSError(errno.EFBIG, f"a value of {size} bytes exceeds max_bytes"))
                 out.append(FAILED)
                 continue
             payload = self.records[slot]
+            sub = os.path.dirname(path)
             try:
-                sub = os.path.dirname(path)
                 if sub not in self._subdirs:
                     os.makedirs(sub, exist_ok=True)
                     self._subdirs.add(sub)
-                write_value(path, self.codec.header(key, payload), payload, buf, self.o_direct)
+                header = self.codec.header(key, payload)
+                write_value(path, header, payload, self._bufs, self.o_direct, self._in_place)
             except OSError as exc:
+                if exc.errno == errno.ENOENT:  # the subdirectory was removed: re-create it next time
+                    self._subdirs.discard(sub)
                 self._count_error("store", exc)
                 out.append(FAILED)
                 continue
@@ -165,16 +190,15 @@ class DiskTier(Tier):
             self._stats.evictions += len(victims)
 
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
-        buf = self._bufs.get()
         ok = [False] * len(keys)
         for i, (key, slot) in enumerate(zip(keys, slots, strict=True)):
             fid, path = _file_id(key), self.value_path(key)
+            row = self.records[slot]
             try:
-                value = read_value(path, buf, self.o_direct)
-                want = self.codec.value_bytes(key)
-                if len(value) == file_bytes(want, True) and len(value) != want:
-                    value = value[:want]  # an O_DIRECT file: the value, then zero padding
-                payload = self.codec.check(key, value)
+                header, payload = read_value(
+                    path, self.codec.header_bytes(key), row, self._bufs, self.o_direct, self._in_place
+                )
+                self.codec.check_parts(key, header, row.data if payload is None else payload)
             except FileNotFoundError:
                 self.index.remove(fid)
                 continue
@@ -190,7 +214,8 @@ class DiskTier(Tier):
             except OSError as exc:
                 self._count_error("load", exc)
                 continue
-            self.records[slot] = np.frombuffer(payload, dtype=np.uint8)
+            if payload is not None:  # read into the bounce buffer: copied once checked
+                row[:] = np.frombuffer(payload, dtype=np.uint8)
             self.index.touch(fid)
             ok[i] = True
         return ok

@@ -19,7 +19,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 __all__ = ["RECORD_FORMAT_VERSION", "TierNamespace"]
 
 #: Version of kvoffload's host-record byte format; part of the fingerprint and the value header.
-RECORD_FORMAT_VERSION = 1
+RECORD_FORMAT_VERSION = 2
 
 _FINGERPRINT_BYTES = 16
 

@@ -9,13 +9,18 @@ Header (little-endian, ``FIXED_HEADER_BYTES`` + ``len(key)`` bytes)::
     key_len      H    length of the key that follows the fixed part
     reserved     H    0
     payload_len  Q    record bytes after the header
-    digest       32s  CRC-32 (4 bytes, zero padded) or HMAC-SHA256 over everything else
+    digest       32s  XXH3-128 (16 bytes, zero padded) or HMAC-SHA256 over everything else
     key          key_len bytes
 
 The digest covers the header fields (digest zeroed), the key and the payload, so a value copied
 under another key, truncated, extended or altered is rejected. A reader with an integrity key
 accepts only MAC'd values whose MAC verifies; a reader without one rejects MAC'd values
 (it cannot check them) but does not delete them (see :attr:`ValueRejected.delete`).
+
+XXH3-128 (the ``xxhash`` package) detects corruption and truncation like a CRC with a far
+smaller miss rate, at memory speed (over 10 GB/s on one core where zlib's CRC-32 gives ~1.5),
+so checking a multi-MiB record costs little next to moving it; it is not a MAC (against a
+writer who forges values, use ``integrity_key``).
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-import zlib
 from typing import TYPE_CHECKING
 
 import numpy as np
+import xxhash
 
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
@@ -50,7 +55,8 @@ class ValueRejected(Exception):
 
     Attributes:
         reason: short name of the check that failed (``"magic"``, ``"version"``, ``"fingerprint"``,
-            ``"key"``, ``"length"``, ``"checksum"``, ``"mac"``, ``"mac-unverifiable"``, ``"truncated"``).
+            ``"key"``, ``"length"``, ``"checksum"``, ``"mac"``, ``"mac-unverifiable"``, ``"truncated"``,
+            ``"padding"`` for a disk file whose alignment padding is not zero).
         delete: whether the value is wrong for everyone (deleted) rather than unreadable by this
             reader's configuration only.
     """
@@ -96,8 +102,10 @@ class RecordCodec:
             mac.update(key)
             mac.update(payload)
             return mac.digest()
-        crc = zlib.crc32(payload, zlib.crc32(key, zlib.crc32(fixed_zeroed)))
-        return crc.to_bytes(4, "little") + bytes(28)
+        h = xxhash.xxh3_128(fixed_zeroed)
+        h.update(key)
+        h.update(payload)
+        return h.digest() + bytes(16)
 
     def header(self, key: bytes, payload: np.ndarray) -> bytes:
         """The header for ``payload`` (``record_bytes`` long) stored under ``key``."""
@@ -117,6 +125,23 @@ class RecordCodec:
         mv = memoryview(value).cast("B")
         if len(mv) < FIXED_HEADER_BYTES:
             raise ValueRejected("truncated")
+        start = FIXED_HEADER_BYTES + _FIXED.unpack_from(mv)[4]
+        if len(mv) < start:
+            raise ValueRejected("truncated")
+        payload = mv[start:]
+        self.check_parts(key, mv[:start], payload)
+        return payload
+
+    def check_parts(self, key: bytes, header: Buffer, payload: Buffer) -> None:
+        """Check a value held as two buffers, ``header`` (exactly the header) and ``payload``.
+
+        The same checks as :meth:`check`, for readers that put the payload straight into its
+        destination; raises :class:`ValueRejected`.
+        """
+        mv = memoryview(header).cast("B")
+        body = memoryview(payload).cast("B")
+        if len(mv) < FIXED_HEADER_BYTES:
+            raise ValueRejected("truncated")
         magic, version, flags, fp, key_len, _res, payload_len, digest = _FIXED.unpack_from(mv)
         if magic != MAGIC:
             raise ValueRejected("magic")
@@ -124,20 +149,17 @@ class RecordCodec:
             raise ValueRejected("version")
         if fp != self.fingerprint:
             raise ValueRejected("fingerprint")
-        if bytes(mv[FIXED_HEADER_BYTES : FIXED_HEADER_BYTES + key_len]) != key:
+        if len(mv) != FIXED_HEADER_BYTES + key_len or bytes(mv[FIXED_HEADER_BYTES:]) != key:
             raise ValueRejected("key")
-        start = FIXED_HEADER_BYTES + key_len
         if payload_len != self.record_bytes:
             raise ValueRejected("length")
-        if len(mv) != start + payload_len:
-            raise ValueRejected("truncated" if len(mv) < start + payload_len else "length")
+        if len(body) != payload_len:
+            raise ValueRejected("truncated" if len(body) < payload_len else "length")
         if flags & _FLAG_MAC and self._mac_key is None:
             raise ValueRejected("mac-unverifiable", delete=False)
         if not flags & _FLAG_MAC and self._mac_key is not None:
             raise ValueRejected("mac")
         fixed_zeroed = bytes(mv[:_DIGEST_OFFSET]) + _ZERO_DIGEST
-        payload = mv[start:]
-        want = self._digest(fixed_zeroed, key, payload)
+        want = self._digest(fixed_zeroed, key, body)
         if not hmac.compare_digest(want, digest):
             raise ValueRejected("mac" if self._mac_key is not None else "checksum")
-        return payload

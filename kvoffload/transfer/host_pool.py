@@ -280,6 +280,12 @@ class HostPool:
             raise InvalidArgumentError(f"slot must be < num_slots={self.num_slots}, got {s}")
         return s
 
+    def records(self) -> Any:
+        """The pool as a writable ``np.uint8`` array ``(num_slots, slot_bytes)``: row ``s`` is slot
+        ``s`` (a view of :attr:`buffer`, no copy). This is what a secondary tier reads and writes
+        (``kvoffload.tiers``); it must not be used after :meth:`shutdown`."""
+        return self.buffer.numpy().reshape(self.num_slots, self.slot_bytes)
+
     def slot_offset(self, slot: int) -> int:
         """Byte offset of ``slot`` in :attr:`buffer` (``slot * slot_bytes``)."""
         return self._check_slot(slot) * self.slot_bytes

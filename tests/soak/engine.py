@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from typing import Any
+from typing import Any, NoReturn
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.kernels.layout import KVCacheTable
@@ -43,14 +43,16 @@ from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerCo
 from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from kvoffload.transfer.worker import TransferWorker
+from tests.soak.blocks import GPUBlocks
 from tests.soak.checked_manager import CheckedManager
-from tests.soak.checks import EngineChecks
+from tests.soak.checks import EngineChecks, block_tokens
 from tests.soak.faulty import FaultyWorker
-from tests.soak.kv import BLOCK, ROOT, GPUCaches, chain_hash
-from tests.soak.model import GROUPS, NULL, Seq, SoakConfig, SoakRequest
+from tests.soak.kv import BLOCK, GPUCaches, chain_hash
+from tests.soak.model import GROUPS, NULL, Seq, SoakConfig, SoakFailure
+from tests.soak.requests import RequestSource
 
 
-class SoakEngine(EngineChecks):
+class SoakEngine:
     """One seeded soak run (see the module docstring); :meth:`run` returns the counts."""
 
     def __init__(self, seed: int, cfg: SoakConfig | None = None) -> None:
@@ -83,76 +85,50 @@ class SoakEngine(EngineChecks):
             w.on_garbage_gpu = self._garbage_gpu
             self.workers.append(w)
         self.sched = OffloadingScheduler(self.sched_cfg, self.manager)
-        # per pool, a stack: freed blocks are reused first
-        self.free: list[list[int]] = [list(range(cfg.num_gpu_blocks - 1, 0, -1)) for _ in range(num_pools)]
-        self.parent: dict[bytes, tuple[bytes, tuple[int, ...]]] = {}
-        self.prefixes = [[self.rng.randrange(50) for _ in range(self.rng.randint(16, 48))] for _ in range(3)]
+        self.blocks = GPUBlocks(self.pool_of, cfg.num_gpu_blocks)
+        self.source = RequestSource(self.rng)
         self.seqs: dict[str, Seq] = {}
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.ready: list[Seq] = []
         self.jobs: dict[int, TransferJob] = {}
         self.all_ids: list[str] = []
-        self._next_id = 0
         self.arrivals = True
+        self.checks = EngineChecks(
+            self.gpu,
+            self.manager,
+            self.workers,
+            self.sched,
+            self.pool_of,
+            self.source.parent,
+            self.jobs,
+            self.blocks.free,
+            self.all_ids,
+            cfg.num_gpu_blocks,
+            self._count,
+            self._fail,
+        )
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def _fail(self, msg: str) -> NoReturn:
+        raise SoakFailure(f"step {self.step_no}: {msg}")
 
     # ------------------------------------------------------------------ helpers
-    def _extend_hashes(self, req: SoakRequest) -> None:
-        while (len(req.block_hashes) + 1) * BLOCK <= len(req.tokens):
-            j = len(req.block_hashes)
-            prev = ROOT if j == 0 else req.block_hashes[-1]
-            toks = tuple(req.tokens[j * BLOCK : (j + 1) * BLOCK])
-            h = chain_hash(prev, toks)
-            self.parent[h] = (prev, toks)
-            req.block_hashes.append(h)
-
     def _garbage_gpu(self, rank: int, spec: Any) -> None:
         for g, pool in enumerate(self.pool_of):
             self.gpu.garbage(rank, pool, spec.group_block_ids(g).tolist())
 
-    def _alloc(self, g: int, n: int) -> list[int]:
-        free = self.free[self.pool_of[g]]
-        return [free.pop() for _ in range(n)]
-
-    def _fits(self, need: list[int]) -> bool:
-        """Whether group g can get ``need[g]`` more blocks, for every group."""
-        per_pool = [0] * len(self.free)
-        for g, n in enumerate(need):
-            per_pool[self.pool_of[g]] += n
-        return all(n <= len(f) for n, f in zip(per_pool, self.free, strict=True))
-
-    def _release(self, seq: Seq) -> None:
-        for g, t in enumerate(seq.tables):
-            self.free[self.pool_of[g]].extend(b for b in t if b != NULL)
-        seq.tables = [[] for _ in GROUPS]
-
     def _live(self) -> list[Seq]:
         return [s for s in self.seqs.values() if s.status != "done"]
 
-    def _tables_for(self, tokens: int, computed: int) -> list[list[int]] | None:
-        """Block tables covering ``tokens`` tokens of a request with ``computed`` tokens on the GPU:
-        sliding-window blocks wholly before the window are the null block."""
-        nb = -(-tokens // BLOCK)
-        nulls = []
-        for _f, w in GROUPS:
-            nulls.append(0 if w is None else max(0, min(nb, (computed - w + 1) // BLOCK)))
-        if not self._fits([nb - n for n in nulls]):
-            return None
-        return [[NULL] * n + self._alloc(g, nb - n) for g, n in enumerate(nulls)]
-
     # ------------------------------------------------------------------ requests
     def _arrive(self) -> None:
-        rng = self.rng
-        toks = list(rng.choice(self.prefixes)) if rng.random() < 0.8 else []
-        toks += [rng.randrange(50) for _ in range(rng.randint(0 if toks else 1, 24))]
-        params = {"max_offload_tokens": rng.choice([0, 8, 17, 40])} if rng.random() < 0.15 else None
-        rid = f"r{self._next_id}"
-        self._next_id += 1
-        req = SoakRequest(rid, toks, len(toks), rng.randint(1, 12), params)
-        self._extend_hashes(req)
+        req = self.source.new()
         seq = Seq(req, tables=[[] for _ in GROUPS])
-        self.seqs[rid] = seq
-        self.all_ids.append(rid)
+        self.seqs[req.request_id] = seq
+        self.all_ids.append(req.request_id)
         self.waiting.append(seq)
         self._count("requests")
 
@@ -172,7 +148,7 @@ class SoakEngine(EngineChecks):
             if (self.sched.num_in_flight_jobs, self._snapshot()) != before:
                 self._fail(f"a second request_finished({rid!r}) changed the scheduler or the manager")
             self._count("finished_twice")
-        self._release(seq)
+        self.blocks.release(seq)
         for lst in (self.running, self.ready):
             if seq in lst:
                 lst.remove(seq)
@@ -188,12 +164,7 @@ class SoakEngine(EngineChecks):
 
     def _change_prompt(self, seq: Seq) -> None:
         """The engine re-submits a waiting request (known to the scheduler) with another prompt."""
-        req = seq.req
-        keep = self.rng.randint(0, len(req.tokens))
-        req.tokens[keep:] = [self.rng.randrange(50) for _ in range(self.rng.randint(0 if keep else 1, 24))]
-        req.num_prompt_tokens = len(req.tokens)
-        del req.block_hashes[keep // BLOCK :]
-        self._extend_hashes(req)
+        self.source.change_prompt(seq.req)
         seq.generated = 0
         self._count("prompt_changed")
 
@@ -204,7 +175,7 @@ class SoakEngine(EngineChecks):
             self.ready.remove(seq)
         if seq.status != "failed_load":
             self._count(f"preempt_{seq.status}")
-        self._release(seq)
+        self.blocks.release(seq)
         seq.status, seq.num_computed, seq.load_job = "waiting", 0, None
         self.waiting.appendleft(seq)
         preempted.append(seq.req.request_id)
@@ -224,13 +195,13 @@ class SoakEngine(EngineChecks):
                 w.wait(out.flush_job_ids)
         for job in out.load_jobs:
             self._submit(job)
-        self._verify_running(scheduled)
+        self.checks.verify_running(scheduled)
         self._compute(scheduled)
         for job in out.store_jobs:
             self._submit(job)
         self._after_compute(scheduled)
         self.sched.take_events()
-        self._check_cpu_tier()
+        self.checks.check_cpu_tier()
         self._count("steps")
 
     def _complete(self, results: list[Any]) -> None:
@@ -247,7 +218,7 @@ class SoakEngine(EngineChecks):
             if not fj.success:
                 seq.status = "failed_load"
                 continue
-            self._verify_load(seq, job)
+            self.checks.verify_load(seq, job)
             seq.num_computed = seq.load_end
             seq.status = "ready"
             self.ready.append(seq)
@@ -291,12 +262,12 @@ class SoakEngine(EngineChecks):
             n = min(left, rng.randint(1, 24), budget)
             nb = -(-(seq.num_computed + n) // BLOCK)
             need = [nb - len(t) for t in seq.tables]
-            while not self._fits(need) and self.running[-1] is not seq:
+            while not self.blocks.fits(need) and self.running[-1] is not seq:
                 self._preempt(self.running[-1], preempted)
-            if not self._fits(need):
+            if not self.blocks.fits(need):
                 self._preempt(seq, preempted)
                 continue
-            appended = [self._alloc(g, nb - len(t)) for g, t in enumerate(seq.tables)]
+            appended = [self.blocks.alloc(g, nb - len(t)) for g, t in enumerate(seq.tables)]
             for t, a in zip(seq.tables, appended, strict=True):
                 t.extend(a)
             running.append(ScheduledRequest(seq.req, seq.num_computed, n, appended))
@@ -307,10 +278,10 @@ class SoakEngine(EngineChecks):
                 break
             n = min(seq.req.num_tokens - seq.num_computed, rng.randint(1, 24), budget)
             nb = -(-(seq.num_computed + n) // BLOCK)
-            if not self._fits([nb - len(t) for t in seq.tables]):
+            if not self.blocks.fits([nb - len(t) for t in seq.tables]):
                 break
             for g, t in enumerate(seq.tables):
-                t.extend(self._alloc(g, nb - len(t)))
+                t.extend(self.blocks.alloc(g, nb - len(t)))
             new.append(ScheduledRequest(seq.req, seq.num_computed, n, [list(t) for t in seq.tables]))
             scheduled.append((seq, n))
             self.ready.remove(seq)
@@ -330,7 +301,7 @@ class SoakEngine(EngineChecks):
                 self.waiting.append(seq)
                 continue
             if got > 0:
-                tables = self._tables_for(got, got)
+                tables = self.blocks.tables_for(got, got)
                 if tables is None:
                     self.waiting.appendleft(seq)
                     break
@@ -339,7 +310,7 @@ class SoakEngine(EngineChecks):
                 self._count("loads_admitted")
                 continue
             n = min(seq.req.num_tokens, rng.randint(1, 24), budget)
-            tables = self._tables_for(n, 0)
+            tables = self.blocks.tables_for(n, 0)
             if tables is None:
                 self.waiting.appendleft(seq)
                 break
@@ -365,7 +336,7 @@ class SoakEngine(EngineChecks):
         else:
             self._count("load_jobs")
             seq.load_job = job.job_id
-            clash = self._queued_blocks(job.job_id) & self._job_blocks(job)
+            clash = self.checks.queued_blocks(job.job_id) & self.checks.job_blocks(job)
             if clash:
                 self._fail(f"load job {job.job_id} writes blocks {sorted(clash)} that queued jobs still use")
         self.jobs[job.job_id] = job
@@ -374,7 +345,7 @@ class SoakEngine(EngineChecks):
 
     # ------------------------------------------------------------------ compute
     def _compute(self, scheduled: list[tuple[Seq, int]]) -> None:
-        queued = self._queued_blocks(-1)
+        queued = self.checks.queued_blocks(-1)
         for seq, n in scheduled:
             start, end = seq.num_computed, seq.num_computed + n
             for g, t in enumerate(seq.tables):
@@ -382,7 +353,7 @@ class SoakEngine(EngineChecks):
                     b = t[idx]
                     if b == NULL or (self.pool_of[g], b) in queued:
                         self._fail(f"{seq.req.request_id} computes into block {b} (null or used by a queued job)")
-                    parent, toks = self._block_tokens(seq.req, idx, end)
+                    parent, toks = block_tokens(seq.req, idx, end)
                     self.gpu.write(self.pool_of[g], b, max(start - idx * BLOCK, 0), parent, toks, g)
 
     def _after_compute(self, scheduled: list[tuple[Seq, int]]) -> None:
@@ -399,7 +370,7 @@ class SoakEngine(EngineChecks):
                     int.from_bytes(chain_hash(req.request_id.encode(), (len(req.tokens),))[:2], "big") % 50
                 )
                 seq.generated += 1
-                self._extend_hashes(req)
+                self.source.extend_hashes(req)
             freed: list[list[int]] = []
             for (_f, w), t in zip(GROUPS, seq.tables, strict=True):
                 out = []
@@ -416,7 +387,7 @@ class SoakEngine(EngineChecks):
                     self._count("window_freed_with_jobs_in_flight")
                 self.sched.free_blocks(req, freed)
                 for g, out in enumerate(freed):
-                    self.free[self.pool_of[g]].extend(out)
+                    self.blocks.give_back(g, out)
 
     # ------------------------------------------------------------------ checks
     def quiesce(self, max_steps: int = 2000) -> None:
@@ -432,7 +403,7 @@ class SoakEngine(EngineChecks):
             if self.sched.num_in_flight_jobs == 0:
                 break
             self._complete([res for w in self.workers for res in w.drain()])
-        self._check_idle()
+        self.checks.check_idle()
         if self.rng.random() < 0.3:
             if not self.sched.reset_cache() or self.manager.model:
                 self._fail("reset_cache refused or incomplete at quiescence")

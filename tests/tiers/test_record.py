@@ -6,10 +6,10 @@ import dataclasses
 import hashlib
 import hmac
 import struct
-import zlib
 
 import numpy as np
 import pytest
+import xxhash
 
 from kvoffload.tiers import RECORD_FORMAT_VERSION, RecordCodec, TierNamespace
 from kvoffload.tiers.record import ValueRejected
@@ -70,7 +70,7 @@ def _reference_value(fp: bytes, key: bytes, payload: bytes, mac_key: bytes | Non
     if mac_key:
         digest = hmac.new(mac_key, fixed + bytes(32) + key + payload, hashlib.sha256).digest()
     else:
-        digest = zlib.crc32(fixed + bytes(32) + key + payload).to_bytes(4, "little") + bytes(28)
+        digest = xxhash.xxh3_128_digest(fixed + bytes(32) + key + payload) + bytes(16)
     return fixed + digest + key + payload
 
 

@@ -1,0 +1,186 @@
+"""Engine-thread cost of a Redis tier: host time of the scheduler's calls per engine step, with and without.
+
+Run: ``python bench/bench_tier_engine.py [--quick] [--no-write]``. Needs Debian's ``redis-server``
+(started here on a free port, stopped at the end). Writes ``bench/results/<machine>-tier-engine.json``.
+
+The demo's chat workload (``kvoffload.app.demo``; ``--conversations`` per run) runs through the
+reference engine three ways, in the same process, alternating, ``--reps`` times:
+
+* ``none``: no tier (the baseline);
+* ``redis-cold``: a Redis tier emptied first: every lookup that misses the host pool is probed in
+  Redis, every stored block is written through;
+* ``redis-warm``: the same tier holding what the previous run wrote: tier hits are promoted.
+
+Timed: what the engine thread spends in the scheduler's calls -- ``get_num_new_matched_tokens``
+(lookups, and with a tier its fall-through and promotion reservations), ``update_state_after_alloc``,
+``build_step`` (with a tier: ``end_step``, which submits the step's probes, promotions and writes),
+``complete_jobs`` (with a tier: pinning completed stores for the write) and ``request_finished``.
+The tier's own threads run concurrently; they compete with the engine thread for the cores and the
+GIL, which the timings include. Reported per engine step (mean), per *computing* step (the run's
+total over the steps that scheduled tokens: a request deferred while the tier answers leaves the
+reference engine stepping idle, and those cheap steps would flatter the plain mean) and per run
+(total), as ratios to ``none`` paired within each repetition (median over repetitions). Goal:
+<= 1.1x per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:
+    sys.path.insert(0, str(_HERE.parent))
+
+import torch  # noqa: E402
+
+from bench.common import RESULTS_DIR, machine_slug, write_section  # noqa: E402
+from kvoffload.app.demo import build_engine, drive  # noqa: E402
+from kvoffload.app.demo_settings import DemoSettings  # noqa: E402
+from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
+
+TIMED = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_step", "complete_jobs", "request_finished")
+
+
+def _instrument(sched: Any, acc: list[float]) -> None:
+    """Wrap the scheduler's calls on the instance: their wall time adds up in ``acc[0]``, the
+    engine thread's CPU time in them in ``acc[1]``."""
+    for name in TIMED:
+        fn = getattr(sched, name)
+
+        @functools.wraps(fn)
+        def timed(*a: Any, _fn: Any = fn, **k: Any) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return _fn(*a, **k)
+            finally:
+                acc[0] += time.perf_counter() - t0
+                acc[1] += time.thread_time() - c0
+
+        setattr(sched, name, timed)
+
+
+def run_once(settings: DemoSettings) -> dict[str, Any]:
+    """One demo run; the scheduler calls' host time, steps and what the tier did."""
+    engine = build_engine(settings)
+    acc = [0.0, 0.0]
+    _instrument(engine.scheduler, acc)
+    busy = [0]
+    step = engine.step
+
+    def counting_step() -> Any:
+        st = step()
+        busy[0] += st.num_scheduled_tokens > 0
+        return st
+
+    engine.step = counting_step  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    try:
+        drive(engine, list(settings.workload()), settings.max_concurrent)
+    finally:
+        engine.shutdown()
+    s = engine.stats
+    out = {
+        "steps": s.steps,
+        "sched_seconds": acc[0],
+        "us_per_step": acc[0] / s.steps * 1e6,
+        "cpu_seconds": acc[1],
+        "cpu_us_per_step": acc[1] / s.steps * 1e6,
+        "busy_steps": busy[0],
+        "us_per_busy_step": acc[0] / max(1, busy[0]) * 1e6,
+        "cpu_us_per_busy_step": acc[1] / max(1, busy[0]) * 1e6,
+        "step_seconds": s.wall_seconds,
+        "wall_seconds": time.perf_counter() - t0,
+        "loaded_tokens": s.prefill_loaded_tokens,
+        "computed_tokens": s.prefill_computed_tokens,
+        "deferrals": s.deferrals,
+        "verification_failures": s.verification_failures,
+    }
+    if engine.tiered is not None:
+        ts = engine.tiered.tiers[0].stats()
+        u = engine.tiered.usage()[0]
+        out.update(
+            tier_blocks_loaded=u.blocks_promoted,
+            tier_blocks_written=u.blocks_written,
+            tier_round_trips=ts.lookup_round_trips,
+            tier_lookups=ts.lookups,
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="16 conversations, 1 repetition")
+    ap.add_argument("--conversations", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args(argv)
+    problem = redis_binaries_problem()
+    if problem is not None:
+        raise SystemExit(f"bench_tier_engine needs redis-server: {problem}")
+    torch.set_num_threads(1)
+    conv = args.conversations or (16 if args.quick else 48)
+    reps = args.reps or (1 if args.quick else 3)
+    base = DemoSettings(conversations=conv)
+    runs: dict[str, list[dict[str, Any]]] = {"none": [], "redis-cold": [], "redis-warm": []}
+    with tempfile.TemporaryDirectory(prefix="kvoffload-bench-redis-") as tmp:
+        server = RedisServer(Path(tmp), maxmemory="2gb").start()
+        try:
+            with_tier = replace(base, tiers=(server.url,))
+            for r in range(reps):
+                runs["none"].append(run_once(base))
+                server.cli("flushall")
+                runs["redis-cold"].append(run_once(with_tier))
+                runs["redis-warm"].append(run_once(with_tier))
+                print(
+                    f"rep {r + 1}/{reps}: "
+                    + ", ".join(f"{k} {v[-1]['cpu_us_per_step']:.0f} us CPU/step" for k, v in runs.items()),
+                    flush=True,
+                )
+        finally:
+            server.stop()
+    summary: dict[str, Any] = {"conversations": conv, "reps": reps, "runs": runs}
+    for name in ("redis-cold", "redis-warm"):
+        pairs = list(zip(runs["none"], runs[name], strict=True))
+        for kind, step_key, busy_key, run_key in (
+            ("wall", "us_per_step", "us_per_busy_step", "sched_seconds"),
+            ("cpu", "cpu_us_per_step", "cpu_us_per_busy_step", "cpu_seconds"),
+        ):
+            summary[f"{name}_{kind}_per_step_ratio"] = statistics.median(b[step_key] / a[step_key] for a, b in pairs)
+            summary[f"{name}_{kind}_per_busy_step_ratio"] = statistics.median(
+                b[busy_key] / a[busy_key] for a, b in pairs
+            )
+            summary[f"{name}_{kind}_per_run_ratio"] = statistics.median(b[run_key] / a[run_key] for a, b in pairs)
+    for name in runs:
+        wall = statistics.median(r["us_per_step"] for r in runs[name])
+        cpu = statistics.median(r["cpu_us_per_step"] for r in runs[name])
+        steps = statistics.median(r["steps"] for r in runs[name])
+        busy = statistics.median(r["busy_steps"] for r in runs[name])
+        print(
+            f"{name:>11}: {wall:7.0f} us wall, {cpu:7.0f} us engine-thread CPU in scheduler calls per step "
+            f"({steps:.0f} steps, {busy:.0f} computing)"
+        )
+    for name in ("redis-cold", "redis-warm"):
+        r = {k.removeprefix(name + "_"): v for k, v in summary.items() if k.startswith(name)}
+        print(
+            f"{name:>11} / none: engine-thread CPU {r['cpu_per_step_ratio']:.2f}x per step, "
+            f"{r['cpu_per_busy_step_ratio']:.2f}x per computing step, {r['cpu_per_run_ratio']:.2f}x per run; "
+            f"wall {r['wall_per_step_ratio']:.2f}x / {r['wall_per_busy_step_ratio']:.2f}x / "
+            f"{r['wall_per_run_ratio']:.2f}x (goal <= 1.1x per step)"
+        )
+    if not args.no_write:
+        path = RESULTS_DIR / f"{machine_slug()}-tier-engine.json"
+        write_section("tier_engine", summary, path)
+        print(f"written to {path}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

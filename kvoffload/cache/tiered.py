@@ -1,0 +1,409 @@
+"""A manager over the host pool and an ordered list of secondary tiers (docs/contract.md §8, "Wiring").
+
+:class:`TieredManager` wraps any primary :class:`~kvoffload.core.base.OffloadingManager` (the host
+pool's manager) and adds tiers beneath it (:class:`~kvoffload.tiers.base.Tier`: Redis, disk...),
+through the primary's public interface only:
+
+* **Lookups fall through.** A key the primary misses is asked of the tiers, in order (a tier is
+  asked only about keys every tier before it missed). A tier's answer comes from its verdict cache
+  or from one probe batch per engine step (:meth:`end_step`); a key whose probe is outstanding
+  answers ``LOOKUP_PENDING`` (the scheduler defers the request).
+* **Tier hits are promoted.** Within one ``lookup_batch`` call, the tier hits that come before the
+  first key that is missing everywhere (or still being probed) are reserved at once in the host
+  pool (``primary.prepare_store``: pending slots, all or nothing) and answer ``LOOKUP_PENDING``;
+  at :meth:`end_step` each tier gets one load job (tier -> host records). When it finishes, the
+  keys that arrived become ready (``complete_store``) and are loaded CPU -> GPU as usual; the keys
+  that failed (evicted or deleted in the store, unreachable, corrupt) are released
+  (``complete_store(success=False)``), so the next lookup gets the prefix that is really there.
+  When the host pool cannot make room, the hits answer ``LOOKUP_MISS`` (recompute).
+* **Stores are written through.** Keys that a successful GPU -> CPU store made ready
+  (``complete_store``) are pinned (``primary.prepare_load``, once per tier) and written to every
+  tier at :meth:`end_step`; each pin is released (``complete_load``) when that tier reports the
+  write, whether it succeeded or not. Promoted keys are not written back.
+* **A slow or unreachable tier never stalls a step.** Nothing here waits on a tier: lookups of a
+  tier in back-off miss, its writes are dropped (by the tier, or here when more than
+  ``max_write_blocks`` blocks are pinned for writes; counted, logged once per tier), its loads fail.
+
+Nothing leaks: every reserved slot is completed and every pin released when the tier reports the
+job; :meth:`drain` waits for all of them (then :meth:`num_reserved` and :meth:`num_write_pinned`
+are 0). Call every method from the scheduler's thread. The scheduler calls :meth:`end_step` once
+per engine step (at the end of ``build_step``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvoffload.checks import check_int
+from kvoffload.core.base import (
+    LoadStoreSpec,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+)
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
+from kvoffload.tiers.base import Tier
+from kvoffload.tiers.types import TIER_HIT, TIER_RETRY, TierJobResult
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TieredManager", "TierUsage"]
+
+
+@dataclass
+class TierUsage:
+    """What one tier did for the engine (cumulative; a snapshot from :meth:`TieredManager.usage`).
+
+    Attributes:
+        name: the tier's name.
+        blocks_promoted: blocks loaded from the tier into the host pool (then loadable to the GPU).
+        promotions_failed: reserved keys the tier could not deliver (absent, unreachable, corrupt).
+        promotions_refused: tier hits not promoted because the host pool had no room.
+        blocks_written: blocks written to the tier (a value already there counts too: ``SET NX``).
+        writes_failed: blocks whose write failed or was dropped by the tier (back-off, full queue).
+        writes_dropped: blocks not even submitted: more than ``max_write_blocks`` pinned for writes.
+    """
+
+    name: str
+    blocks_promoted: int = 0
+    promotions_failed: int = 0
+    promotions_refused: int = 0
+    blocks_written: int = 0
+    writes_failed: int = 0
+    writes_dropped: int = 0
+
+
+@dataclass
+class _Job:
+    """A tier job in flight: its keys and, per key, the context it is completed with."""
+
+    keys: list[bytes]
+    ctxs: list[ReqContext]
+
+
+class TieredManager(OffloadingManager):
+    """The host pool's manager plus secondary tiers beneath it (see the module docstring).
+
+    Args:
+        primary: the host pool's manager (e.g. a ``CPUOffloadingManager``); its slot ids are rows
+            of the records the tiers were built over.
+        tiers: the tiers, fastest / first asked first; built over the host pool's records.
+        max_write_blocks: most blocks pinned for tier writes at once (each write job pins its
+            blocks until the tier reports it); ``None``: half of ``primary.num_blocks``
+            (unbounded when the primary has no ``num_blocks``). A write that would pin more is
+            dropped, unless no write is pinned at all.
+
+    Raises:
+        InvalidTypeError: ``primary`` lacks a manager method, a tier is not a ``Tier``.
+        InvalidArgumentError: no tier, or the same tier twice.
+    """
+
+    def __init__(
+        self, primary: OffloadingManager, tiers: Sequence[Tier], *, max_write_blocks: int | None = None
+    ) -> None:
+        for name in ("lookup_batch", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store"):
+            if not callable(getattr(primary, name, None)):
+                raise InvalidTypeError(f"primary must have a {name}() method ({type(primary).__name__} has none)")
+        tiers = list(tiers)
+        if not tiers:
+            raise InvalidArgumentError("tiers must name at least one tier")
+        for i, t in enumerate(tiers):
+            if not isinstance(t, Tier):
+                raise InvalidTypeError(f"tiers[{i}] must be a kvoffload.tiers.Tier, got {type(t).__name__}")
+        if len({id(t) for t in tiers}) != len(tiers):
+            raise InvalidArgumentError("tiers must not name the same tier twice")
+        if max_write_blocks is None:
+            nb = getattr(primary, "num_blocks", None)
+            max_write_blocks = max(1, nb // 2) if isinstance(nb, int) else 1 << 62
+        self.max_write_blocks = check_int(max_write_blocks, "max_write_blocks", 1)
+        self.primary = primary
+        self.tiers = tiers
+        self._usage = [TierUsage(t.name) for t in tiers]
+        self._promote: list[list[tuple[bytes, int, ReqContext]]] = [[] for _ in tiers]  # reserved, not sent
+        self._write: list[list[tuple[bytes, int, ReqContext]]] = [[] for _ in tiers]  # pinned, not sent
+        self._loads: list[dict[int, _Job]] = [{} for _ in tiers]
+        self._stores: list[dict[int, _Job]] = [{} for _ in tiers]
+        self._reserved = 0
+        self._write_pinned = 0
+        self._next_job = 0
+        self._polled = False
+        self._logged: set[str] = set()
+        self._closed = False
+        #: keys whose host-pool bytes came from a tier (until a GPU store rewrites them)
+        self.promoted: set[bytes] = set()
+        self._resolved: list[bytes] | None = None  # recorded once take_resolved() was called
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def backing(self) -> OffloadingManager:
+        """The primary manager."""
+        return self.primary
+
+    @property
+    def num_blocks(self) -> Any:
+        return getattr(self.primary, "num_blocks", None)
+
+    def num_reserved(self) -> int:
+        """Host-pool slots reserved for promotions not yet completed."""
+        return self._reserved
+
+    def num_write_pinned(self) -> int:
+        """Pins held for tier writes not yet reported."""
+        return self._write_pinned
+
+    @property
+    def busy(self) -> bool:
+        """Whether a promotion or a write is reserved, queued or in flight."""
+        return bool(self._reserved or self._write_pinned)
+
+    def usage(self) -> list[TierUsage]:
+        """Per tier, what it did for the engine (copies)."""
+        return [TierUsage(**u.__dict__) for u in self._usage]
+
+    # ------------------------------------------------------------------ lookups
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+        """Like :meth:`lookup_batch` on one key: True ready in the host pool, None pending or being
+        promoted / probed, False absent everywhere (or no room to promote)."""
+        code = int(self.lookup_batch([key], req_context)[0])
+        return None if code == LOOKUP_PENDING else code == LOOKUP_HIT
+
+    def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
+        """Per key ``LOOKUP_HIT`` / ``LOOKUP_MISS`` / ``LOOKUP_PENDING``: the primary's answer, with
+        its misses looked up in the tiers (tier hits before the first miss are promoted and answer
+        ``LOOKUP_PENDING``, see the module docstring)."""
+        if not self._polled:
+            self._poll()
+        codes = self.primary.lookup_batch(keys, req_context)
+        cl: list[int] = codes.tolist()
+        try:
+            first = cl.index(LOOKUP_MISS)
+        except ValueError:
+            return codes  # everything is in the host pool (or on its way there)
+        keys_l = keys if isinstance(keys, list) else list(keys)
+        n = len(cl)
+        todo = [i for i in range(first, n) if cl[i] == LOOKUP_MISS]
+        source: dict[int, int] = {}  # position -> tier holding it
+        probing: list[int] = []  # positions whose probe is outstanding
+        for t, tier in enumerate(self.tiers):
+            rest = []
+            for i, c in zip(todo, tier.lookup([keys_l[i] for i in todo]).tolist(), strict=True):
+                if c == TIER_HIT:
+                    source[i] = t
+                elif c == TIER_RETRY:
+                    cl[i] = LOOKUP_PENDING
+                    probing.append(i)
+                else:
+                    rest.append(i)
+            todo = rest
+            if not todo:
+                break
+        if not source:
+            return np.array(cl, dtype=np.int8) if probing else codes
+        # promote the tier hits before the first key missing everywhere or still being probed
+        stop = min(todo[0] if todo else n, min(probing, default=n))
+        after = LOOKUP_PENDING if stop < n and stop in probing else LOOKUP_MISS
+        promote = []
+        for i in source:
+            if i < stop:
+                promote.append(i)
+            else:  # behind a probe in flight the request is deferred anyway; behind a miss, useless
+                cl[i] = after
+        if promote:
+            self._reserve(keys_l, promote, source, cl, req_context)
+        return np.array(cl, dtype=np.int8)
+
+    def _reserve(
+        self, keys: list[bytes], positions: list[int], source: dict[int, int], codes: list[int], ctx: ReqContext
+    ) -> None:
+        """Reserve host slots for the tier hits at ``positions`` (all or none) and queue their promotion."""
+        tier_of: dict[bytes, int] = {}
+        for i in positions:
+            tier_of.setdefault(keys[i], source[i])
+        # the keys this batch found in the host pool are named too: prepare_store never evicts them
+        protect = [k for k, c in zip(keys, codes, strict=True) if c == LOOKUP_HIT and k not in tier_of]
+        named: list[Any] = [*tier_of, *dict.fromkeys(protect)]
+        out = self.primary.prepare_store(named, ctx)
+        got: dict[bytes, int] = {}
+        if out is not None:
+            got = dict(zip(out.keys_to_store, out.store_spec.block_ids.tolist(), strict=True))  # type: ignore[attr-defined]
+        for k, t in tier_of.items():
+            slot = got.get(k)
+            if slot is None:
+                self._usage[t].promotions_refused += 1
+            else:
+                self._promote[t].append((k, slot, ctx))
+                self._reserved += 1
+        for i in positions:
+            codes[i] = LOOKUP_PENDING if keys[i] in got else LOOKUP_MISS
+
+    def take_resolved(self) -> list[bytes]:
+        """Keys whose ``LOOKUP_PENDING`` from this manager (not the primary's own pending stores)
+        may have ended since the last call: promotions that finished, ok or not, and keys whose
+        tier probe returned. Finished tier jobs are applied first. Keys are recorded from the
+        first call on (the scheduler calls it to know when a deferred request may look up again)."""
+        if not self._polled:
+            self._poll()
+        out = self._resolved or []
+        self._resolved = []
+        for tier in self.tiers:
+            out.extend(tier.take_answered())
+        return out
+
+    # ------------------------------------------------------------------ pass-through
+    def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
+        return self.primary.prepare_load(keys, req_context)
+
+    def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        self.primary.touch(keys, req_context)
+
+    def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
+        self.primary.complete_load(keys, req_context)
+
+    def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+        return self.primary.prepare_store(keys, req_context)
+
+    def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        """The primary's ``complete_store``; on success the keys are pinned and queued for every tier."""
+        self.primary.complete_store(keys, req_context, success)
+        if not success or not keys or self._closed:
+            return
+        keys_l = list(dict.fromkeys(keys))
+        self.promoted.difference_update(keys_l)
+        for t in range(len(self.tiers)):
+            if self._write_pinned and self._write_pinned + len(keys_l) > self.max_write_blocks:
+                self._usage[t].writes_dropped += len(keys_l)
+                self._log_once(
+                    f"drop-{t}",
+                    "tier %s: writes dropped, %d blocks already pinned for writes (max_write_blocks)",
+                    self.tiers[t].name,
+                    self._write_pinned,
+                )
+                continue
+            try:
+                spec = self.primary.prepare_load(keys_l, req_context)
+            except KeyStateError:  # a key that was not pending (not made ready by this call)
+                ready = self.primary.lookup_batch(keys_l, req_context)
+                keys_l = [k for k, c in zip(keys_l, ready.tolist(), strict=True) if c == LOOKUP_HIT]
+                if not keys_l:
+                    return
+                spec = self.primary.prepare_load(keys_l, req_context)
+            slots = spec.block_ids.tolist()  # type: ignore[attr-defined]
+            self._write[t].extend((k, s, req_context) for k, s in zip(keys_l, slots, strict=True))
+            self._write_pinned += len(keys_l)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        return self.primary.take_events()
+
+    # ------------------------------------------------------------------ per step
+    def end_step(self) -> None:
+        """Once per engine step, after its lookups: collect finished tier jobs, send the step's
+        promotions and writes (one job per tier and kind), and each tier's probe batch."""
+        self._poll()
+        for t, tier in enumerate(self.tiers):
+            for queue, book, submit in (
+                (self._promote, self._loads, tier.submit_load),
+                (self._write, self._stores, tier.submit_store),
+            ):
+                items = queue[t]
+                if not items:
+                    continue
+                queue[t] = []
+                jid = self._next_job
+                self._next_job += 1
+                book[t][jid] = _Job([k for k, _, _ in items], [c for _, _, c in items])
+                submit(jid, [k for k, _, _ in items], [s for _, s, _ in items])
+            tier.end_step()
+        self._polled = False
+
+    def _poll(self) -> None:
+        """Apply every finished tier job to the primary."""
+        self._polled = True
+        for t, tier in enumerate(self.tiers):
+            for res in tier.get_finished():
+                if res.kind == "load":
+                    self._promoted(t, self._loads[t].pop(res.job_id), res)
+                else:
+                    self._written(t, self._stores[t].pop(res.job_id), res)
+
+    def _promoted(self, t: int, job: _Job, res: TierJobResult) -> None:
+        u = self._usage[t]
+        for ok in (True, False):
+            by_ctx: dict[int, tuple[ReqContext, list[Any]]] = {}
+            for k, c, good in zip(job.keys, job.ctxs, res.ok, strict=True):
+                if bool(good) is ok:
+                    by_ctx.setdefault(id(c), (c, []))[1].append(k)
+            for c, ks in by_ctx.values():
+                self.primary.complete_store(ks, c, success=ok)
+                if ok:
+                    self.promoted.update(ks)
+        if self._resolved is not None:
+            self._resolved.extend(job.keys)
+        n_ok = sum(res.ok)
+        u.blocks_promoted += n_ok
+        u.promotions_failed += len(job.keys) - n_ok
+        self._reserved -= len(job.keys)
+
+    def _written(self, t: int, job: _Job, res: TierJobResult) -> None:
+        by_ctx: dict[int, tuple[ReqContext, list[Any]]] = {}
+        for k, c in zip(job.keys, job.ctxs, strict=True):
+            by_ctx.setdefault(id(c), (c, []))[1].append(k)
+        for c, ks in by_ctx.values():
+            self.primary.complete_load(ks, c)
+        n_ok = sum(res.ok)
+        self._usage[t].blocks_written += n_ok
+        self._usage[t].writes_failed += len(job.keys) - n_ok
+        self._write_pinned -= len(job.keys)
+
+    # ------------------------------------------------------------------ lifecycle
+    def drain(self, timeout: float | None = None) -> bool:
+        """Send what is queued, wait for every tier job, and apply the results (blocking: for
+        shutdown, resets and tests, not the step loop). False if a tier did not finish in time."""
+        self.end_step()
+        done = all(t.drain(timeout) for t in self.tiers)
+        self._poll()
+        self._polled = False
+        return done
+
+    def get_stats(self) -> Any:
+        return self.primary.get_stats()  # type: ignore[attr-defined]
+
+    def reset_cache(self) -> None:
+        """Drain the tiers' jobs, then reset the primary (the tiers keep their values)."""
+        self.drain()
+        self.promoted.clear()
+        self.primary.reset_cache()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        """Drain, then close every tier (idempotent). The host records must outlive this call."""
+        if self._closed:
+            return
+        self.drain()
+        self._closed = True
+        for t in self.tiers:
+            t.close()
+
+    def shutdown(self) -> None:
+        """:meth:`close`, then the primary's ``shutdown``."""
+        self.close()
+        self.primary.shutdown()
+
+    def _log_once(self, tag: str, fmt: str, *args: object) -> None:
+        if tag not in self._logged:
+            self._logged.add(tag)
+            logger.warning(fmt, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("primary", "tiers"):
+            raise AttributeError(name)
+        return getattr(self.primary, name)
+
+    def __repr__(self) -> str:
+        return f"TieredManager({self.primary!r}, tiers=[{', '.join(t.name for t in self.tiers)}])"

@@ -1,0 +1,84 @@
+"""Secondary tiers for the reference engine: its namespace and the tiers over its host pool.
+
+The engine's KV bytes are a function of the tokens, their positions and ``EngineConfig.seed``
+(:mod:`kvoffload.sim.kvcache`), so two engine processes with the same configuration write the
+same bytes for the same prefix, and each can verify what the other stored. The namespace below
+names exactly that: the seed is the "model".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.sim.config import EngineConfig
+from kvoffload.tiers import Tier, TierNamespace, open_tier
+from kvoffload.tiers.factory import parse_disk_spec
+from kvoffload.tiers.redis_url import parse_redis_url
+
+__all__ = ["engine_namespace", "check_tier_specs", "open_engine_tiers"]
+
+
+def engine_namespace(cfg: EngineConfig, tag: str = "") -> TierNamespace:
+    """The :class:`TierNamespace` of the reference engine's records under ``cfg``.
+
+    Every field that changes the bytes of a host record is in it: the KV "weights" (the seed), the
+    dtype, each group's layout, layers, block size and block size factor, heads and head size, the
+    hash block size, and the block-hash algorithm of :mod:`kvoffload.sim.request`.
+    """
+    groups = cfg.groups
+    if len({(g.gpu_block_size * g.block_size_factor) for g in groups}) != 1:
+        raise InvalidArgumentError("tiers need every group to have the same offloaded block size (tokens)")
+    dtype = str(cfg.dtype).removeprefix("torch.")
+    return TierNamespace(
+        model_id=f"kvoffload-sim-kv/seed={cfg.seed}",
+        k_dtype=dtype,
+        v_dtype=dtype,
+        layout="+".join(g.layout for g in groups),
+        page_geometry=(cfg.num_heads, cfg.head_dim, *(d for g in groups for d in (g.num_layers, g.gpu_block_size))),
+        tokens_per_block=groups[0].offloaded_block_size,
+        gpu_blocks_per_block=max(g.block_size_factor for g in groups),
+        groups=tuple(
+            "full" if g.sliding_window_blocks is None else f"window={g.sliding_window_blocks}" for g in groups
+        ),
+        hash_algo=f"blake2b-16-chained/{cfg.scheduler_config().effective_hash_block_size}",
+        tag=tag,
+    )
+
+
+def check_tier_specs(specs: Sequence[str]) -> None:
+    """Check every tier spec's syntax and options before anything is allocated (typed errors
+    naming the spec; nothing connects)."""
+    for spec in specs:
+        if not isinstance(spec, str):
+            raise InvalidTypeError(f"tier spec must be a str, got {type(spec).__name__}")
+        scheme = spec.split(":", 1)[0].lower() if ":" in spec else ""
+        if scheme in ("redis", "rediss", "unix"):
+            parse_redis_url(spec)
+        elif scheme == "disk":
+            parse_disk_spec(spec)
+        else:
+            raise InvalidArgumentError(f"tier spec {spec!r}: expected redis://, rediss://, unix:// or disk:<directory>")
+
+
+def open_engine_tiers(
+    specs: Sequence[str], records: Any, cfg: EngineConfig, options: dict[str, Any] | None = None
+) -> list[Tier]:
+    """Open one tier per spec (``redis://…``, ``disk:/path…``, see :func:`kvoffload.tiers.open_tier`)
+    over ``records`` (the host pool's ``(num_slots, slot_bytes)`` uint8 view). On an error the
+    tiers already opened are closed."""
+    if isinstance(records, torch.Tensor):
+        records = records.numpy()
+    ns = engine_namespace(cfg)
+    tiers: list[Tier] = []
+    try:
+        for spec in specs:
+            tiers.append(open_tier(spec, records, ns, **(options or {})))
+    except BaseException:
+        for t in tiers:
+            t.close()
+        raise
+    return tiers

@@ -1,0 +1,80 @@
+"""The engine thread's view of a tier's lookups: probed verdicts, keys queued for the next probe
+batch, keys whose probe is in flight (see :meth:`kvoffload.tiers.Tier.lookup`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from kvoffload.tiers.types import TIER_HIT, TIER_MISS, TIER_RETRY, TierJobResult
+
+__all__ = ["Verdicts"]
+
+
+class Verdicts:
+    """Per-key lookup state, owned by one engine thread (no locking).
+
+    A verdict is reused for ``ttl_steps`` engine steps; older verdicts are probed again. Keys
+    answered by a probe are recorded for :meth:`take_answered` once it has been called.
+    """
+
+    def __init__(self, ttl_steps: int) -> None:
+        self._ttl = ttl_steps
+        self._step = 0
+        self._known: dict[bytes, tuple[int, int]] = {}  # key -> (code, step resolved)
+        self._queued: dict[bytes, None] = {}
+        self._in_flight: set[bytes] = set()
+        self._answered: list[bytes] | None = None
+
+    def answer(self, keys: list[bytes], down: bool) -> np.ndarray:
+        """Per key HIT / MISS from a fresh verdict, else RETRY (queued for the next batch), or
+        MISS while the tier is ``down``."""
+        out = np.empty(len(keys), dtype=np.int8)
+        known, step, ttl = self._known, self._step, self._ttl
+        for i, key in enumerate(keys):
+            v = known.get(key)
+            if v is not None and step - v[1] < ttl:
+                out[i] = v[0]
+            elif key in self._in_flight or key in self._queued:
+                out[i] = TIER_RETRY
+            elif down:
+                out[i] = TIER_MISS
+            else:
+                self._queued[key] = None
+                out[i] = TIER_RETRY
+        return out
+
+    def take_batch(self) -> list[bytes]:
+        """The keys queued this step (now in flight), and the step ends."""
+        batch = list(self._queued)
+        self._queued.clear()
+        self._in_flight.update(batch)
+        self._step += 1
+        if self._step % 64 == 0:
+            self._known = {k: v for k, v in self._known.items() if self._step - v[1] < self._ttl}
+        return batch
+
+    def probed(self, batch: Iterable[bytes], found: list[bool] | None) -> None:
+        """Record a probe's answers (``found is None``: the tier could not be asked: misses)."""
+        batch = list(batch)
+        if self._answered is not None:
+            self._answered.extend(batch)
+        for i, key in enumerate(batch):
+            self._in_flight.discard(key)
+            hit = found is not None and found[i]
+            self._known[key] = (TIER_HIT if hit else TIER_MISS, self._step)
+
+    def finished(self, res: TierJobResult) -> None:
+        """A stored key is a hit, a key that failed to load a miss."""
+        is_store = res.kind == "store"
+        code = TIER_HIT if is_store else TIER_MISS
+        for key, ok in zip(res.keys, res.ok, strict=True):
+            if ok == is_store:
+                self._known[key] = (code, self._step)
+
+    def take_answered(self) -> list[bytes]:
+        """Keys answered by a probe since the last call (recorded from the first call on)."""
+        out = self._answered or []
+        self._answered = []
+        return out
