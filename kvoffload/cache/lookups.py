@@ -13,7 +13,7 @@ from kvoffload.cache.stats import Counters
 from kvoffload.core.base import OffloadKey, ReqContext, check_req_context, validate_keys
 from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
-__all__ = ["LOOKUP_CODES", "make_lookup"]
+__all__ = ["LOOKUP_CODES", "make_lookup", "slot_classes", "small_codes"]
 
 #: lookup code by slot class (0 absent, 1 unused, 2 pending, 3 ready)
 LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
@@ -58,3 +58,18 @@ def make_lookup(
         return pending
 
     return lookup
+
+
+def small_codes(ref: array, slots: list[int]) -> list[int]:
+    """Lookup code per slot of a few keys (``-1``: absent), from the table's ref counts ``ref``."""
+    return [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in slots]
+
+
+def slot_classes(ref: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """Per slot (``-1``: absent key), its class: 0 absent, 2 pending, 3 ready (a new array);
+    ``ref``: the table's ref counts (``PENDING`` < 0 for a store in flight)."""
+    st = ref[slots] if len(ref) else np.zeros(len(slots), dtype=np.int32)
+    np.minimum(st, 0, out=st)
+    st += 3
+    st[slots < 0] = 0
+    return st

@@ -1,8 +1,9 @@
 """The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
 
 One class composed of a slot table (:mod:`~kvoffload.cache.keytable`), a cache policy
-(:mod:`~kvoffload.cache.policies`), one :class:`~kvoffload.cache.stats.Counters`, an event list
-and its :class:`~kvoffload.cache.stores.Stores` (stores and evictions). Each operation checks its arguments once, at
+(:mod:`~kvoffload.cache.policies`), one :class:`~kvoffload.cache.stats.Counters`, an event list,
+its :class:`~kvoffload.cache.stores.Stores` (stores and evictions) and its
+:class:`~kvoffload.cache.loads.Loads` (pins and unpins). Each operation checks its arguments once, at
 its start, then runs one of two paths side by side: a few keys (a ``list`` of at most
 :data:`SMALL_BATCH`, e.g. one block per request in decode) take scalar code, since a numpy call
 costs about a microsecond whatever its size; larger calls a fixed number of numpy operations.
@@ -20,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from kvoffload.cache.batch import KeyBatch, Resolved
-from kvoffload.cache.keytable import PENDING, ClosedIndex, SlotTable
-from kvoffload.cache.lookups import LOOKUP_CODES, make_lookup
+from kvoffload.cache.keytable import ClosedIndex, SlotTable
+from kvoffload.cache.loads import Loads
+from kvoffload.cache.lookups import LOOKUP_CODES, make_lookup, slot_classes, small_codes
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.request_hooks import apply_request_access
 from kvoffload.cache.stats import Counters, OffloadingStats
-from kvoffload.cache.stores import CPU_MEDIUM, Stores, cpu_spec
+from kvoffload.cache.stores import CPU_MEDIUM, Stores
 from kvoffload.checks import check_bool
 from kvoffload.core.base import (
     LoadStoreSpec,
@@ -36,8 +38,8 @@ from kvoffload.core.base import (
     ReqContext,
     check_req_context,
 )
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
-from kvoffload.errors import KeyStateError
+from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_PENDING
+from kvoffload.errors import InvalidTypeError, KeyStateError
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +98,9 @@ class CPUOffloadingManager(OffloadingManager):
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._counters = Counters()
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
+        self._loads = Loads(self._table, self._policy, self._counters)
         self._closed = False
+        self._ctx: type = ReqContext  # see trust_context_class
         self._index: dict[bytes, int] = self._table.index
         self._ref = self._table.ref_buf
         if type(self).lookup is CPUOffloadingManager.lookup:  # not overridden by a subclass
@@ -126,6 +130,14 @@ class CPUOffloadingManager(OffloadingManager):
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
         return self._table.key_batch(keys, dedup=dedup, limit=limit)
+
+    def trust_context_class(self, cls: type) -> None:
+        """Check contexts of class ``cls`` (an engine's own, e.g. vLLM's ``ReqContext``) by their
+        ``req_id`` alone: its class has the field, so one attribute test replaces the general
+        :func:`~kvoffload.core.base.check_req_context` on every call."""
+        if not isinstance(cls, type):
+            raise InvalidTypeError(f"cls must be a class, got {type(cls).__name__}")
+        self._ctx = cls
 
     def _small(self, keys: Sequence[OffloadKey], limit: int = 0) -> list[int] | None:
         """Slot (-1 = absent) per key of a few plain keys; None: the call takes the array path."""
@@ -157,7 +169,9 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             InvalidTypeError: ``key`` is not ``bytes``.
         """
-        if req_context.__class__ is not ReqContext:
+        if (c := req_context.__class__) is not ReqContext and (
+            c is not self._ctx or req_context.req_id.__class__ is not str
+        ):
             check_req_context(req_context)
         return make_lookup(self._index, self._ref, self._counters)(key, req_context)  # type: ignore[arg-type]
 
@@ -168,7 +182,9 @@ class CPUOffloadingManager(OffloadingManager):
             ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or ``LOOKUP_PENDING``
             (2) per key, same as calling :meth:`lookup` on each.
         """
-        if req_context.__class__ is not ReqContext:
+        if (c := req_context.__class__) is not ReqContext and (
+            c is not self._ctx or req_context.req_id.__class__ is not str
+        ):
             check_req_context(req_context)
         return self._codes(keys, count=True)
 
@@ -179,16 +195,12 @@ class CPUOffloadingManager(OffloadingManager):
     def peek_list(self, keys: Sequence[OffloadKey]) -> list[int]:
         """:meth:`peek` as a list of ints (cheaper for a few keys)."""
         small = self._small(keys)
-        return self._codes(keys, count=False).tolist() if small is None else self._small_codes(small)
-
-    def _small_codes(self, slots: list[int]) -> list[int]:
-        ref = self._ref
-        return [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in slots]
+        return self._codes(keys, count=False).tolist() if small is None else small_codes(self._ref, small)
 
     def _codes(self, keys: Sequence[OffloadKey], count: bool) -> np.ndarray:
         small = self._small(keys)
         if small is not None:
-            codes = self._small_codes(small)
+            codes = small_codes(self._ref, small)
             if count:
                 c = self._counters
                 hits, pend = codes.count(LOOKUP_HIT), codes.count(LOOKUP_PENDING)
@@ -199,7 +211,7 @@ class CPUOffloadingManager(OffloadingManager):
         r = self._resolve(keys, allow_duplicates=True, remember=count)
         if not r.keys:
             return np.zeros(0, dtype=np.int8)
-        st = self._classes(r.slots)  # FREE never occurs for a present key
+        st = slot_classes(self._table.ref, r.slots)  # FREE never occurs for a present key
         if count:
             counts = np.bincount(st, minlength=4)
             c = self._counters
@@ -208,14 +220,6 @@ class CPUOffloadingManager(OffloadingManager):
             c.misses += int(counts[0])
         return LOOKUP_CODES[st]
 
-    def _classes(self, slots: np.ndarray) -> np.ndarray:
-        """Per slot (``-1``: absent key), its class: 0 absent, 2 pending, 3 ready (a new array)."""
-        st = self._table.ref[slots] if self.num_blocks else np.zeros(len(slots), dtype=np.int32)
-        np.minimum(st, 0, out=st)
-        st += 3
-        st[slots < 0] = 0
-        return st
-
     # ------------------------------------------------------------------ loads
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         """Pin ``keys`` (all stored and ready, no repeats) and return their CPU slots.
@@ -223,39 +227,16 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             KeyStateError: a key is absent or pending (nothing is pinned then).
         """
-        if req_context.__class__ is not ReqContext:
+        if (c := req_context.__class__) is not ReqContext and (
+            c is not self._ctx or req_context.req_id.__class__ is not str
+        ):
             check_req_context(req_context)
-        t = self._table
         small = self._small(keys)
         if small is not None and self._distinct(keys):
-            ref = self._ref
-            if all(s >= 0 and ref[s] >= 0 for s in small):  # else the array path raises
-                newly = 0
-                for s in small:
-                    r = ref[s]
-                    newly += r == 0
-                    ref[s] = r + 1
-                t.num_evictable -= newly
-                t.num_pinned += newly
-                self._counters.loads += len(small)
-                return cpu_spec(np.array(small, dtype=np.int64))
-        r = self._resolve(keys, allow_duplicates=False)
-        slots = r.slots
-        if len(slots):
-            if int(slots.min()) < 0:
-                i = int(np.argmax(slots < 0))
-                raise KeyStateError(f"prepare_load: keys[{i}] {r.keys[i]!r} is not stored")
-            states = t.ref[slots]
-            if int(states.min()) < 0:
-                i = int(np.argmax(states < 0))
-                raise KeyStateError(f"prepare_load: keys[{i}] {r.keys[i]!r} is not ready (its store is in flight)")
-            newly = int(np.count_nonzero(states == 0))
-            states += 1
-            t.ref[slots] = states
-            t.num_evictable -= newly
-            t.num_pinned += newly
-            self._counters.loads += len(slots)
-        return cpu_spec(slots)
+            spec = self._loads.prepare_small(small)
+            if spec is not None:
+                return spec
+        return self._loads.prepare(self._resolve(keys, allow_duplicates=False))
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Unpin ``keys`` (ref count -1 per occurrence).
@@ -264,53 +245,20 @@ class CPUOffloadingManager(OffloadingManager):
             KeyStateError: a key is absent, pending, or not pinned (often enough, counting
                 repeats); nothing is unpinned then.
         """
-        if req_context.__class__ is not ReqContext:
+        if (c := req_context.__class__) is not ReqContext and (
+            c is not self._ctx or req_context.req_id.__class__ is not str
+        ):
             check_req_context(req_context)
-        t = self._table
         small = self._small(keys)
-        if small is not None:
-            ref = self._ref
-            counts: dict[int, int] = {}
-            for s in small:
-                counts[s] = counts.get(s, 0) + 1
-            if all(s >= 0 and ref[s] >= c for s, c in counts.items()):  # else the array path raises
-                freed = []
-                for s, c in counts.items():
-                    ref[s] -= c
-                    if ref[s] == 0:
-                        freed.append(s)
-                if freed:
-                    t.num_evictable += len(freed)
-                    t.num_pinned -= len(freed)
-                    self._policy.on_evictable_list(freed)
-                return
-        r = self._resolve(keys, allow_duplicates=True)
-        slots = r.slots
-        if len(slots) == 0:
+        if small is not None and self._loads.complete_small(small):
             return
-        if int(slots.min()) < 0:
-            i = int(np.argmax(slots < 0))
-            raise KeyStateError(f"complete_load: keys[{i}] {r.keys[i]!r} is not stored")
-        uniq, cnt = (slots, None) if r.unique else np.unique(slots, return_counts=True)
-        states = t.ref[uniq]
-        bad = states < (1 if cnt is None else cnt)
-        if bad.any():
-            j = int(np.argmax(bad))
-            s = int(uniq[j])
-            what = "pending" if states[j] == PENDING else f"pinned {int(states[j])} time(s)"
-            c = 1 if cnt is None else int(cnt[j])
-            raise KeyStateError(f"complete_load: key {t.keys[s]!r} is {what}, cannot unpin it {c} time(s)")
-        states -= 1 if cnt is None else cnt.astype(np.int32)
-        t.ref[uniq] = states
-        freed_a = uniq[states == 0]
-        if len(freed_a):
-            t.num_evictable += len(freed_a)
-            t.num_pinned -= len(freed_a)
-            self._policy.on_evictable(freed_a)
+        self._loads.complete(self._resolve(keys, allow_duplicates=True))
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
-        if req_context.__class__ is not ReqContext:
+        if (c := req_context.__class__) is not ReqContext and (
+            c is not self._ctx or req_context.req_id.__class__ is not str
+        ):
             check_req_context(req_context)
         small = self._small(keys)
         if small is not None:
@@ -331,7 +279,9 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
         """
-        if req_context.__class__ is not ReqContext:
+        if (c := req_context.__class__) is not ReqContext and (
+            c is not self._ctx or req_context.req_id.__class__ is not str
+        ):
             check_req_context(req_context)
         small = self._small(keys)
         if small is not None and self._distinct(keys):
@@ -343,7 +293,9 @@ class CPUOffloadingManager(OffloadingManager):
 
         Ready keys are untouched and absent keys ignored, in both cases.
         """
-        if req_context.__class__ is not ReqContext:
+        if (c := req_context.__class__) is not ReqContext and (
+            c is not self._ctx or req_context.req_id.__class__ is not str
+        ):
             check_req_context(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")

@@ -176,10 +176,9 @@ class RequestHooksManager(OffloadingManager):
         # big-endian group index suffix orders as its bytes do (get_offload_group_idx without a call per key)
         keys.sort(key=_GROUP_SUFFIX)
         if key_position is not None:
-            pos = [key_position(k) for k in keys]
-            if all(p is not None for p in pos):
-                order = sorted(range(len(keys)), key=lambda i: pos[i])  # type: ignore[arg-type,return-value]
-                keys = [keys[i] for i in order]
+            pos = list(map(key_position, keys))
+            if None not in pos:  # stable: keys at one position keep their group order
+                keys.sort(key=dict(zip(keys, pos, strict=True)).__getitem__)  # type: ignore[arg-type]  # distinct keys
         inserted_only = st.inserted - st.reused
         apply_request_access(self._core, keys, req_context, inserted_only, st.reused)
 
@@ -196,27 +195,34 @@ class RequestHooksManager(OffloadingManager):
         core = self._core
         batch = core.key_batch(keys, dedup=False)
         codes = core.peek_list(batch)
-        ready = {k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_HIT}
+        absent = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS]
+        ready = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_HIT]
         select = getattr(self._backing, "store_candidates", None)  # a reuse filter below says which pass
-        passed = None if select is None or LOOKUP_MISS not in codes else set(select(batch, req_context))
-        candidates = {
-            k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS and (passed is None or k in passed)
-        }
+        if select is not None and absent:
+            passed = set(select(batch, req_context))
+            candidates = [k for k in absent if k in passed]
+        else:
+            candidates = absent
         seen = st.store_misses
         policy = core.policy
         misses = None
-        if type(policy).on_store_miss is not CachePolicy.on_store_miss:  # the policy learns from them (ARC)
-            misses = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS and k not in seen]
+        if absent and type(policy).on_store_miss is not CachePolicy.on_store_miss:  # the policy learns (ARC)
+            misses = [k for k in absent if k not in seen]
             if misses:
                 policy.on_store_miss(misses)
         out = self._backing.prepare_store(batch, req_context)
         if misses:
             seen.update(misses)
-        inserted = set(out.keys_to_store) if out is not None else set()
         if candidates or ready:  # recorded whether or not the allocation succeeded, as vLLM does
-            st.keys.update(dict.fromkeys(k for k in batch if k in candidates or k in ready))
-            st.inserted |= inserted
-            st.reused.update(k for k in ready if k not in st.inserted)
+            if candidates is absent and len(absent) + len(ready) == len(batch):  # nothing pending, no filter
+                st.keys.update(dict.fromkeys(batch))
+            else:
+                keep = set(candidates).union(ready)
+                st.keys.update(dict.fromkeys(k for k in batch if k in keep))
+            if out is not None:
+                st.inserted.update(out.keys_to_store)
+            inserted = st.inserted
+            st.reused.update(k for k in ready if k not in inserted)
         return out
 
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:

@@ -160,10 +160,13 @@ class EngineContext:
 BAD_CONTEXTS = ["r", None, {"req_id": "r"}, 5, ReqContext, EngineContext(5), EngineContext(None)]
 
 
+@pytest.mark.parametrize("trusted", [False, True], ids=["general", "engine-class-trusted"])
 @pytest.mark.parametrize("ctx", BAD_CONTEXTS)
 @pytest.mark.parametrize("method", MANAGER_METHODS + ["lookup"])
-def test_manager_rejects_a_req_context_that_is_not_one(method: str, ctx: object) -> None:
+def test_manager_rejects_a_req_context_that_is_not_one(method: str, ctx: object, trusted: bool) -> None:
     m = busy_manager()
+    if trusted:  # an engine's class checked by its req_id alone: the same contexts are still refused
+        m.trust_context_class(EngineContext)
     before = snapshot(m)
     stats_before = copy.deepcopy(vars(m.get_stats()))
     arg = K0[2] if method == "lookup" else [K0[2], K1[5]]
@@ -191,6 +194,18 @@ def test_req_context_subclass_and_engine_context_are_accepted() -> None:
     assert out is not None and out.keys_to_store == [K0[2], K0[3]]
     f.complete_store(out.keys_to_store, EngineContext("y"))
     assert f.lookup_batch(K0[:4], EngineContext("z")).tolist() == [2, 2, 1, 1]  # K0[:2] still pending
+
+
+def test_trusted_engine_context_class_is_accepted_and_only_a_class_can_be_trusted() -> None:
+    m = CPUOffloadingManager(4)
+    m.trust_context_class(EngineContext)
+    out = m.prepare_store(K0[:2], EngineContext("y"))
+    assert out is not None and out.keys_to_store == K0[:2]
+    m.complete_store(K0[:2], EngineContext("y"))
+    assert m.lookup_batch(K0[:3], EngineContext("y")).tolist() == [1, 1, 0]
+    assert m.prepare_load([K0[0]], ReqContext("r")).block_ids.tolist() == [0]  # ours still accepted
+    with pytest.raises(InvalidTypeError, match="cls"):
+        m.trust_context_class(EngineContext("y"))  # type: ignore[arg-type]
 
 
 REUSE_CALLS = {

@@ -86,6 +86,7 @@ class KVOffloadManager(OffloadingManager):
         self.medium: Medium = Medium.CPU  # vLLM's managers name their medium (vLLM code reads it)
         policy = resolve_cache_policy(cache_policy, cache_policy_module_path)
         self.core = CPUOffloadingManager(num_blocks, cache_policy=policy, enable_events=enable_events)
+        self.core.trust_context_class(ReqContext)  # vLLM's contexts: their req_id checked, no general check
         stack: CoreManager = self.core
         self.store_threshold = store_threshold
         self._filter: FilteredReuseManager | None = None

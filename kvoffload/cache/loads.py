@@ -1,0 +1,133 @@
+"""Loads from the host pool: the pin/unpin side of the CPU offloading manager.
+
+:class:`Loads` is the part of :class:`~kvoffload.cache.manager.CPUOffloadingManager` that runs
+``prepare_load`` (pin ready blocks, return their slots) and ``complete_load`` (unpin them; a
+block unpinned to zero becomes evictable again for the cache policy), each with its scalar path
+(a few keys, slots as a list) beside its array path (a :class:`~kvoffload.cache.batch.Resolved`
+batch). The manager checks the arguments and resolves the keys first; this class shares its
+table, policy and counters.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from kvoffload.cache.batch import Resolved
+from kvoffload.cache.keytable import PENDING, SlotTable
+from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.stats import Counters
+from kvoffload.cache.stores import cpu_spec
+from kvoffload.core.base import CPULoadStoreSpec
+from kvoffload.errors import KeyStateError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Loads"]
+
+
+class Loads:
+    """Pin and unpin steps over ``table`` (ref counts: ``>= 0`` ready, pinned while ``> 0``).
+
+    Args:
+        table, policy, counters: the manager's.
+    """
+
+    def __init__(self, table: SlotTable, policy: CachePolicy, counters: Counters) -> None:
+        self.table = table
+        self.policy = policy
+        self.counters = counters
+
+    def prepare_small(self, slots: list[int]) -> CPULoadStoreSpec | None:
+        """Pin the distinct ``slots`` if every one is stored and ready; None (nothing changed):
+        one is not, the caller takes the array path, which raises."""
+        t = self.table
+        ref = t.ref_buf
+        if not all(s >= 0 and ref[s] >= 0 for s in slots):
+            return None
+        newly = 0
+        for s in slots:
+            r = ref[s]
+            newly += r == 0
+            ref[s] = r + 1
+        t.num_evictable -= newly
+        t.num_pinned += newly
+        self.counters.loads += len(slots)
+        return cpu_spec(np.array(slots, dtype=np.int64))
+
+    def prepare(self, r: Resolved) -> CPULoadStoreSpec:
+        """Pin the distinct keys of ``r``.
+
+        Raises:
+            KeyStateError: a key is absent or pending (nothing is pinned then).
+        """
+        t = self.table
+        slots = r.slots
+        if len(slots):
+            if int(slots.min()) < 0:
+                i = int(np.argmax(slots < 0))
+                raise KeyStateError(f"prepare_load: keys[{i}] {r.keys[i]!r} is not stored")
+            states = t.ref[slots]
+            if int(states.min()) < 0:
+                i = int(np.argmax(states < 0))
+                raise KeyStateError(f"prepare_load: keys[{i}] {r.keys[i]!r} is not ready (its store is in flight)")
+            newly = int(np.count_nonzero(states == 0))
+            states += 1
+            t.ref[slots] = states
+            t.num_evictable -= newly
+            t.num_pinned += newly
+            self.counters.loads += len(slots)
+        return cpu_spec(slots)
+
+    def complete_small(self, slots: list[int]) -> bool:
+        """Unpin ``slots`` (once per occurrence) if each is pinned often enough; False (nothing
+        changed): one is not, the caller takes the array path, which raises."""
+        t = self.table
+        ref = t.ref_buf
+        counts: dict[int, int] = {}
+        for s in slots:
+            counts[s] = counts.get(s, 0) + 1
+        if not all(s >= 0 and ref[s] >= c for s, c in counts.items()):
+            return False
+        freed = []
+        for s, c in counts.items():
+            ref[s] -= c
+            if ref[s] == 0:
+                freed.append(s)
+        if freed:
+            t.num_evictable += len(freed)
+            t.num_pinned -= len(freed)
+            self.policy.on_evictable_list(freed)
+        return True
+
+    def complete(self, r: Resolved) -> None:
+        """Unpin the keys of ``r`` (ref count -1 per occurrence).
+
+        Raises:
+            KeyStateError: a key is absent, pending, or not pinned (often enough, counting
+                repeats); nothing is unpinned then.
+        """
+        t = self.table
+        slots = r.slots
+        if len(slots) == 0:
+            return
+        if int(slots.min()) < 0:
+            i = int(np.argmax(slots < 0))
+            raise KeyStateError(f"complete_load: keys[{i}] {r.keys[i]!r} is not stored")
+        uniq, cnt = (slots, None) if r.unique else np.unique(slots, return_counts=True)
+        states = t.ref[uniq]
+        bad = states < (1 if cnt is None else cnt)
+        if bad.any():
+            j = int(np.argmax(bad))
+            s = int(uniq[j])
+            what = "pending" if states[j] == PENDING else f"pinned {int(states[j])} time(s)"
+            c = 1 if cnt is None else int(cnt[j])
+            raise KeyStateError(f"complete_load: key {t.keys[s]!r} is {what}, cannot unpin it {c} time(s)")
+        states -= 1 if cnt is None else cnt.astype(np.int32)
+        t.ref[uniq] = states
+        freed_a = uniq[states == 0]
+        if len(freed_a):
+            t.num_evictable += len(freed_a)
+            t.num_pinned -= len(freed_a)
+            self.policy.on_evictable(freed_a)
