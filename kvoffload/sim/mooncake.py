@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.errors import InvalidArgumentError
+from kvoffload.sim.workload import read_jsonl
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -130,20 +131,9 @@ def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOK
             f"--trace-block-size must be a multiple of {PIECE_TOKENS} tokens, got {block_tokens}"
         )
     p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"trace {p} cannot be read: {exc}") from None
     out: list[MooncakeRequest] = []
     last_ts = 0.0
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, obj in read_jsonl(p):
         req = _parse(obj, f"{p}:{lineno}", block_tokens, last_ts)
         last_ts = req.timestamp
         out.append(MooncakeRequest(req.timestamp, req.input_length, req.output_length, req.hash_ids, lineno))

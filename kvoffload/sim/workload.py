@@ -187,6 +187,24 @@ def _parse_line(obj: object, lineno: int, path: Path, hash_block_size: int) -> T
     raise InvalidArgumentError(f"{where}: each line needs token_ids or block_hashes")
 
 
+def read_jsonl(path: Path) -> Iterator[tuple[int, object]]:
+    """``(line number, parsed JSON)`` of each request line of a JSONL trace (blank lines and
+    ``#`` comments skipped); a file that cannot be read or a line that is not JSON is an
+    :class:`InvalidArgumentError` naming the file (and line)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"trace {path} cannot be read: {exc}") from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgumentError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+
+
 def read_trace(path: str | Path, hash_block_size: int = 16) -> list[TraceRequest]:
     """Read a JSONL trace (format in the module docstring); ``block_hashes`` are per
     ``hash_block_size`` tokens.
@@ -200,20 +218,9 @@ def read_trace(path: str | Path, hash_block_size: int = 16) -> list[TraceRequest
             the file and line, and the field as the trace spells it).
     """
     p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"trace {p} cannot be read: {exc}") from None
     out: list[TraceRequest] = []
     first_line: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgumentError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, obj in read_jsonl(p):
         req = _parse_line(obj, lineno, p, hash_block_size)
         if req.request_id in first_line:
             raise InvalidArgumentError(
