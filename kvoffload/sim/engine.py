@@ -112,10 +112,8 @@ class Engine:
             raise InvalidArgumentError(
                 f"the manager has {nb} CPU blocks but the host pool only num_cpu_blocks={cfg.num_cpu_blocks}"
             )
-        if isinstance(tiers, str):
-            raise InvalidTypeError("tiers must be a list of tier specs, not a single str")
         if tiers:
-            from kvoffload.sim.tiers import check_tier_specs
+            from kvoffload.sim.tiers import check_tier_specs, tiered_manager  # imports redis-py
 
             check_tier_specs(tiers)
         if worker is None:
@@ -131,13 +129,7 @@ class Engine:
             )
         self.tiered: TieredManager | None = None
         if tiers:
-            from kvoffload.sim.tiers import open_engine_tiers
-
-            pool = getattr(worker, "host_pool", None)
-            if pool is None:
-                raise InvalidArgumentError("tiers need a worker with a host_pool (its records are what tiers move)")
-            self.tiered = TieredManager(manager, open_engine_tiers(list(tiers), pool.records(), cfg, tier_options))
-            manager = self.tiered
+            self.tiered = manager = tiered_manager(manager, worker, tiers, cfg, tier_options)
         self.manager = manager
         self.worker = DelayedWorker(worker, cfg.transfer_latency_steps) if cfg.transfer_latency_steps else worker
         self.scheduler = OffloadingScheduler(self.sched_config, manager)

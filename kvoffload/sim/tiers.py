@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 
+from kvoffload.cache.tiered import TieredManager
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.sim.config import EngineConfig
 from kvoffload.tiers import Tier, TierNamespace, open_tier
 from kvoffload.tiers.factory import parse_disk_spec
 from kvoffload.tiers.redis_url import parse_redis_url
 
-__all__ = ["engine_namespace", "check_tier_specs", "open_engine_tiers"]
+__all__ = ["engine_namespace", "check_tier_specs", "open_engine_tiers", "tiered_manager"]
 
 
 def engine_namespace(cfg: EngineConfig, tag: str = "") -> TierNamespace:
@@ -52,6 +53,8 @@ def engine_namespace(cfg: EngineConfig, tag: str = "") -> TierNamespace:
 def check_tier_specs(specs: Sequence[str]) -> None:
     """Check every tier spec's syntax and options before anything is allocated (typed errors
     naming the spec; nothing connects)."""
+    if isinstance(specs, str):
+        raise InvalidTypeError("tiers must be a list of tier specs, not a single str")
     for spec in specs:
         if not isinstance(spec, str):
             raise InvalidTypeError(f"tier spec must be a str, got {type(spec).__name__}")
@@ -82,3 +85,14 @@ def open_engine_tiers(
             t.close()
         raise
     return tiers
+
+
+def tiered_manager(
+    manager: Any, worker: Any, specs: Sequence[str], cfg: EngineConfig, options: dict[str, Any] | None = None
+) -> TieredManager:
+    """``manager`` wrapped in a :class:`TieredManager` over one tier per spec, opened on ``worker``'s
+    host pool records (the worker needs a ``host_pool``: its records are what tiers move)."""
+    pool = getattr(worker, "host_pool", None)
+    if pool is None:
+        raise InvalidArgumentError("tiers need a worker with a host_pool (its records are what tiers move)")
+    return TieredManager(manager, open_engine_tiers(list(specs), pool.records(), cfg, options))
