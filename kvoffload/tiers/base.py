@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 #: Store/load batches for the pool: the task function and its argument tuples.
 _Tasks = tuple[Callable[..., None], list[tuple[object, ...]]]
+
+_R = TypeVar("_R")
 
 #: Per-key outcomes a backend's :meth:`Tier._store_batch` returns.
 FAILED = 0
@@ -304,15 +306,7 @@ class Tier(ABC):
                 for args in tasks:
                     self._pool.submit(run, *args)
                 continue
-            found: list[bool] | None = None
-            if not self._health.is_down():
-                try:
-                    found = self._probe(batch)
-                    self._health.succeeded()
-                except TierUnavailable as exc:
-                    self._health.failed(exc)
-                except Exception as exc:  # a backend bug must not kill the lookup thread
-                    self._count_error("lookup", exc)
+            found = None if self._health.is_down() else self._call_backend("lookup", self._probe, batch)
             with self._lock:
                 self._stats.lookup_round_trips += found is not None
                 self._stats.lookups += len(batch) if found is not None else 0
@@ -322,6 +316,21 @@ class Tier(ABC):
                 self._probes_in_flight -= 1
                 self._idle.notify_all()
 
+    def _call_backend(self, kind: str, fn: Callable[..., _R], *args: Any) -> _R | None:
+        """``fn(*args)`` on a tier thread, its outcome told to the tier's health: None when the
+        store is unreachable (back-off starts) or the backend raised (counted in ``errors``; a
+        backend bug must not kill a tier thread)."""
+        try:
+            out = fn(*args)
+        except TierUnavailable as exc:
+            self._health.failed(exc)
+            return None
+        except Exception as exc:
+            self._count_error(kind, exc)
+            return None
+        self._health.succeeded()
+        return out
+
     def _apply_probe_results(self) -> None:
         done = self._probe_done
         while not done.empty():  # the engine thread is the only consumer
@@ -330,16 +339,10 @@ class Tier(ABC):
     def _run_store(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
         keys = job.keys[start:stop]
         t0 = time.perf_counter()
-        outcome = [FAILED] * len(keys)
         dropped = self._health.is_down()
-        if not dropped:
-            try:
-                outcome = self._store_batch(keys, slots)
-                self._health.succeeded()
-            except TierUnavailable as exc:
-                self._health.failed(exc)
-            except Exception as exc:
-                self._count_error("store", exc)
+        outcome = None if dropped else self._call_backend("store", self._store_batch, keys, slots)
+        if outcome is None:
+            outcome = [FAILED] * len(keys)
         dt = time.perf_counter() - t0
         stored = outcome.count(STORED)
         with self._lock:
@@ -359,15 +362,8 @@ class Tier(ABC):
     def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
         keys = job.keys[start:stop]
         t0 = time.perf_counter()
-        ok = [False] * len(keys)
-        if not self._health.is_down():
-            try:
-                ok = self._load_batch(keys, slots)
-                self._health.succeeded()
-            except TierUnavailable as exc:
-                self._health.failed(exc)
-            except Exception as exc:
-                self._count_error("load", exc)
+        got = None if self._health.is_down() else self._call_backend("load", self._load_batch, keys, slots)
+        ok = [False] * len(keys) if got is None else got
         dt = time.perf_counter() - t0
         n_ok = sum(ok)
         with self._lock:
