@@ -27,11 +27,6 @@ def require_vllm() -> None:
 
 def require_redis() -> None:
     """Skip (or, under ``make test-vllm`` / ``KVOFFLOAD_REQUIRE_REDIS=1``, fail) without ``redis-server``."""
-    from kvoffload.testing.redis_server import redis_binaries_problem
+    from tests.redis_support import require_redis as _require_redis
 
-    problem = redis_binaries_problem()
-    if problem is None:
-        return
-    if os.environ.get("KVOFFLOAD_REQUIRE_REDIS") == "1" or os.environ.get("KVOFFLOAD_REQUIRE_VLLM") == "1":
-        pytest.fail(f"the vLLM tier tests need redis-server: {problem}")
-    pytest.skip(f"the vLLM tier tests need redis-server: {problem}")
+    _require_redis("the vLLM tier tests", ("KVOFFLOAD_REQUIRE_REDIS", "KVOFFLOAD_REQUIRE_VLLM"))

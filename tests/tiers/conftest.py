@@ -6,7 +6,6 @@ Without ``redis-server`` the Redis tests are skipped with the reason; ``KVOFFLOA
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,20 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvoffload.testing.redis_server import RedisCluster3, RedisServer, redis_binaries_problem
+from kvoffload.testing.redis_server import RedisCluster3, RedisServer
 from kvoffload.tiers import TIER_RETRY, Tier, TierNamespace
+from tests.redis_support import require_redis as _require_redis
 
 NS = TierNamespace("test/model@1", "float16", "float16", "flash_attn", (2, 16, 4, 64), 16)
 
 
 def require_redis() -> None:
     """Skip (or, with KVOFFLOAD_REQUIRE_REDIS=1, fail) when the Redis binaries are missing."""
-    problem = redis_binaries_problem()
-    if problem is None:
-        return
-    if os.environ.get("KVOFFLOAD_REQUIRE_REDIS") == "1":
-        pytest.fail(f"KVOFFLOAD_REQUIRE_REDIS=1 but {problem}")
-    pytest.skip(f"Redis tier tests need Debian's redis-server: {problem}")
+    _require_redis("Redis tier tests")
 
 
 @pytest.fixture(scope="module")
