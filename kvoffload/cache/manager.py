@@ -197,6 +197,17 @@ class CPUOffloadingManager(OffloadingManager):
         small = self._small(keys)
         return self._codes(keys, count=False).tolist() if small is None else small_codes(self._ref, small)
 
+    def split_present(self, batch: KeyBatch) -> tuple[list[OffloadKey], list[OffloadKey]]:
+        """The absent keys and the ready keys of ``batch`` (from :meth:`key_batch`), each in batch
+        order; pending keys are in neither. Counts and changes nothing."""
+        t = self._table
+        if batch.owner is not t or batch.epoch != t.epoch:  # stale: resolve again
+            batch = self.key_batch(list(batch), dedup=False)
+        ref, slots = self._ref, batch.slots
+        absent = [k for k, s in zip(batch, slots, strict=True) if s < 0]
+        ready = [k for k, s in zip(batch, slots, strict=True) if s >= 0 and ref[s] >= 0]
+        return absent, ready
+
     def _codes(self, keys: Sequence[OffloadKey], count: bool) -> np.ndarray:
         small = self._small(keys)
         if small is not None:

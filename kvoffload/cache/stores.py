@@ -65,7 +65,7 @@ class Stores:
             return self._stored([], np.zeros(0, dtype=np.int64), [], n_present)
         if n_present == 0:
             positions = None
-            to_store = keys_l
+            to_store = list(keys_l)  # the output's own list
         else:
             positions = absent_mask.nonzero()[0]
             to_store = [keys_l[i] for i in positions.tolist()]
@@ -99,7 +99,7 @@ class Stores:
         c = self.counters
         c.stores_started += len(to_store)
         c.stores_skipped += n_present
-        return PrepareStoreOutput(keys_to_store=list(to_store), store_spec=cpu_spec(slots), evicted_keys=evicted)
+        return PrepareStoreOutput(keys_to_store=to_store, store_spec=cpu_spec(slots), evicted_keys=evicted)
 
     def complete(self, r: Resolved, success: bool) -> None:
         """``complete_store`` of ``r`` (repeats allowed; array path)."""
@@ -122,14 +122,10 @@ class Stores:
     def complete_small(self, keys: Sequence[OffloadKey], slots: list[int], success: bool) -> None:
         """``complete_store`` of a few ``keys`` with their ``slots`` (-1 = absent; repeats allowed)."""
         ref = self.table.ref_buf
-        sel: list[int] = []
-        done: list[OffloadKey] = []
-        for k, s in zip(keys, slots, strict=True):
-            if s >= 0 and ref[s] == PENDING and s not in sel:
-                sel.append(s)
-                done.append(k)
-        if sel:
-            self._finish(sel, done, success)
+        # slot -> key, each slot once in first-occurrence order (repeated keys are equal keys)
+        pending = {s: k for k, s in zip(keys, slots, strict=True) if s >= 0 and ref[s] == PENDING}
+        if pending:
+            self._finish(list(pending), list(pending.values()) if self.events is not None else [], success)
 
     def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
         """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""

@@ -144,7 +144,9 @@ class KVOffloadManager(OffloadingManager):
         self.hooks.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.hooks.complete_load(list(keys), req_context)  # type: ignore[arg-type]
+        # completions go straight to the core: the request recording and the reuse filter
+        # above it record nothing for them
+        self.core.complete_load(list(keys), req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -164,13 +166,13 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = list(keys)
+        keys = list(keys)  # straight to the core, as complete_load
         if success or self._events is None or not HAS_METADATA_ONLY:
-            self.hooks.complete_store(keys, req_context, success)  # type: ignore[arg-type]
+            self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
         batch = self.core.key_batch(keys)
         removed = [k for k, c in zip(batch, self.core.peek_list(batch), strict=True) if c == LOOKUP_PENDING]
-        self.hooks.complete_store(batch, req_context, False)  # type: ignore[arg-type]
+        self.core.complete_store(batch, req_context, False)  # type: ignore[arg-type]
         if removed:
             self._drain_core_events()
             self._events.append(
