@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.cache.batch import StorePlan
 from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.stores import store_output
 from kvoffload.core.base import (
     LoadStoreSpec,
     OffloadingEvent,
@@ -80,6 +82,18 @@ def apply_request_access(
     policy.on_request_finished(batch, np.array(batch.slots, dtype=np.int64), ins, reu)
 
 
+def _plan_of(manager: OffloadingManager) -> Callable[[Sequence[OffloadKey], ReqContext], StorePlan | None]:
+    """``store_plan`` for a manager that has only ``prepare_store``."""
+
+    def plan(keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan | None:
+        out = manager.prepare_store(keys, req_context)
+        if out is None:
+            return None
+        return StorePlan(list(out.keys_to_store), out.store_spec.block_ids, list(out.evicted_keys))  # type: ignore[attr-defined]
+
+    return plan
+
+
 class _Access:
     """What one request did, in first-seen order."""
 
@@ -134,6 +148,7 @@ class RequestHooksManager(OffloadingManager):
         self._core = core
         self._requests: dict[str, _Access] = {}
         self._select = getattr(backing, "store_candidates", None)  # a reuse filter's (see prepare_store)
+        self._plan = getattr(backing, "store_plan", None) or _plan_of(backing)
         self._learns_misses = type(core.policy).on_store_miss is not CachePolicy.on_store_miss
 
     @property
@@ -199,9 +214,13 @@ class RequestHooksManager(OffloadingManager):
     # ------------------------------------------------------------------ recorded
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         """Record, then delegate the batch resolved once by the core (:meth:`key_batch`)."""
+        return store_output(self.store_plan(keys, req_context))
+
+    def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan | None:
+        """:meth:`prepare_store` answering the backing's :class:`~kvoffload.cache.batch.StorePlan`."""
         st = self._state(req_context)
         if st is None:
-            return self._backing.prepare_store(keys, req_context)
+            return self._plan(keys, req_context)  # type: ignore[no-any-return]
         core = self._core
         batch = core.key_batch(keys, dedup=False)
         absent, ready = core.split_present(batch)
@@ -215,7 +234,7 @@ class RequestHooksManager(OffloadingManager):
             misses = [k for k in absent if k not in seen]
             if misses:
                 core.policy.on_store_miss(misses)
-        out = self._backing.prepare_store(batch, req_context)
+        out = self._plan(batch, req_context)
         if misses:
             st.store_misses.update(misses)
         if candidates or ready:  # recorded whether or not the allocation succeeded, as vLLM does
@@ -224,8 +243,8 @@ class RequestHooksManager(OffloadingManager):
             else:
                 keep = set(candidates).union(ready)
                 st.keys.update(dict.fromkeys(k for k in batch if k in keep))
-            if out is not None and out.keys_to_store:
-                st.inserted.update(out.keys_to_store)
+            if out is not None and out.keys:
+                st.inserted.update(out.keys)
             if ready:
                 st.reused.update(set(ready).difference(st.inserted))
         return out
