@@ -210,13 +210,19 @@ class SlotTable:
         return list(map(self.index.get, keys, repeat(-1)))
 
     def key_batch(
-        self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int = SMALL_KEY_BATCH
+        self,
+        keys: Iterable[OffloadKey],
+        name: str = "keys",
+        *,
+        dedup: bool,
+        limit: int = SMALL_KEY_BATCH,
+        distinct: bool = False,
     ) -> KeyBatch:
         """Validate ``keys`` and resolve them to slots once, for the layers inside to reuse.
 
         ``dedup``: repeated keys are reduced to their first occurrence (else kept as given). A
         ``list`` of at most ``limit`` keys is resolved with scalar code. Same checks and errors as
-        :meth:`resolve`.
+        :meth:`resolve`; ``distinct`` (the caller knows there are no repeats) skips the repeat test.
         """
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
@@ -225,7 +231,7 @@ class SlotTable:
         if slots is not None:
             out = KeyBatch(keys)
             out.unique = True
-            if len(out) > 1 and len(set(out)) != len(out):
+            if not distinct and len(out) > 1 and len(set(out)) != len(out):
                 out.unique = dedup
                 if dedup:
                     first: dict[OffloadKey, int] = {}

@@ -118,18 +118,21 @@ class CPUOffloadingManager(OffloadingManager):
         return self._table
 
     # ------------------------------------------------------------------ the door
-    def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True, limit: int = SMALL_BATCH) -> KeyBatch:
+    def key_batch(
+        self, keys: Collection[OffloadKey], *, dedup: bool = True, limit: int = SMALL_BATCH, distinct: bool = False
+    ) -> KeyBatch:
         """Validate ``keys`` and resolve them to slots once (repeats reduced to their first
         occurrence with ``dedup``); every layer of a stack over this manager, and this manager,
         take the result as it is while no key was inserted or freed since. A ``list`` of at
-        most ``limit`` keys is resolved with scalar code.
+        most ``limit`` keys is resolved with scalar code. ``distinct``: the caller knows the
+        keys have no repeats (e.g. keys recorded from earlier batches), so that is not checked.
 
         Raises:
             InvalidTypeError: a key is not ``bytes``; KeyStateError: after :meth:`shutdown`.
         """
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return self._table.key_batch(keys, dedup=dedup, limit=limit)
+        return self._table.key_batch(keys, dedup=dedup, limit=limit, distinct=distinct)
 
     def trust_context_class(self, cls: type) -> None:
         """Check contexts of class ``cls`` (an engine's own, e.g. vLLM's ``ReqContext``) by their

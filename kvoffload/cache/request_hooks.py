@@ -53,6 +53,7 @@ def apply_request_access(
     req_context: ReqContext,
     inserted_only: Collection[bytes] = (),
     reused: Collection[bytes] = (),
+    distinct: bool = False,
 ) -> None:
     """Apply one finished request's accesses to ``core``'s policy, at once.
 
@@ -63,12 +64,13 @@ def apply_request_access(
             ends up most recent, as with ``touch``). Absent keys are ignored.
         inserted_only: keys this request stored and did not read back.
         reused: ready keys this request loaded (or found already stored).
+        distinct: the caller knows that ``keys`` has no repeats (not checked again).
     """
     policy = core.policy
     if type(policy).on_request_finished is CachePolicy.on_request_finished:
         core.touch(keys if keys.__class__ is list else list(keys), req_context)
         return
-    batch = core.key_batch(keys, dedup=False, limit=REQUEST_SCALAR_LIMIT)
+    batch = core.key_batch(keys, dedup=False, limit=REQUEST_SCALAR_LIMIT, distinct=distinct)
     if not batch:
         return
     if len(batch) <= REQUEST_SCALAR_LIMIT:
@@ -194,18 +196,19 @@ class RequestHooksManager(OffloadingManager):
         # head first: by token position when known for every key, ties (blocks of several groups
         # ending at one position) and unknown positions by group, then first-seen order; recorded
         # keys were checked, and their big-endian group index suffix orders as its bytes do
-        by_position = None
+        by_position = False
         if key_position is not None:
             pos = list(map(key_position, keys))
             if None not in pos:
-                by_position = dict(zip(keys, pos, strict=True))  # distinct keys
-                if len(set(pos)) < len(pos):
-                    keys.sort(key=_GROUP_SUFFIX)
-                keys.sort(key=by_position.__getitem__)  # type: ignore[arg-type]
-        if by_position is None:
+                by_position = True
+                if pos != sorted(set(pos)):  # not recorded head first already (strictly ascending)
+                    if len(set(pos)) < len(pos):
+                        keys.sort(key=_GROUP_SUFFIX)
+                    keys.sort(key=dict(zip(keys, pos, strict=True)).__getitem__)  # type: ignore[arg-type]
+        if not by_position:
             keys.sort(key=_GROUP_SUFFIX)
         inserted_only = st.inserted - st.reused
-        apply_request_access(self._core, keys, req_context, inserted_only, st.reused)
+        apply_request_access(self._core, keys, req_context, inserted_only, st.reused, distinct=True)
 
     def lookup_result(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """:meth:`lookup` as a four-valued :class:`LookupResult` (never ``RETRY`` here)."""
