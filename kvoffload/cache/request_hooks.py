@@ -201,7 +201,7 @@ class RequestHooksManager(OffloadingManager):
             pos = list(map(key_position, keys))
             if None not in pos:
                 by_position = True
-                if pos != sorted(set(pos)):  # not recorded head first already (strictly ascending)
+                if pos != sorted(set(pos)):  # type: ignore[type-var]  # not recorded head first already (strictly ascending)
                     if len(set(pos)) < len(pos):
                         keys.sort(key=_GROUP_SUFFIX)
                     keys.sort(key=dict(zip(keys, pos, strict=True)).__getitem__)  # type: ignore[arg-type]
