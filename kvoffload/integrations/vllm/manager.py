@@ -41,6 +41,7 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.request_hooks import RequestHooksManager
@@ -132,8 +133,6 @@ class KVOffloadManager(OffloadingManager):
         return LookupResult.MISS if r is False else LookupResult.HIT_PENDING
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> Any:
-        from vllm.v1.metrics.cache_hit_source import CacheHitSource
-
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
