@@ -133,6 +133,28 @@ def _trace(s: Setting) -> list[list[tuple[str, list[int]]]]:
     return waves
 
 
+def _shape(s: Setting) -> Any:
+    """The engine's :class:`~tests.integrations.vllm_harness.Shape` for ``s``. The small trace keeps
+    the harness's KV (its bytes are written and checked every step); the realistic settings give
+    each GPU block the smallest page the harness and kvoffload's data path take (1 head of 1
+    channel of a 1-byte dtype: 32 bytes per 16-token block), so that the worker's CPU copies and the
+    KV tensors cost little. What is timed (the scheduler side) counts blocks and chunks, not bytes:
+    the trace, the block and chunk sizes and the pool size in chunks are the same whatever the page."""
+    import torch
+
+    from tests.integrations.vllm_harness import Shape
+
+    shape = Shape(
+        block_size=s.block_size,
+        max_len=max(256, s.max_prompt + s.reply_tokens + s.block_size),
+        max_num_seqs=s.concurrent,
+        max_num_batched_tokens=s.max_batched_tokens,
+    )
+    if s.small_trace:
+        return shape
+    return replace(shape, kv_heads=1, head_dim=1, kv_dtype=torch.float8_e4m3fn)
+
+
 def _time_calls(obj: Any, names: tuple[str, ...], acc: list[float]) -> None:
     """Wrap the methods ``names`` of ``obj`` so that their wall time adds up in ``acc[0]``."""
     for name in names:
@@ -155,14 +177,9 @@ def _run_once(
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from tests.integrations.vllm_harness import Engine, Shape
+    from tests.integrations.vllm_harness import Engine
 
-    shape = Shape(
-        block_size=s.block_size,
-        max_len=max(256, s.max_prompt + s.reply_tokens + s.block_size),
-        max_num_seqs=s.concurrent,
-        max_num_batched_tokens=s.max_batched_tokens,
-    )
+    shape = _shape(s)
     extra = {
         "spec_name": "KVOffloadSpec",
         "spec_module_path": "kvoffload.integrations.vllm",
@@ -197,6 +214,7 @@ def _run_once(
         "connector_s": spent[0],
         "us_per_step": spent[0] / steps * 1e6,
         "manager_us_per_step": in_manager[0] / steps * 1e6,
+        "page_bytes": shape.page,
         "loads": e.worker.counts["loads"],
         "stores": e.worker.counts["stores"],
         "outputs": e.outputs,
@@ -231,6 +249,7 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
             "vllm_manager_us_per_step": round(theirs["manager_us_per_step"], 1),
             "manager_ratio": round(ours["manager_us_per_step"] / theirs["manager_us_per_step"], 3),
             "run_wall_s": round(min(r["wall_s"] for r in runs), 1),
+            "gpu_page_bytes": runs[0]["page_bytes"],
         }
         print(json.dumps(row), flush=True)
         rows.append(row)
