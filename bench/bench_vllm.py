@@ -8,31 +8,40 @@ Writes the ``vllm`` section of ``bench/results/<machine>-vllm.json`` (unless ``-
 Engine: vLLM's real ``Scheduler`` and ``OffloadingConnector`` in both roles on CPU tensors
 (``tests/integrations/vllm_harness.py``, its model writing no KV here), kvoffload's spec with its
 ``KVOffloadManager`` behind the connector, or the same spec with vLLM's ``CPUOffloadingManager``
-swapped in (same policy, same capacity; the worker side is the same). Workload: multi-turn
-conversations, each opening with one of a few shared system prompts, each turn's prompt extending
-the previous turn's (its earlier turns are a shared prefix), more conversations than the engine
-runs at once so that earlier turns leave the GPU cache and come back from the CPU tier, which is
-under eviction pressure too. Settings (:data:`SETTINGS`; without ``--setting`` only ``64req-1e4``
-runs, ``--setting 64req-1e4 --setting 256req-1e5`` runs both realistic ones):
+swapped in (same policy, same capacity; the worker side is the same). The realistic settings give
+each GPU block a 32-byte page (:func:`_shape`: 1 KV head of 1 channel, fp8): the worker still runs
+every store and load through kvoffload's torch data path, but its CPU copies and the KV tensors
+cost little; the scheduler side sees blocks and chunks, not bytes, so what is timed is the same as
+with a model-sized page (the pool holds the setting's number of chunks whatever the page).
+
+Workload: multi-turn conversations, each opening with one of a few shared system prompts, each
+turn's prompt extending the previous turn's (its earlier turns are a shared prefix), more
+conversations than the engine runs at once so that earlier turns leave the GPU cache and come back
+from the CPU tier, which is under eviction pressure too. Settings (:data:`SETTINGS`; without
+``--setting`` only ``64req-1e4`` runs, ``--setting 64req-1e4 --setting 256req-1e5`` runs both
+realistic ones):
 
 * ``64req-1e4``: 16-token GPU blocks, 64 concurrent requests of 160 conversations, prompts of
   2k-8k tokens, a CPU pool of 10^4 chunks;
 * ``256req-1e5``: 16-token GPU blocks, 256 concurrent requests of 640 conversations, prompts of
   2k-32k tokens, a CPU pool of 10^5 chunks;
+* ``small`` (``--quick``): the small trace (4-token blocks, 8 conversations of 3 short turns), its
+  KV written and checked every step.
 
-(chunks of 256 tokens, so that the CPU pool is larger than the GPU cache that runs the
-concurrent requests, as in a deployment: with 16-token chunks a 10^4-chunk pool would be a
-third of that GPU cache and nothing would come back from it);
-* ``small`` (``--quick``): the small trace (4-token blocks, 8 conversations of 3 short turns).
+The realistic settings offload chunks of 256 tokens, so that the CPU pool is larger than the GPU
+cache that runs the concurrent requests, as in a deployment: with 16-token chunks a 10^4-chunk
+pool would be a third of that GPU cache and nothing would come back from it.
 
 Timed: the scheduler-role connector calls of each step (``get_num_new_matched_tokens``,
 ``update_state_after_alloc``, ``build_connector_meta``, ``update_connector_output``,
 ``request_finished``), which is where the manager is called, and inside them the manager's own
 calls (both managers behind the same timing wrapper). Reported per setting and policy (LRU, ARC):
 µs per engine step for both and their ratios (kvoffload / vLLM; below 1 is faster), the two runs
-alternated, best of ``--repeats`` each (default 1 for the realistic settings: 64req-1e4 takes a
-few minutes on a 2-core machine, 256req-1e5 about half an hour; 3 for the small trace). Both runs
-must produce the same tokens and the same CPU-tier loads, else the comparison is void (asserted).
+alternated, best of ``--repeats`` each (default 1 for the realistic settings, 3 for the small
+trace). Each repeat is 4 runs (2 managers x 2 policies); on a 2-core machine 64req-1e4 takes about
+3 s per run (20 s in all at ``--repeats 1``), 256req-1e5 about 30 s per run (2 minutes in all),
+mostly vLLM's own request hashing and scheduling, which are not timed. Both runs must produce the
+same tokens and the same CPU-tier loads, else the comparison is void (asserted).
 Once the engine is built the GC heap is frozen (``gc.freeze``), as vLLM's ``EngineCore`` does after
 start-up, so that collections during the run do not rescan the engine's start-up objects.
 """
@@ -106,8 +115,7 @@ SETTINGS = {
     "256req-1e5": Setting("256req-1e5", 16, 256, 640, 5, 8, 1536, 512, 7552, 8, 100_000, 256, 256 * 2060, 16384),
 }
 REALISTIC = ("64req-1e4", "256req-1e5")
-#: what a run without ``--setting`` measures: a few minutes on a 2-core machine (256req-1e5 takes
-#: about 7 minutes per run there, 4 runs per repeat)
+#: what a run without ``--setting`` measures (about 20 s on a 2-core machine; 256req-1e5 about 2 minutes)
 DEFAULT = ("64req-1e4",)
 
 
@@ -134,12 +142,10 @@ def _trace(s: Setting) -> list[list[tuple[str, list[int]]]]:
 
 
 def _shape(s: Setting) -> Any:
-    """The engine's :class:`~tests.integrations.vllm_harness.Shape` for ``s``. The small trace keeps
-    the harness's KV (its bytes are written and checked every step); the realistic settings give
-    each GPU block the smallest page the harness and kvoffload's data path take (1 head of 1
-    channel of a 1-byte dtype: 32 bytes per 16-token block), so that the worker's CPU copies and the
-    KV tensors cost little. What is timed (the scheduler side) counts blocks and chunks, not bytes:
-    the trace, the block and chunk sizes and the pool size in chunks are the same whatever the page."""
+    """The engine's :class:`~tests.integrations.vllm_harness.Shape` for ``s``: the harness's KV for
+    the small trace (its bytes are written and checked every step), else the smallest page the
+    harness and kvoffload's data path take (1 head of 1 channel of a 1-byte dtype: 32 bytes per
+    16-token block; ``ROOT`` must be on ``sys.path``)."""
     import torch
 
     from tests.integrations.vllm_harness import Shape
