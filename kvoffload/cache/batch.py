@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KeyBatch", "Resolved", "as_key_list"]
+__all__ = ["KeyBatch", "Resolved", "StorePlan", "as_key_list"]
 
 
 def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool) -> list[OffloadKey]:
@@ -50,12 +50,13 @@ class KeyBatch(list):  # type: ignore[type-arg]
     other batch is just a list of keys. :meth:`select` keeps the slots of a subset.
     """
 
-    __slots__ = ("slots", "unique", "owner", "epoch")
+    __slots__ = ("slots", "unique", "owner", "epoch", "_presence")
 
     slots: list[int]
     unique: bool
     owner: SlotTable
     epoch: int
+    _presence: tuple[list[OffloadKey], list[int]]
 
     def select(self, keep: list[bool]) -> KeyBatch:
         """The keys whose ``keep`` flag is set, in order, with their slots."""
@@ -63,6 +64,30 @@ class KeyBatch(list):  # type: ignore[type-arg]
         out.slots = [s for s, f in zip(self.slots, keep, strict=True) if f]
         out.unique, out.owner, out.epoch = self.unique, self.owner, self.epoch
         return out
+
+    def presence(self) -> tuple[list[OffloadKey], list[int]]:
+        """``(absent keys, slots of the present keys)``, each in batch order; computed once per
+        batch (presence changes only with the table's epoch, which a current batch shares)."""
+        try:
+            return self._presence
+        except AttributeError:
+            slots = self.slots
+            got = ([k for k, s in zip(self, slots, strict=True) if s < 0], [s for s in slots if s >= 0])
+            self._presence = got
+            return got
+
+
+class StorePlan(NamedTuple):
+    """A ``prepare_store`` that succeeded, before it is wrapped in an engine's output types.
+
+    ``keys``: the keys given new pending slots, in call order; ``slots``: their slots (a list,
+    or an ``int64`` array for large calls); ``evicted``: the keys evicted to make room, in
+    eviction order.
+    """
+
+    keys: list[OffloadKey]
+    slots: list[int] | np.ndarray
+    evicted: list[OffloadKey]
 
 
 class Resolved(NamedTuple):

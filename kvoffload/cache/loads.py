@@ -44,7 +44,7 @@ class Loads:
         one is not, the caller takes the array path, which raises."""
         t = self.table
         ref = t.ref_buf
-        if not all(s >= 0 and ref[s] >= 0 for s in slots):
+        if slots and (min(slots) < 0 or min(map(ref.__getitem__, slots)) < 0):  # C-level passes
             return None
         newly = 0
         for s in slots:
@@ -85,16 +85,27 @@ class Loads:
         changed): one is not, the caller takes the array path, which raises."""
         t = self.table
         ref = t.ref_buf
-        counts: dict[int, int] = {}
-        for s in slots:
-            counts[s] = counts.get(s, 0) + 1
-        if not all(s >= 0 and ref[s] >= c for s, c in counts.items()):
-            return False
+        if not slots:
+            return True
         freed = []
-        for s, c in counts.items():
-            ref[s] -= c
-            if ref[s] == 0:
-                freed.append(s)
+        if len(set(slots)) == len(slots):  # distinct (the engine's case): C-level checks
+            if min(slots) < 0 or min(map(ref.__getitem__, slots)) < 1:
+                return False
+            for s in slots:
+                r = ref[s] - 1
+                ref[s] = r
+                if r == 0:
+                    freed.append(s)
+        else:
+            counts: dict[int, int] = {}
+            for s in slots:
+                counts[s] = counts.get(s, 0) + 1
+            if not all(s >= 0 and ref[s] >= c for s, c in counts.items()):
+                return False
+            for s, c in counts.items():
+                ref[s] -= c
+                if ref[s] == 0:
+                    freed.append(s)
         if freed:
             t.num_evictable += len(freed)
             t.num_pinned -= len(freed)

@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import KeyBatch, Resolved
+from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
 from kvoffload.cache.keytable import ClosedIndex, SlotTable
 from kvoffload.cache.loads import Loads
 from kvoffload.cache.lookups import LOOKUP_CODES, make_lookup, slot_classes, small_codes
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.request_hooks import apply_request_access
 from kvoffload.cache.stats import Counters, OffloadingStats
-from kvoffload.cache.stores import CPU_MEDIUM, Stores
+from kvoffload.cache.stores import CPU_MEDIUM, Stores, store_output
 from kvoffload.checks import check_bool
 from kvoffload.core.base import (
     LoadStoreSpec,
@@ -197,6 +197,19 @@ class CPUOffloadingManager(OffloadingManager):
         small = self._small(keys)
         return self._codes(keys, count=False).tolist() if small is None else small_codes(self._ref, small)
 
+    def split_present(self, batch: KeyBatch) -> tuple[list[OffloadKey], list[OffloadKey]]:
+        """The absent keys and the ready keys of ``batch`` (from :meth:`key_batch`), each in batch
+        order; pending keys are in neither. Counts and changes nothing."""
+        t = self._table
+        if batch.owner is not t or batch.epoch != t.epoch:  # stale: resolve again
+            batch = self.key_batch(list(batch), dedup=False)
+        ref = self._ref
+        absent, _ = batch.presence()
+        if len(absent) == len(batch):
+            return absent, []
+        ready = [k for k, s in zip(batch, batch.slots, strict=True) if s >= 0 and ref[s] >= 0]
+        return absent, ready
+
     def _codes(self, keys: Sequence[OffloadKey], count: bool) -> np.ndarray:
         small = self._small(keys)
         if small is not None:
@@ -279,6 +292,11 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
         """
+        return store_output(self.store_plan(keys, req_context))
+
+    def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan | None:
+        """:meth:`prepare_store` answering a :class:`~kvoffload.cache.batch.StorePlan` (the same
+        decision, before it is wrapped in an output type: engine adapters wrap it in theirs)."""
         if (c := req_context.__class__) is not ReqContext and (
             c is not self._ctx or req_context.req_id.__class__ is not str
         ):

@@ -8,7 +8,7 @@ and a block a request merely stored is not mistaken for a block used twice.
 
 :class:`RequestHooksManager` adds these hooks to any kvoffload manager stack; the policy work is
 done here (:func:`apply_request_access`) over the core manager's narrow request interface:
-``key_batch`` (keys checked and resolved once), ``peek_list``, ``touch`` and ``policy``
+``key_batch`` (keys checked and resolved once), ``split_present``, ``touch`` and ``policy``
 (:class:`~kvoffload.cache.manager.CPUOffloadingManager` has them). Everything else passes
 through unchanged with its ``req_context``.
 """
@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 
+from kvoffload.cache.batch import StorePlan
 from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.stores import store_output
 from kvoffload.core.base import (
     LoadStoreSpec,
     OffloadingEvent,
@@ -32,14 +33,14 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LookupResult, lookup_code
+from kvoffload.core.lookup_result import LookupResult, lookup_code
 from kvoffload.errors import InvalidTypeError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RequestHooksManager", "apply_request_access"]
 
-_CORE_METHODS = ("key_batch", "peek_list", "touch")
+_CORE_METHODS = ("key_batch", "split_present", "touch")
 #: a key's last 4 bytes: its big-endian KV-cache group index (see core.base.make_offload_key)
 _GROUP_SUFFIX = itemgetter(slice(-4, None))
 #: request-level calls on at most this many keys (a whole prompt) run scalar code; beyond, numpy
@@ -81,14 +82,28 @@ def apply_request_access(
     policy.on_request_finished(batch, np.array(batch.slots, dtype=np.int64), ins, reu)
 
 
-@dataclass
+def _plan_of(manager: OffloadingManager) -> Callable[[Sequence[OffloadKey], ReqContext], StorePlan | None]:
+    """``store_plan`` for a manager that has only ``prepare_store``."""
+
+    def plan(keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan | None:
+        out = manager.prepare_store(keys, req_context)
+        if out is None:
+            return None
+        return StorePlan(list(out.keys_to_store), out.store_spec.block_ids, list(out.evicted_keys))  # type: ignore[attr-defined]
+
+    return plan
+
+
 class _Access:
     """What one request did, in first-seen order."""
 
-    keys: dict[bytes, None] = field(default_factory=dict)
-    inserted: set[bytes] = field(default_factory=set)
-    reused: set[bytes] = field(default_factory=set)
-    store_misses: set[bytes] = field(default_factory=set)
+    __slots__ = ("keys", "inserted", "reused", "store_misses")
+
+    def __init__(self) -> None:
+        self.keys: dict[bytes, None] = {}
+        self.inserted: set[bytes] = set()
+        self.reused: set[bytes] = set()
+        self.store_misses: set[bytes] = set()
 
 
 class RequestHooksManager(OffloadingManager):
@@ -113,7 +128,7 @@ class RequestHooksManager(OffloadingManager):
 
     Args:
         backing: the manager stack to delegate to (e.g. a ``FilteredReuseManager``).
-        core: the manager that owns the cache policy (has ``key_batch``, ``peek_list``, ``touch``
+        core: the manager that owns the cache policy (has ``key_batch``, ``split_present``, ``touch``
             and ``policy``, like :class:`~kvoffload.cache.manager.CPUOffloadingManager`);
             defaults to ``backing``.
     """
@@ -132,6 +147,9 @@ class RequestHooksManager(OffloadingManager):
         self._backing = backing
         self._core = core
         self._requests: dict[str, _Access] = {}
+        self._select = getattr(backing, "store_candidates", None)  # a reuse filter's (see prepare_store)
+        self._plan = getattr(backing, "store_plan", None) or _plan_of(backing)
+        self._learns_misses = type(core.policy).on_store_miss is not CachePolicy.on_store_miss
 
     @property
     def backing(self) -> OffloadingManager:
@@ -140,7 +158,7 @@ class RequestHooksManager(OffloadingManager):
 
     @property
     def num_tracked_requests(self) -> int:
-        """Requests seen and not finished yet."""
+        """Requests with recorded accesses, not finished yet."""
         return len(self._requests)
 
     def _state(self, req_context: ReqContext) -> _Access | None:
@@ -154,10 +172,11 @@ class RequestHooksManager(OffloadingManager):
 
     # ------------------------------------------------------------------ hooks
     def on_new_request(self, req_context: ReqContext) -> None:
-        """Start recording for ``req_context.req_id`` (a request id seen again starts afresh)."""
+        """Start recording for ``req_context.req_id`` (a request id seen again starts afresh; the
+        record itself is created by the request's first recorded call)."""
         req_id = getattr(req_context, "req_id", "")
         if req_id:
-            self._requests[req_id] = _Access()
+            self._requests.pop(req_id, None)
 
     def on_request_finished(
         self, req_context: ReqContext, key_position: Callable[[OffloadKey], int | None] | None = None
@@ -172,13 +191,19 @@ class RequestHooksManager(OffloadingManager):
         if st is None or not st.keys:
             return
         keys: list[OffloadKey] = list(st.keys)  # type: ignore[arg-type]
-        # by group (stable: first-seen order inside a group); recorded keys were checked, and their
-        # big-endian group index suffix orders as its bytes do (get_offload_group_idx without a call per key)
-        keys.sort(key=_GROUP_SUFFIX)
+        # head first: by token position when known for every key, ties (blocks of several groups
+        # ending at one position) and unknown positions by group, then first-seen order; recorded
+        # keys were checked, and their big-endian group index suffix orders as its bytes do
+        by_position = None
         if key_position is not None:
             pos = list(map(key_position, keys))
-            if None not in pos:  # stable: keys at one position keep their group order
-                keys.sort(key=dict(zip(keys, pos, strict=True)).__getitem__)  # type: ignore[arg-type]  # distinct keys
+            if None not in pos:
+                by_position = dict(zip(keys, pos, strict=True))  # distinct keys
+                if len(set(pos)) < len(pos):
+                    keys.sort(key=_GROUP_SUFFIX)
+                keys.sort(key=by_position.__getitem__)  # type: ignore[arg-type]
+        if by_position is None:
+            keys.sort(key=_GROUP_SUFFIX)
         inserted_only = st.inserted - st.reused
         apply_request_access(self._core, keys, req_context, inserted_only, st.reused)
 
@@ -189,40 +214,39 @@ class RequestHooksManager(OffloadingManager):
     # ------------------------------------------------------------------ recorded
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         """Record, then delegate the batch resolved once by the core (:meth:`key_batch`)."""
+        return store_output(self.store_plan(keys, req_context))
+
+    def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan | None:
+        """:meth:`prepare_store` answering the backing's :class:`~kvoffload.cache.batch.StorePlan`."""
         st = self._state(req_context)
         if st is None:
-            return self._backing.prepare_store(keys, req_context)
+            return self._plan(keys, req_context)  # type: ignore[no-any-return]
         core = self._core
         batch = core.key_batch(keys, dedup=False)
-        codes = core.peek_list(batch)
-        absent = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_MISS]
-        ready = [k for k, c in zip(batch, codes, strict=True) if c == LOOKUP_HIT]
-        select = getattr(self._backing, "store_candidates", None)  # a reuse filter below says which pass
-        if select is not None and absent:
-            passed = set(select(batch, req_context))
+        absent, ready = core.split_present(batch)
+        candidates = absent
+        if absent and self._select is not None:  # a reuse filter below says which absent keys pass
+            passed = set(self._select(batch, req_context))
             candidates = [k for k in absent if k in passed]
-        else:
-            candidates = absent
-        seen = st.store_misses
-        policy = core.policy
         misses = None
-        if absent and type(policy).on_store_miss is not CachePolicy.on_store_miss:  # the policy learns (ARC)
+        if absent and self._learns_misses:  # the policy learns from store misses (ARC)
+            seen = st.store_misses
             misses = [k for k in absent if k not in seen]
             if misses:
-                policy.on_store_miss(misses)
-        out = self._backing.prepare_store(batch, req_context)
+                core.policy.on_store_miss(misses)
+        out = self._plan(batch, req_context)
         if misses:
-            seen.update(misses)
+            st.store_misses.update(misses)
         if candidates or ready:  # recorded whether or not the allocation succeeded, as vLLM does
             if candidates is absent and len(absent) + len(ready) == len(batch):  # nothing pending, no filter
                 st.keys.update(dict.fromkeys(batch))
             else:
                 keep = set(candidates).union(ready)
                 st.keys.update(dict.fromkeys(k for k in batch if k in keep))
-            if out is not None:
-                st.inserted.update(out.keys_to_store)
-            inserted = st.inserted
-            st.reused.update(k for k in ready if k not in inserted)
+            if out is not None and out.keys:
+                st.inserted.update(out.keys)
+            if ready:
+                st.reused.update(set(ready).difference(st.inserted))
         return out
 
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
@@ -230,7 +254,7 @@ class RequestHooksManager(OffloadingManager):
         st = self._state(req_context)
         if st is not None:
             st.keys.update(dict.fromkeys(keys))
-            st.reused.update(k for k in keys if k not in st.inserted)
+            st.reused.update(set(keys).difference(st.inserted))
         return spec
 
     # ------------------------------------------------------------------ delegated

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import KeyBatch, as_key_list
+from kvoffload.cache.batch import KeyBatch, StorePlan, as_key_list
 from kvoffload.checks import check_int
 from kvoffload.core.base import (
     LoadStoreSpec,
@@ -248,11 +248,19 @@ class FilteredReuseManager(OffloadingManager):
         when its count including this call reaches the threshold. ``stores_skipped`` counts the
         absent keys held back.
         """
+        return self._store(keys, req_context, self._backing.prepare_store)  # type: ignore[no-any-return]
+
+    def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan | None:
+        """:meth:`prepare_store` answering the backing's :class:`~kvoffload.cache.batch.StorePlan`
+        (the backing must have ``store_plan``, as :class:`~kvoffload.cache.manager.CPUOffloadingManager` has)."""
+        return self._store(keys, req_context, self._backing.store_plan)  # type: ignore[attr-defined,no-any-return]
+
+    def _store(self, keys: Sequence[OffloadKey], req_context: ReqContext, step: Callable[..., Any]) -> Any:
         if req_context.__class__ is not ReqContext:
             check_req_context(req_context)
         keys = self._checked(keys)
         delegated, new, n_held = self._select(keys, req_context)
-        out = self._backing.prepare_store(delegated, req_context)
+        out = step(delegated, req_context)
         if self.count_on == "offer":
             self._count_offer(keys, new)
         elif req_context.req_id:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvoffload.cache.batch import Resolved
+from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
 from kvoffload.cache.keytable import PENDING, SlotTable
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import Counters
@@ -23,7 +23,7 @@ from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey, P
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CPU_MEDIUM", "Stores", "cpu_spec"]
+__all__ = ["CPU_MEDIUM", "Stores", "cpu_spec", "store_output"]
 
 #: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
 CPU_MEDIUM = CPULoadStoreSpec.medium()
@@ -37,6 +37,15 @@ def cpu_spec(slots: np.ndarray) -> CPULoadStoreSpec:
     slots.setflags(write=False)  # specs are immutable (see BlockIDsLoadStoreSpec)
     spec.__dict__["block_ids"] = slots
     return spec
+
+
+def store_output(plan: StorePlan | None) -> PrepareStoreOutput | None:
+    """kvoffload's ``prepare_store`` result for ``plan`` (None stays None)."""
+    if plan is None:
+        return None
+    slots = plan.slots
+    arr = slots if slots.__class__ is np.ndarray else np.array(slots, dtype=np.int64)
+    return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=cpu_spec(arr), evicted_keys=plan.evicted)  # type: ignore[arg-type]
 
 
 class Stores:
@@ -55,17 +64,17 @@ class Stores:
         self.counters = counters
         self.events = events
 
-    def prepare(self, r: Resolved) -> PrepareStoreOutput | None:
+    def prepare(self, r: Resolved) -> StorePlan | None:
         """``prepare_store`` of the distinct keys ``r`` (array path)."""
         keys_l, slots = r.keys, r.slots
         absent_mask = slots < 0
         n_new = int(np.count_nonzero(absent_mask))
         n_present = len(keys_l) - n_new
         if n_new == 0:
-            return self._stored([], np.zeros(0, dtype=np.int64), [], n_present)
+            return self._stored([], _EMPTY_I64, [], n_present)
         if n_present == 0:
             positions = None
-            to_store = keys_l
+            to_store = list(keys_l)  # the plan's own list
         else:
             positions = absent_mask.nonzero()[0]
             to_store = [keys_l[i] for i in positions.tolist()]
@@ -80,26 +89,30 @@ class Stores:
         self.policy.insert(new_slots, to_store)
         return self._stored(to_store, new_slots, evicted, n_present)
 
-    def prepare_small(self, keys: Sequence[OffloadKey], slots: list[int]) -> PrepareStoreOutput | None:
+    def prepare_small(self, keys: Sequence[OffloadKey], slots: list[int]) -> StorePlan | None:
         """``prepare_store`` of a few distinct ``keys`` with their ``slots`` (-1 = absent)."""
-        to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
-        protected = [s for s in slots if s >= 0]
+        if keys.__class__ is KeyBatch:
+            to_store, protected = keys.presence()  # type: ignore[attr-defined]
+            to_store = list(to_store)  # the plan's own list
+        else:
+            to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
+            protected = [s for s in slots if s >= 0]
         if not to_store:
-            return self._stored([], np.zeros(0, dtype=np.int64), [], len(protected))
+            return self._stored([], [], [], len(protected))
         evicted = self.make_room(len(to_store), protected, len(keys))
         if evicted is None:
             return None
         new_slots = self.table.allocate_list(to_store)
         self.policy.insert_list(new_slots, to_store)
-        return self._stored(to_store, np.array(new_slots, dtype=np.int64), evicted, len(protected))
+        return self._stored(to_store, new_slots, evicted, len(protected))
 
     def _stored(
-        self, to_store: list[OffloadKey], slots: np.ndarray, evicted: list[OffloadKey], n_present: int
-    ) -> PrepareStoreOutput:
+        self, to_store: list[OffloadKey], slots: list[int] | np.ndarray, evicted: list[OffloadKey], n_present: int
+    ) -> StorePlan:
         c = self.counters
         c.stores_started += len(to_store)
         c.stores_skipped += n_present
-        return PrepareStoreOutput(keys_to_store=list(to_store), store_spec=cpu_spec(slots), evicted_keys=evicted)
+        return StorePlan(to_store, slots, evicted)
 
     def complete(self, r: Resolved, success: bool) -> None:
         """``complete_store`` of ``r`` (repeats allowed; array path)."""
@@ -122,14 +135,10 @@ class Stores:
     def complete_small(self, keys: Sequence[OffloadKey], slots: list[int], success: bool) -> None:
         """``complete_store`` of a few ``keys`` with their ``slots`` (-1 = absent; repeats allowed)."""
         ref = self.table.ref_buf
-        sel: list[int] = []
-        done: list[OffloadKey] = []
-        for k, s in zip(keys, slots, strict=True):
-            if s >= 0 and ref[s] == PENDING and s not in sel:
-                sel.append(s)
-                done.append(k)
-        if sel:
-            self._finish(sel, done, success)
+        # slot -> key, each slot once in first-occurrence order (repeated keys are equal keys)
+        pending = {s: k for k, s in zip(keys, slots, strict=True) if s >= 0 and ref[s] == PENDING}
+        if pending:
+            self._finish(list(pending), list(pending.values()) if self.events is not None else [], success)
 
     def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
         """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""

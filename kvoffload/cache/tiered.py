@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvoffload.cache.tier_jobs import TierJobs, TierUsage
 from kvoffload.checks import check_int
 from kvoffload.core.base import (
     LoadStoreSpec,
@@ -51,42 +51,11 @@ from kvoffload.core.base import (
 from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
 from kvoffload.tiers.base import Tier
-from kvoffload.tiers.types import TIER_HIT, TIER_RETRY, TierJobResult
+from kvoffload.tiers.types import TIER_HIT, TIER_RETRY
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TieredManager", "TierUsage"]
-
-
-@dataclass
-class TierUsage:
-    """What one tier did for the engine (cumulative; a snapshot from :meth:`TieredManager.usage`).
-
-    Attributes:
-        name: the tier's name.
-        blocks_promoted: blocks loaded from the tier into the host pool (then loadable to the GPU).
-        promotions_failed: reserved keys the tier could not deliver (absent, unreachable, corrupt).
-        promotions_refused: tier hits not promoted because the host pool had no room.
-        blocks_written: blocks written to the tier (a value already there counts too: ``SET NX``).
-        writes_failed: blocks whose write failed or was dropped by the tier (back-off, full queue).
-        writes_dropped: blocks not even submitted: more than ``max_write_blocks`` pinned for writes.
-    """
-
-    name: str
-    blocks_promoted: int = 0
-    promotions_failed: int = 0
-    promotions_refused: int = 0
-    blocks_written: int = 0
-    writes_failed: int = 0
-    writes_dropped: int = 0
-
-
-@dataclass
-class _Job:
-    """A tier job in flight: its keys and, per key, the context it is completed with."""
-
-    keys: list[bytes]
-    ctxs: list[ReqContext]
 
 
 class TieredManager(OffloadingManager):
@@ -126,20 +95,10 @@ class TieredManager(OffloadingManager):
         self.max_write_blocks = check_int(max_write_blocks, "max_write_blocks", 1)
         self.primary = primary
         self.tiers = tiers
-        self._usage = [TierUsage(t.name) for t in tiers]
-        self._promote: list[list[tuple[bytes, int, ReqContext]]] = [[] for _ in tiers]  # reserved, not sent
-        self._write: list[list[tuple[bytes, int, ReqContext]]] = [[] for _ in tiers]  # pinned, not sent
-        self._loads: list[dict[int, _Job]] = [{} for _ in tiers]
-        self._stores: list[dict[int, _Job]] = [{} for _ in tiers]
-        self._reserved = 0
-        self._write_pinned = 0
-        self._next_job = 0
+        self._jobs = TierJobs(primary, tiers)
         self._polled = False
         self._logged: set[str] = set()
         self._closed = False
-        #: keys whose host-pool bytes came from a tier (until a GPU store rewrites them)
-        self.promoted: set[bytes] = set()
-        self._resolved: list[bytes] | None = None  # recorded once take_resolved() was called
 
     # ------------------------------------------------------------------ properties
     @property
@@ -148,25 +107,30 @@ class TieredManager(OffloadingManager):
         return self.primary
 
     @property
+    def promoted(self) -> set[bytes]:
+        """Keys whose host-pool bytes came from a tier (until a GPU store rewrites them)."""
+        return self._jobs.promoted
+
+    @property
     def num_blocks(self) -> Any:
         return getattr(self.primary, "num_blocks", None)
 
     def num_reserved(self) -> int:
         """Host-pool slots reserved for promotions not yet completed."""
-        return self._reserved
+        return self._jobs.reserved
 
     def num_write_pinned(self) -> int:
         """Pins held for tier writes not yet reported."""
-        return self._write_pinned
+        return self._jobs.write_pinned
 
     @property
     def busy(self) -> bool:
         """Whether a promotion or a write is reserved, queued or in flight."""
-        return bool(self._reserved or self._write_pinned)
+        return bool(self._jobs.reserved or self._jobs.write_pinned)
 
     def usage(self) -> list[TierUsage]:
         """Per tier, what it did for the engine (copies)."""
-        return [TierUsage(**u.__dict__) for u in self._usage]
+        return [TierUsage(**u.__dict__) for u in self._jobs.usage]
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
@@ -237,10 +201,9 @@ class TieredManager(OffloadingManager):
         for k, t in tier_of.items():
             slot = got.get(k)
             if slot is None:
-                self._usage[t].promotions_refused += 1
+                self._jobs.usage[t].promotions_refused += 1
             else:
-                self._promote[t].append((k, slot, ctx))
-                self._reserved += 1
+                self._jobs.queue_promotion(t, k, slot, ctx)
         for i in positions:
             codes[i] = LOOKUP_PENDING if keys[i] in got else LOOKUP_MISS
 
@@ -251,8 +214,7 @@ class TieredManager(OffloadingManager):
         first call on (the scheduler calls it to know when a deferred request may look up again)."""
         if not self._polled:
             self._poll()
-        out = self._resolved or []
-        self._resolved = []
+        out = self._jobs.take_resolved()
         for tier in self.tiers:
             out.extend(tier.take_answered())
         return out
@@ -276,15 +238,16 @@ class TieredManager(OffloadingManager):
         if not success or not keys or self._closed:
             return
         keys_l = list(dict.fromkeys(keys))
-        self.promoted.difference_update(keys_l)
+        jobs = self._jobs
+        jobs.promoted.difference_update(keys_l)
         for t in range(len(self.tiers)):
-            if self._write_pinned and self._write_pinned + len(keys_l) > self.max_write_blocks:
-                self._usage[t].writes_dropped += len(keys_l)
+            if jobs.write_pinned and jobs.write_pinned + len(keys_l) > self.max_write_blocks:
+                jobs.usage[t].writes_dropped += len(keys_l)
                 self._log_once(
                     f"drop-{t}",
                     "tier %s: writes dropped, %d blocks already pinned for writes (max_write_blocks)",
                     self.tiers[t].name,
-                    self._write_pinned,
+                    jobs.write_pinned,
                 )
                 continue
             try:
@@ -295,9 +258,7 @@ class TieredManager(OffloadingManager):
                 if not keys_l:
                     return
                 spec = self.primary.prepare_load(keys_l, req_context)
-            slots = spec.block_ids.tolist()  # type: ignore[attr-defined]
-            self._write[t].extend((k, s, req_context) for k, s in zip(keys_l, slots, strict=True))
-            self._write_pinned += len(keys_l)
+            jobs.queue_writes(t, keys_l, spec.block_ids.tolist(), req_context)  # type: ignore[attr-defined]
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         return self.primary.take_events()
@@ -307,60 +268,13 @@ class TieredManager(OffloadingManager):
         """Once per engine step, after its lookups: collect finished tier jobs, send the step's
         promotions and writes (one job per tier and kind), and each tier's probe batch."""
         self._poll()
-        for t, tier in enumerate(self.tiers):
-            for queue, book, submit in (
-                (self._promote, self._loads, tier.submit_load),
-                (self._write, self._stores, tier.submit_store),
-            ):
-                items = queue[t]
-                if not items:
-                    continue
-                queue[t] = []
-                jid = self._next_job
-                self._next_job += 1
-                book[t][jid] = _Job([k for k, _, _ in items], [c for _, _, c in items])
-                submit(jid, [k for k, _, _ in items], [s for _, s, _ in items])
-            tier.end_step()
+        self._jobs.send()
         self._polled = False
 
     def _poll(self) -> None:
         """Apply every finished tier job to the primary."""
         self._polled = True
-        for t, tier in enumerate(self.tiers):
-            for res in tier.get_finished():
-                if res.kind == "load":
-                    self._promoted(t, self._loads[t].pop(res.job_id), res)
-                else:
-                    self._written(t, self._stores[t].pop(res.job_id), res)
-
-    def _promoted(self, t: int, job: _Job, res: TierJobResult) -> None:
-        u = self._usage[t]
-        for ok in (True, False):
-            by_ctx: dict[int, tuple[ReqContext, list[Any]]] = {}
-            for k, c, good in zip(job.keys, job.ctxs, res.ok, strict=True):
-                if bool(good) is ok:
-                    by_ctx.setdefault(id(c), (c, []))[1].append(k)
-            for c, ks in by_ctx.values():
-                self.primary.complete_store(ks, c, success=ok)
-                if ok:
-                    self.promoted.update(ks)
-        if self._resolved is not None:
-            self._resolved.extend(job.keys)
-        n_ok = sum(res.ok)
-        u.blocks_promoted += n_ok
-        u.promotions_failed += len(job.keys) - n_ok
-        self._reserved -= len(job.keys)
-
-    def _written(self, t: int, job: _Job, res: TierJobResult) -> None:
-        by_ctx: dict[int, tuple[ReqContext, list[Any]]] = {}
-        for k, c in zip(job.keys, job.ctxs, strict=True):
-            by_ctx.setdefault(id(c), (c, []))[1].append(k)
-        for c, ks in by_ctx.values():
-            self.primary.complete_load(ks, c)
-        n_ok = sum(res.ok)
-        self._usage[t].blocks_written += n_ok
-        self._usage[t].writes_failed += len(job.keys) - n_ok
-        self._write_pinned -= len(job.keys)
+        self._jobs.apply_finished()
 
     # ------------------------------------------------------------------ lifecycle
     def drain(self, timeout: float | None = None) -> bool:
@@ -378,7 +292,7 @@ class TieredManager(OffloadingManager):
     def reset_cache(self) -> None:
         """Drain the tiers' jobs, then reset the primary (the tiers keep their values)."""
         self.drain()
-        self.promoted.clear()
+        self._jobs.promoted.clear()
         self.primary.reset_cache()  # type: ignore[attr-defined]
 
     def close(self) -> None:

@@ -53,14 +53,14 @@ from typing import Any
 
 from kvoffload.core.base import OffloadingEvent
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.scheduler.admission import AdmissionLookup
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
 from kvoffload.scheduler.completion import JobCompletion, unmark_loading
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
-from kvoffload.scheduler.deferral import DeferredLookups, manager_hook, request_signature
+from kvoffload.scheduler.deferral import DeferredLookups, manager_hook
 from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
-from kvoffload.scheduler.matching import find_loadable_tokens, load_ranges, make_fetch, touch_request
-from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
+from kvoffload.scheduler.state import FREED, RequestOffloadState
 from kvoffload.scheduler.validation import (
     check_block_table,
     check_count,
@@ -94,7 +94,6 @@ class OffloadingScheduler:
         self.manager = manager
         self._groups = config.groups
         self._suffixes = tuple(g.group_idx.to_bytes(4, "big") for g in config.groups)
-        self._min_load_tokens = config.max_offloaded_block_size
         self._states: dict[str, RequestOffloadState] = {}
         self._jobs: dict[int, JobRecord] = {}
         self._next_job_id = 0
@@ -107,6 +106,7 @@ class OffloadingScheduler:
         self._completion = JobCompletion(
             config.num_workers, manager, self._jobs, self._loading_keys, self._flush, self._states, self._deferred
         )
+        self._admission = AdmissionLookup(config, self._state, self._loading_keys, self._deferred)
 
     # ------------------------------------------------------------------ state
     def _state(self, request: Any) -> RequestOffloadState:
@@ -150,57 +150,7 @@ class OffloadingScheduler:
             Touches the request's keys (sliding-window groups: the keys from
             ``max(0, hit_blocks - window)`` on) unless deferred.
         """
-        n_comp = check_count(num_computed_tokens, "num_computed_tokens")
-        num_tokens = check_request(request, "request")
-        if n_comp > num_tokens:
-            raise InvalidArgumentError(f"num_computed_tokens ({n_comp}) exceeds request.num_tokens ({num_tokens})")
-        for g in self._groups:
-            if n_comp % g.gpu_block_size:
-                raise InvalidArgumentError(
-                    f"num_computed_tokens ({n_comp}) must be a multiple of group {g.group_idx}'s "
-                    f"gpu_block_size ({g.gpu_block_size})"
-                )
-        st = self._state(request)
-        if st.load_job_id is not None:
-            return None, False  # its own load is still in flight
-        st.offer = None
-        deferred = self._deferred
-        if deferred is not None:  # a repeat of a deferred lookup: look up again only if a key it waits on changed
-            sig = request_signature(request, n_comp, num_tokens)
-            if deferred.still_deferred(st.req_id, sig):
-                return None, False
-            deferred.forget(st.req_id)
-        st.sync_keys()
-        hbs = self.config.effective_hash_block_size
-        max_end = min(num_tokens - 1 if self.config.has_sliding_window else num_tokens, len(request.block_hashes) * hbs)
-        st.update_keys(num_tokens)
-        end = n_comp
-        if max_end - n_comp >= self._min_load_tokens:
-            fetch, batched = make_fetch(self.manager, st.req_context)
-            waits: list[Any] | None = [] if deferred is not None else None
-            found = find_loadable_tokens(
-                self.config, [gs.keys for gs in st.groups], n_comp, max_end, fetch, batched, pending=waits
-            )
-            if found is None:
-                if deferred is not None:
-                    deferred.defer(st.req_id, sig, waits or ())
-                return None, False
-            if found - n_comp >= self._min_load_tokens:
-                end = found
-        ranges = load_ranges(self.config, n_comp, end)
-        if end > n_comp and self._loading_keys:
-            for (first, last), gcfg, gs in zip(ranges, self._groups, st.groups, strict=False):
-                f = gcfg.block_size_factor
-                for key in gs.keys[first // f : last // f]:
-                    if key in self._loading_keys:
-                        if deferred is not None:
-                            deferred.defer(st.req_id, sig, [key])
-                        return None, False
-        touch_request(self.config, st, end, self.manager)
-        if end <= n_comp:
-            return 0, False
-        st.offer = LoadOffer(n_comp, end - n_comp, ranges)
-        return end - n_comp, True
+        return self._admission.get_num_new_matched_tokens(request, num_computed_tokens, self.manager)
 
     def update_state_after_alloc(
         self, request: Any, block_ids_per_group: Sequence[Sequence[int]], num_external_tokens: int

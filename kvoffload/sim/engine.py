@@ -39,7 +39,8 @@ from kvoffload.sim.config import EngineConfig, max_request_tokens
 from kvoffload.sim.delayed import DelayedWorker
 from kvoffload.sim.kvcache import GroupKVSpec, SimKVCache
 from kvoffload.sim.request import SimRequest
-from kvoffload.sim.seq import FINISHED, LOADING, READY, RUNNING, WAITING, Seq
+from kvoffload.sim.scheduling import EngineScheduling
+from kvoffload.sim.seq import FINISHED, LOADING, READY, WAITING, Seq
 from kvoffload.sim.stats import EngineStats, StepStats, TransferRecord
 from kvoffload.sim.transfers import TransferHandling
 
@@ -146,6 +147,17 @@ class Engine:
         self._transfers = TransferHandling(
             cfg, self.scheduler, self.kv, self.gpu, self.stats, self.loading, self.ready, self.transfer_log, self.tiered
         )
+        self._scheduling = EngineScheduling(
+            cfg,
+            self.scheduler,
+            self.gpu,
+            self.stats,
+            self._transfers,
+            self.waiting,
+            self.running,
+            self.ready,
+            self.loading,
+        )
         self.flush_log: list[tuple[int, int]] = []
         self.stored_keys: set[bytes] | None = set() if cfg.track_stored_keys else None
         self._step = 0
@@ -230,7 +242,7 @@ class Engine:
         if isinstance(self.worker, DelayedWorker):
             self.worker.tick()
         self._transfers.handle_results(self.worker.get_finished(), st)
-        new, running, preempted = self._schedule(st)
+        new, running, preempted = self._scheduling.schedule(st)
         out = self.scheduler.build_step(new, running, preempted)
         if out.flush_job_ids:
             self.worker.wait(out.flush_job_ids)
@@ -289,106 +301,6 @@ class Engine:
         shutdown = getattr(self.manager, "shutdown", None)
         if shutdown is not None:
             shutdown()
-
-    # ------------------------------------------------------------------ scheduling
-    def _schedule(self, st: StepStats) -> tuple[list[ScheduledRequest], list[ScheduledRequest], list[str]]:
-        budget = self.config.max_num_batched_tokens
-        new: list[ScheduledRequest] = []
-        running: list[ScheduledRequest] = []
-        preempted: list[str] = []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.req.num_tokens - seq.num_computed, budget)
-            before = [len(t) for t in seq.tables]
-            ok = True
-            while not self.gpu.grow(seq.tables, seq.num_computed + n):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted.append(victim.req.request_id)
-                if victim is seq:
-                    ok = False
-                    break
-            if not ok:
-                break
-            running.append(
-                ScheduledRequest(
-                    seq.req, seq.num_computed, n, [t[b:] for t, b in zip(seq.tables, before, strict=False)]
-                )
-            )
-            budget -= n
-            i += 1
-        if not preempted:
-            budget = self._admit(budget, new, preempted, st)
-        st.preempted = preempted
-        st.num_scheduled_tokens = self.config.max_num_batched_tokens - budget
-        return new, running, preempted
-
-    def _admit(self, budget: int, new: list[ScheduledRequest], preempted: list[str], st: StepStats) -> int:
-        # loaded requests first: they hold their blocks already. When one cannot grow, the loaded
-        # requests behind it give their blocks back (else loaded requests could hold every block
-        # while none of them can run).
-        while self.ready and budget > 0:
-            seq = self.ready[0]
-            n = min(seq.req.num_tokens - seq.num_computed, budget)
-            grown = self.gpu.grow(seq.tables, seq.num_computed + n)
-            while not grown and len(self.ready) > 1:
-                victim = self.ready.pop()
-                self._preempt(victim)
-                preempted.append(victim.req.request_id)
-                grown = self.gpu.grow(seq.tables, seq.num_computed + n)
-            if not grown:
-                return budget
-            self.ready.pop(0)
-            seq.status = RUNNING
-            self.running.append(seq)
-            new.append(ScheduledRequest(seq.req, seq.num_computed, n, [list(t) for t in seq.tables]))
-            budget -= n
-        skipped: list[Seq] = []
-        while self.waiting and budget > 0:
-            if len(self.running) + len(self.loading) + len(self.ready) >= self.config.max_num_seqs:
-                break
-            seq = self.waiting.popleft()
-            req = seq.req
-            hit = self.gpu.hit(req)
-            ext, _ = self.scheduler.get_num_new_matched_tokens(req, hit)
-            if ext is None:
-                st.deferred.append(req.request_id)
-                self.stats.deferrals += 1
-                skipped.append(seq)
-                continue
-            self.gpu.take_hit(req, hit, seq.tables)
-            if hit and self.config.verify_gpu_hits:
-                self._transfers.verify_gpu_hit(seq, hit)
-            n = ext if ext else min(req.num_tokens - hit, budget)
-            if not self.gpu.grow(seq.tables, hit + n):
-                self.gpu.free(seq.tables)
-                self.waiting.appendleft(seq)
-                break
-            self.scheduler.update_state_after_alloc(req, seq.tables, ext)
-            seq.admit(req.num_tokens, hit, ext)
-            seq.num_computed = hit
-            self.stats.admitted_tokens += req.num_tokens
-            self.stats.gpu_hit_tokens += hit
-            st.admitted.append(req.request_id)
-            if ext:
-                seq.status = LOADING
-                self.loading[req.request_id] = seq
-                continue
-            seq.status = RUNNING
-            self.running.append(seq)
-            new.append(ScheduledRequest(req, hit, n, [list(t) for t in seq.tables]))
-            budget -= n
-        self.waiting.extendleft(reversed(skipped))
-        return budget
-
-    def _preempt(self, seq: Seq) -> None:
-        self.stats.discarded_tokens += seq.prefill + seq.decode
-        self.gpu.free(seq.tables)
-        seq.num_computed = 0
-        seq.status = WAITING
-        self.waiting.appendleft(seq)
-        self.stats.preemptions += 1
 
     # ------------------------------------------------------------------ compute
     def _compute(self, scheduled: list[ScheduledRequest]) -> None:

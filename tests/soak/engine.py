@@ -40,7 +40,7 @@ from typing import Any, NoReturn
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
-from kvoffload.scheduler.jobs import ScheduledRequest, TransferJob
+from kvoffload.scheduler.jobs import TransferJob
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from kvoffload.transfer.worker import TransferWorker
 from tests.soak.blocks import GPUBlocks
@@ -50,6 +50,7 @@ from tests.soak.faulty import FaultyWorker
 from tests.soak.kv import BLOCK, GPUCaches, chain_hash
 from tests.soak.model import GROUPS, NULL, Seq, SoakConfig, SoakFailure
 from tests.soak.requests import RequestSource
+from tests.soak.scheduling import SoakScheduling
 
 
 class SoakEngine:
@@ -94,6 +95,9 @@ class SoakEngine:
         self.jobs: dict[int, TransferJob] = {}
         self.all_ids: list[str] = []
         self.arrivals = True
+        self.scheduling = SoakScheduling(
+            self.rng, cfg, self.sched, self.blocks, self.seqs, self.waiting, self.running, self.ready, self._count
+        )
         self.checks = EngineChecks(
             self.gpu,
             self.manager,
@@ -168,18 +172,6 @@ class SoakEngine:
         seq.generated = 0
         self._count("prompt_changed")
 
-    def _preempt(self, seq: Seq, preempted: list[str]) -> None:
-        if seq in self.running:
-            self.running.remove(seq)
-        if seq in self.ready:
-            self.ready.remove(seq)
-        if seq.status != "failed_load":
-            self._count(f"preempt_{seq.status}")
-        self.blocks.release(seq)
-        seq.status, seq.num_computed, seq.load_job = "waiting", 0, None
-        self.waiting.appendleft(seq)
-        preempted.append(seq.req.request_id)
-
     # ------------------------------------------------------------------ step
     def step(self) -> None:
         self.step_no += 1
@@ -187,7 +179,7 @@ class SoakEngine:
             w.tick()
         self._complete([res for w in self.workers for res in w.get_finished()])
         self._random_events()
-        new, running, preempted, scheduled = self._schedule()
+        new, running, preempted, scheduled = self.scheduling.schedule()
         out = self.sched.build_step(new, running, preempted)
         if out.flush_job_ids:
             self._count("flush_jobs", len(out.flush_job_ids))
@@ -242,85 +234,6 @@ class SoakEngine:
             self._count("reset_done" if ok else "reset_refused_in_flight")
             if ok and self.manager.model:
                 self._fail("reset_cache left keys behind")
-
-    def _schedule(self) -> tuple[list[ScheduledRequest], list[ScheduledRequest], list[str], list[tuple[Seq, int]]]:
-        rng, cfg = self.rng, self.cfg
-        new: list[ScheduledRequest] = []
-        running: list[ScheduledRequest] = []
-        preempted: list[str] = []
-        scheduled: list[tuple[Seq, int]] = []
-        budget = cfg.token_budget
-        for seq in [s for s in self.seqs.values() if s.status == "failed_load"]:
-            self._count("recompute_after_failed_load")
-            self._preempt(seq, preempted)  # gives its blocks back, to be admitted (and recomputed) again
-        if self.running and rng.random() < cfg.p_preempt:
-            self._preempt(rng.choice(self.running), preempted)
-        for seq in list(self.running):
-            if seq not in self.running or budget <= 0:
-                continue
-            left = seq.req.num_tokens - seq.num_computed
-            n = min(left, rng.randint(1, 24), budget)
-            nb = -(-(seq.num_computed + n) // BLOCK)
-            need = [nb - len(t) for t in seq.tables]
-            while not self.blocks.fits(need) and self.running[-1] is not seq:
-                self._preempt(self.running[-1], preempted)
-            if not self.blocks.fits(need):
-                self._preempt(seq, preempted)
-                continue
-            appended = [self.blocks.alloc(g, nb - len(t)) for g, t in enumerate(seq.tables)]
-            for t, a in zip(seq.tables, appended, strict=True):
-                t.extend(a)
-            running.append(ScheduledRequest(seq.req, seq.num_computed, n, appended))
-            scheduled.append((seq, n))
-            budget -= n
-        for seq in list(self.ready):
-            if budget <= 0 or len(self.running) >= cfg.max_running:
-                break
-            n = min(seq.req.num_tokens - seq.num_computed, rng.randint(1, 24), budget)
-            nb = -(-(seq.num_computed + n) // BLOCK)
-            if not self.blocks.fits([nb - len(t) for t in seq.tables]):
-                break
-            for g, t in enumerate(seq.tables):
-                t.extend(self.blocks.alloc(g, nb - len(t)))
-            new.append(ScheduledRequest(seq.req, seq.num_computed, n, [list(t) for t in seq.tables]))
-            scheduled.append((seq, n))
-            self.ready.remove(seq)
-            self.running.append(seq)
-            seq.status = "running"
-            budget -= n
-        for _ in range(len(self.waiting)):
-            if budget <= 0 or len(self.running) >= cfg.max_running or not self.waiting:
-                break
-            seq = self.waiting.popleft()
-            if seq.req.request_id in preempted:
-                self.waiting.append(seq)
-                continue
-            got, _ = self.sched.get_num_new_matched_tokens(seq.req, 0)
-            if got is None:
-                self._count("lookup_deferred")
-                self.waiting.append(seq)
-                continue
-            if got > 0:
-                tables = self.blocks.tables_for(got, got)
-                if tables is None:
-                    self.waiting.appendleft(seq)
-                    break
-                self.sched.update_state_after_alloc(seq.req, tables, got)
-                seq.tables, seq.status, seq.load_end = tables, "loading", got
-                self._count("loads_admitted")
-                continue
-            n = min(seq.req.num_tokens, rng.randint(1, 24), budget)
-            tables = self.blocks.tables_for(n, 0)
-            if tables is None:
-                self.waiting.appendleft(seq)
-                break
-            self.sched.update_state_after_alloc(seq.req, tables, 0)
-            seq.tables, seq.status = tables, "running"
-            self.running.append(seq)
-            new.append(ScheduledRequest(seq.req, 0, n, [list(t) for t in tables]))
-            scheduled.append((seq, n))
-            budget -= n
-        return new, running, preempted, scheduled
 
     # ------------------------------------------------------------------ transfers
     def _submit(self, job: TransferJob) -> None:

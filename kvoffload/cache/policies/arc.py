@@ -53,6 +53,9 @@ class ARCPolicy(CachePolicy):
         self.pos = np.zeros(capacity, dtype=np.int64)
         self.t1 = SlotOrder(_T1, self.member, self.pos, capacity)
         self.t2 = SlotOrder(_T2, self.member, self.pos, capacity)
+        # the shared arrays as memoryviews: single-slot reads on the scalar paths (Python ints)
+        self._member_mv = self.member.data
+        self._pos_mv = self.pos.data
         self.b1: OrderedDict[bytes, None] = OrderedDict()
         self.b2: OrderedDict[bytes, None] = OrderedDict()
         self.target_t1_size: float = 0.0
@@ -130,16 +133,13 @@ class ARCPolicy(CachePolicy):
     ) -> None:
         """:meth:`on_request_finished` for a few keys, without numpy."""
         seen: set[int] = set()
-        order = []
-        for i, s in enumerate(slots):
-            if s >= 0 and s not in seen:
-                seen.add(s)
-                order.append(i)
-        member = self.member
+        member = self._member_mv
         stay, promote, to_t2 = [], [], []
-        for i in reversed(order):
-            s = slots[i]
-            ins, reu = inserted_only[i], reused[i] and not inserted_only[i]
+        # last key first, each slot at its first occurrence only: walk forward, prepend in reverse
+        for s, ins, reu in zip(slots, inserted_only, reused, strict=True):
+            if s < 0 or s in seen:
+                continue
+            seen.add(s)
             if member[s] == _T1:
                 if ins:
                     stay.append(s)
@@ -150,6 +150,8 @@ class ARCPolicy(CachePolicy):
                 to_t2.append(s)
         if promote:
             self.t1.discard_list(promote)
+        stay.reverse()
+        to_t2.reverse()
         self.t1.push_back_list(stay, members=True)
         self.t2.push_back_list(to_t2)
 
@@ -237,8 +239,12 @@ class ARCPolicy(CachePolicy):
         self.t2.discard_list(slots)
 
     def on_evictable_list(self, slots: list[int]) -> None:
-        self.t1.on_evictable_list(slots)
-        self.t2.on_evictable_list(slots)
+        if not slots:
+            return
+        lowest = min(map(self._pos_mv.__getitem__, slots))  # nothing parked in a list whose scan is below it
+        for lst in (self.t1, self.t2):
+            if lowest < lst.scan_position:
+                lst.on_evictable_list(slots)
 
     def clear(self) -> None:
         self.member[:] = 0

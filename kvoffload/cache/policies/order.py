@@ -86,6 +86,11 @@ class SlotOrder:
         self._heap.clear()
         self._pushed.clear()
 
+    @property
+    def scan_position(self) -> int:
+        """Position of the eviction scan's head: only slots at lower positions can be parked."""
+        return self.base + self.head
+
     def contains_mask(self, slots: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``slots`` are in this list."""
         return self.member[slots] == self.lid
@@ -184,6 +189,8 @@ class SlotOrder:
         """:meth:`on_evictable` for a list of slots."""
         member, pos, lid = self._mm, self._pm, self.lid
         limit = self.base + self.head
+        if not slots or min(map(pos.__getitem__, slots)) >= limit:
+            return  # nothing parked (the common case), found with one C-level pass
         for s in slots:
             ps = pos[s]
             if ps < limit and member[s] == lid and self._pushed.get(s) != ps:

@@ -144,33 +144,35 @@ class KVOffloadManager(OffloadingManager):
         self.hooks.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.hooks.complete_load(list(keys), req_context)  # type: ignore[arg-type]
+        # completions go straight to the core: the request recording and the reuse filter
+        # above it record nothing for them
+        self.core.complete_load(list(keys), req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         batch = self.core.key_batch(keys)  # checked, de-duplicated and resolved once, for every layer
-        out = self.hooks.prepare_store(batch, req_context)  # type: ignore[arg-type]
-        if out is None:  # a failed store changed no slot: the batch's slots still tell the absent keys
-            n_absent = sum(1 for s in batch.slots if s < 0)
+        plan = self.hooks.store_plan(batch, req_context)  # type: ignore[arg-type]
+        if plan is None:  # a failed store changed no slot: the batch still tells the absent keys
+            n_absent = len(batch.presence()[0])
             if n_absent:
                 self._alloc_sizes.append(n_absent)
             return None
-        if out.keys_to_store:
-            self._alloc_sizes.append(len(out.keys_to_store))
+        if plan.keys:
+            self._alloc_sizes.append(len(plan.keys))
         return PrepareStoreOutput(
-            keys_to_store=out.keys_to_store,
-            store_spec=CPULoadStoreSpec(out.store_spec.block_ids),  # type: ignore[attr-defined]
-            evicted_keys=out.evicted_keys,
+            keys_to_store=plan.keys,
+            store_spec=CPULoadStoreSpec(plan.slots),
+            evicted_keys=plan.evicted,  # type: ignore[arg-type]
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = list(keys)
+        keys = list(keys)  # straight to the core, as complete_load
         if success or self._events is None or not HAS_METADATA_ONLY:
-            self.hooks.complete_store(keys, req_context, success)  # type: ignore[arg-type]
+            self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
         batch = self.core.key_batch(keys)
         removed = [k for k, c in zip(batch, self.core.peek_list(batch), strict=True) if c == LOOKUP_PENDING]
-        self.hooks.complete_store(batch, req_context, False)  # type: ignore[arg-type]
+        self.core.complete_store(batch, req_context, False)  # type: ignore[arg-type]
         if removed:
             self._drain_core_events()
             self._events.append(
