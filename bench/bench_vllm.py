@@ -8,31 +8,40 @@ Writes the ``vllm`` section of ``bench/results/<machine>-vllm.json`` (unless ``-
 Engine: vLLM's real ``Scheduler`` and ``OffloadingConnector`` in both roles on CPU tensors
 (``tests/integrations/vllm_harness.py``, its model writing no KV here), kvoffload's spec with its
 ``KVOffloadManager`` behind the connector, or the same spec with vLLM's ``CPUOffloadingManager``
-swapped in (same policy, same capacity; the worker side is the same). Workload: multi-turn
-conversations, each opening with one of a few shared system prompts, each turn's prompt extending
-the previous turn's (its earlier turns are a shared prefix), more conversations than the engine
-runs at once so that earlier turns leave the GPU cache and come back from the CPU tier, which is
-under eviction pressure too. Settings (:data:`SETTINGS`; without ``--setting`` only ``64req-1e4``
-runs, ``--setting 64req-1e4 --setting 256req-1e5`` runs both realistic ones):
+swapped in (same policy, same capacity; the worker side is the same). The realistic settings give
+each GPU block a 32-byte page (:func:`_shape`: 1 KV head of 1 channel, fp8): the worker still runs
+every store and load through kvoffload's torch data path, but its CPU copies and the KV tensors
+cost little; the scheduler side sees blocks and chunks, not bytes, so what is timed is the same as
+with a model-sized page (the pool holds the setting's number of chunks whatever the page).
+
+Workload: multi-turn conversations, each opening with one of a few shared system prompts, each
+turn's prompt extending the previous turn's (its earlier turns are a shared prefix), more
+conversations than the engine runs at once so that earlier turns leave the GPU cache and come back
+from the CPU tier, which is under eviction pressure too. Settings (:data:`SETTINGS`; without
+``--setting`` only ``64req-1e4`` runs, ``--setting 64req-1e4 --setting 256req-1e5`` runs both
+realistic ones):
 
 * ``64req-1e4``: 16-token GPU blocks, 64 concurrent requests of 160 conversations, prompts of
   2k-8k tokens, a CPU pool of 10^4 chunks;
 * ``256req-1e5``: 16-token GPU blocks, 256 concurrent requests of 640 conversations, prompts of
   2k-32k tokens, a CPU pool of 10^5 chunks;
+* ``small`` (``--quick``): the small trace (4-token blocks, 8 conversations of 3 short turns), its
+  KV written and checked every step.
 
-(chunks of 256 tokens, so that the CPU pool is larger than the GPU cache that runs the
-concurrent requests, as in a deployment: with 16-token chunks a 10^4-chunk pool would be a
-third of that GPU cache and nothing would come back from it);
-* ``small`` (``--quick``): the small trace (4-token blocks, 8 conversations of 3 short turns).
+The realistic settings offload chunks of 256 tokens, so that the CPU pool is larger than the GPU
+cache that runs the concurrent requests, as in a deployment: with 16-token chunks a 10^4-chunk
+pool would be a third of that GPU cache and nothing would come back from it.
 
 Timed: the scheduler-role connector calls of each step (``get_num_new_matched_tokens``,
 ``update_state_after_alloc``, ``build_connector_meta``, ``update_connector_output``,
 ``request_finished``), which is where the manager is called, and inside them the manager's own
 calls (both managers behind the same timing wrapper). Reported per setting and policy (LRU, ARC):
 µs per engine step for both and their ratios (kvoffload / vLLM; below 1 is faster), the two runs
-alternated, best of ``--repeats`` each (default 1 for the realistic settings: 64req-1e4 takes a
-few minutes on a 2-core machine, 256req-1e5 about half an hour; 3 for the small trace). Both runs
-must produce the same tokens and the same CPU-tier loads, else the comparison is void (asserted).
+alternated, best of ``--repeats`` each (default 1 for the realistic settings, 3 for the small
+trace). Each repeat is 4 runs (2 managers x 2 policies); on a 2-core machine 64req-1e4 takes about
+3 s per run (20 s in all at ``--repeats 1``), 256req-1e5 about 30 s per run (2 minutes in all),
+mostly vLLM's own request hashing and scheduling, which are not timed. Both runs must produce the
+same tokens and the same CPU-tier loads, else the comparison is void (asserted).
 Once the engine is built the GC heap is frozen (``gc.freeze``), as vLLM's ``EngineCore`` does after
 start-up, so that collections during the run do not rescan the engine's start-up objects.
 """
@@ -106,8 +115,7 @@ SETTINGS = {
     "256req-1e5": Setting("256req-1e5", 16, 256, 640, 5, 8, 1536, 512, 7552, 8, 100_000, 256, 256 * 2060, 16384),
 }
 REALISTIC = ("64req-1e4", "256req-1e5")
-#: what a run without ``--setting`` measures: a few minutes on a 2-core machine (256req-1e5 takes
-#: about 7 minutes per run there, 4 runs per repeat)
+#: what a run without ``--setting`` measures (about 20 s on a 2-core machine; 256req-1e5 about 2 minutes)
 DEFAULT = ("64req-1e4",)
 
 
@@ -133,6 +141,26 @@ def _trace(s: Setting) -> list[list[tuple[str, list[int]]]]:
     return waves
 
 
+def _shape(s: Setting) -> Any:
+    """The engine's :class:`~tests.integrations.vllm_harness.Shape` for ``s``: the harness's KV for
+    the small trace (its bytes are written and checked every step), else the smallest page the
+    harness and kvoffload's data path take (1 head of 1 channel of a 1-byte dtype: 32 bytes per
+    16-token block; ``ROOT`` must be on ``sys.path``)."""
+    import torch
+
+    from tests.integrations.vllm_harness import Shape
+
+    shape = Shape(
+        block_size=s.block_size,
+        max_len=max(256, s.max_prompt + s.reply_tokens + s.block_size),
+        max_num_seqs=s.concurrent,
+        max_num_batched_tokens=s.max_batched_tokens,
+    )
+    if s.small_trace:
+        return shape
+    return replace(shape, kv_heads=1, head_dim=1, kv_dtype=torch.float8_e4m3fn)
+
+
 def _time_calls(obj: Any, names: tuple[str, ...], acc: list[float]) -> None:
     """Wrap the methods ``names`` of ``obj`` so that their wall time adds up in ``acc[0]``."""
     for name in names:
@@ -155,14 +183,9 @@ def _run_once(
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from tests.integrations.vllm_harness import Engine, Shape
+    from tests.integrations.vllm_harness import Engine
 
-    shape = Shape(
-        block_size=s.block_size,
-        max_len=max(256, s.max_prompt + s.reply_tokens + s.block_size),
-        max_num_seqs=s.concurrent,
-        max_num_batched_tokens=s.max_batched_tokens,
-    )
+    shape = _shape(s)
     extra = {
         "spec_name": "KVOffloadSpec",
         "spec_module_path": "kvoffload.integrations.vllm",
@@ -197,6 +220,7 @@ def _run_once(
         "connector_s": spent[0],
         "us_per_step": spent[0] / steps * 1e6,
         "manager_us_per_step": in_manager[0] / steps * 1e6,
+        "page_bytes": shape.page,
         "loads": e.worker.counts["loads"],
         "stores": e.worker.counts["stores"],
         "outputs": e.outputs,
@@ -231,6 +255,7 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
             "vllm_manager_us_per_step": round(theirs["manager_us_per_step"], 1),
             "manager_ratio": round(ours["manager_us_per_step"] / theirs["manager_us_per_step"], 3),
             "run_wall_s": round(min(r["wall_s"] for r in runs), 1),
+            "gpu_page_bytes": runs[0]["page_bytes"],
         }
         print(json.dumps(row), flush=True)
         rows.append(row)

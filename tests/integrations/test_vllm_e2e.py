@@ -13,8 +13,9 @@ require_vllm()
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
-from tests.integrations.vllm_harness import BLOCK_SIZE, PAGE, Engine, KVMismatch  # noqa: E402
+from tests.integrations.vllm_harness import BLOCK_SIZE, PAGE, Engine, KVMismatch, Shape  # noqa: E402
 
 
 def extra(chunks: int = 64, factor: int = 1, **kw: Any) -> dict[str, Any]:
@@ -118,6 +119,32 @@ def test_eviction_pressure_many_prompts() -> None:
         assert e.outputs[rid + "-again"] == e.outputs[rid]
     assert st.num_pending == 0 and e.manager.core.table.num_pending == 0
     assert e.worker.counts["loads"] >= 1
+
+
+def test_kv_page_size_changes_no_scheduling() -> None:
+    """A 1-byte, 1-head, 1-channel KV page (bench_vllm's) schedules, stores and loads exactly as the
+    default page (8x the bytes per channel, 8x the channels) under eviction pressure with 2-block
+    chunks: the same tokens, jobs, steps and chunks held; only the bytes moved shrink."""
+    small = Shape(kv_heads=1, head_dim=1, kv_dtype=torch.float8_e4m3fn)
+    assert (small.page, Shape().page) == (2 * BLOCK_SIZE, PAGE) and PAGE == 32 * small.page
+    runs = []
+    for shape in (Shape(), small):
+        # the small page cannot hold kv_value: for both, the model writes nothing and nothing is checked
+        e = Engine(extra(10, 2, eviction_policy="arc", cpu_bytes_to_use=20 * shape.page), shape=shape, check_kv=False)
+        prompts = {f"p{i}": prompt(70 + i, 17 + i % 5) for i in range(10)}
+        for rid, p in prompts.items():
+            e.add(rid, p, 2)
+        e.run()
+        e.reset_gpu()
+        for rid, p in reversed(prompts.items()):
+            e.add(rid + "-again", p, 2)
+        e.run()
+        assert e.worker.transfer_worker.host_pool.nbytes == 20 * shape.page
+        runs.append((e.outputs, e.worker.counts, e.steps, len(e.manager.core)))
+    assert runs[1] == runs[0]
+    assert runs[0][1]["loads"] >= 1 and runs[0][1]["stores"] >= 10  # eviction pressure: chunks came back
+    with pytest.raises(ValueError, match="check_kv"):
+        Engine(extra(), shape=small)
 
 
 def test_shared_prefix() -> None:

@@ -70,30 +70,43 @@ def kv_value(token: int, pos: int) -> torch.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
-    """What the engine runs: tokens per GPU block, the longest request, the scheduler's limits."""
+    """What the engine runs: tokens per GPU block, the longest request, the scheduler's limits, and
+    the KV of one token in one layer (``kv_heads`` heads of ``head_dim`` channels of ``kv_dtype``;
+    :meth:`Engine.check` needs the defaults, which :func:`kv_value` writes)."""
 
     block_size: int = BLOCK_SIZE
     max_len: int = MAX_LEN
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 64
+    kv_heads: int = HEADS
+    head_dim: int = HEAD_DIM
+    kv_dtype: torch.dtype = torch.float32
 
     @property
     def page(self) -> int:
         """Bytes of one GPU block (K and V of every head)."""
-        return 2 * self.block_size * HEADS * HEAD_DIM * 4
+        return 2 * self.block_size * self.kv_heads * self.head_dim * self.kv_dtype.itemsize
+
+    @property
+    def checkable(self) -> bool:
+        """Whether :func:`kv_value` fits this shape's KV (what ``check_kv`` needs)."""
+        return (self.kv_heads, self.head_dim, self.kv_dtype) == (HEADS, HEAD_DIM, torch.float32) and (
+            self.max_len <= MAX_LEN
+        )
 
 
 @functools.lru_cache(maxsize=8)
 def _base_config(shape: Shape) -> VllmConfig:
     # one fixed folder per user: engines in several processes name the same model (the model name
     # is part of a shared tier's namespace)
-    d = os.path.join(tempfile.gettempdir(), f"kvoffload-opt-{os.getuid()}-{shape.max_len}-{HEADS}x{HEAD_DIM}")
+    heads = shape.kv_heads
+    d = os.path.join(tempfile.gettempdir(), f"kvoffload-opt-{os.getuid()}-{shape.max_len}-{heads}x{shape.head_dim}")
     if not os.path.exists(os.path.join(d, "config.json")):
         tmp = tempfile.mkdtemp(prefix="kvoffload-opt-")
         OPTConfig(
             num_hidden_layers=1,
-            hidden_size=HEADS * HEAD_DIM,
-            num_attention_heads=HEADS,
+            hidden_size=heads * shape.head_dim,
+            num_attention_heads=heads,
             ffn_dim=16,
             vocab_size=1000,
             max_position_embeddings=shape.max_len,
@@ -162,23 +175,27 @@ class Engine:
         shape: Shape = Shape(),
         check_kv: bool = True,
     ) -> None:
-        if check_kv and shape.max_len > MAX_LEN:
-            raise ValueError(f"check_kv needs max_len <= {MAX_LEN} (kv_value is exact in float32 up to there)")
+        if check_kv and not shape.checkable:
+            raise ValueError(
+                f"check_kv needs max_len <= {MAX_LEN} (kv_value is exact in float32 up to there) and the default "
+                f"KV ({HEADS} heads of {HEAD_DIM} float32 channels), got {shape}"
+            )
         self.shape = shape
         self.check_kv = check_kv
         bs = shape.block_size
         self.vllm_config = make_config(extra, connector, shape)
         self.vllm_config.cache_config = copy.copy(self.vllm_config.cache_config)
         self.vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
-        layer = dict(block_size=bs, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.float32)
+        layer = dict(block_size=bs, num_kv_heads=shape.kv_heads, head_size=shape.head_dim, dtype=shape.kv_dtype)
         specs: list[tuple[str, Any]] = [(LAYER, FullAttentionSpec(**layer))]  # type: ignore[arg-type]
         if sliding_window is not None:
             specs.append((SW_LAYER, SlidingWindowSpec(**layer, sliding_window=sliding_window)))  # type: ignore[arg-type]
         self.windows = [None, sliding_window]
         #: one KV tensor per group (its single layer)
-        self.kvs = [torch.zeros(num_gpu_blocks, 2, bs, HEADS, HEAD_DIM, dtype=torch.float32) for _ in specs]
+        kv_shape = (num_gpu_blocks, 2, bs, shape.kv_heads, shape.head_dim)
+        self.kvs = [torch.zeros(kv_shape, dtype=shape.kv_dtype) for _ in specs]
         self.kv = self.kvs[0]
-        size = self.kv.numel() * 4
+        size = self.kv.numel() * self.kv.element_size()
         self.kv_cache_config = KVCacheConfig(
             num_blocks=num_gpu_blocks,
             kv_cache_tensors=[
