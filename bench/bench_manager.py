@@ -161,7 +161,9 @@ def bench_lookup(capacity: int, n: int = 20000, rounds: int = 5) -> dict[str, An
 
 def _evict_now(m: Any, impl: str, k: int) -> Any:
     """Evict ``k`` blocks (no protected keys) through the implementation's internal step."""
-    return m._evict(k, np.zeros(0, dtype=np.int64)) if impl == "ours" else m.evict(k, set())
+    if impl == "ours":  # the store side's eviction step (victims chosen, forgotten, slots freed)
+        return m._stores.make_room(k, np.zeros(0, dtype=np.int64), k)
+    return m.evict(k, set())
 
 
 def bench_evict(capacity: int, k: int = 1000, pinned_fraction: float = 0.0, repeats: int = 7) -> dict[str, Any]:

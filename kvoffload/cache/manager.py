@@ -25,7 +25,6 @@ from kvoffload.cache.keytable import ClosedIndex, SlotTable
 from kvoffload.cache.loads import Loads
 from kvoffload.cache.lookups import LOOKUP_CODES, make_lookup, slot_classes, small_codes
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
-from kvoffload.cache.request_hooks import apply_request_access
 from kvoffload.cache.stats import Counters, OffloadingStats
 from kvoffload.cache.stores import CPU_MEDIUM, Stores, store_output
 from kvoffload.checks import check_bool
@@ -47,9 +46,6 @@ __all__ = ["CPUOffloadingManager", "OffloadingStats", "CPU_MEDIUM", "SMALL_BATCH
 
 #: Calls on at most this many keys (a ``list``) take the scalar paths.
 SMALL_BATCH = 32
-#: request-level calls (a whole prompt) on at most this many keys run scalar code
-REQUEST_SCALAR_LIMIT = 256
-_EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -338,22 +334,7 @@ class CPUOffloadingManager(OffloadingManager):
         Returns:
             The keys removed, in first-occurrence order.
         """
-        r = self._resolve(keys, allow_duplicates=True)
-        slots = [s for s in dict.fromkeys(r.slots.tolist()) if s >= 0]
-        arr = np.array(slots, dtype=np.int64)
-        arr = arr[self._table.ref[arr] == 0] if slots else arr
-        return self._stores.remove(arr) if len(arr) else []
-
-    def apply_request_access(
-        self,
-        keys: Sequence[OffloadKey],
-        req_context: ReqContext,
-        inserted_only: Collection[OffloadKey] = (),
-        reused: Collection[OffloadKey] = (),
-    ) -> None:
-        """Apply one finished request's accesses to the policy at once
-        (:func:`kvoffload.cache.request_hooks.apply_request_access`)."""
-        apply_request_access(self, keys, req_context, inserted_only, reused)
+        return self._stores.discard(self._resolve(keys, allow_duplicates=True))
 
     # ------------------------------------------------------------------ events, stats, lifecycle
     def take_events(self) -> list[OffloadingEvent]:

@@ -207,6 +207,14 @@ class Stores:
         self._record(evicted)
         return evicted
 
+    def discard(self, r: Resolved) -> list[OffloadKey]:
+        """Free the ready, unpinned keys of ``r`` (others are left alone); their keys, in
+        first-occurrence order."""
+        slots = [s for s in dict.fromkeys(r.slots.tolist()) if s >= 0]
+        arr = np.array(slots, dtype=np.int64)
+        arr = arr[self.table.ref[arr] == 0] if slots else arr
+        return self.remove(arr) if len(arr) else []
+
     def remove(self, slots: np.ndarray) -> list[OffloadKey]:
         """Free the ready, unpinned ``slots`` (distinct) at once; return their keys."""
         self.policy.remove(slots)

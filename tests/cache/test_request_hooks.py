@@ -11,7 +11,7 @@ import pytest
 
 import kvoffload
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.request_hooks import RequestHooksManager
+from kvoffload.cache.request_hooks import RequestHooksManager, apply_request_access
 from kvoffload.cache.reuse import FilteredReuseManager
 from kvoffload.core.base import ReqContext, make_offload_key
 from kvoffload.core.lookup_result import (
@@ -208,7 +208,7 @@ def test_apply_request_access_small_and_array_paths_agree(policy: str) -> None:
                 core.complete_store(out.keys_to_store, ctx(f"s{step}"))
             # list: scalar path; tuple: array path
             batch = list(keys) if i == 0 else tuple(keys)
-            core.apply_request_access(batch, ctx(f"s{step}"), inserted - reused, reused)  # type: ignore[arg-type]
+            apply_request_access(core, batch, ctx(f"s{step}"), inserted - reused, reused)  # type: ignore[arg-type]
         a, b = cores
         assert a.peek(list(a.table.index)).tolist() == b.peek(list(a.table.index)).tolist()
         assert sorted(a.table.index) == sorted(b.table.index)
