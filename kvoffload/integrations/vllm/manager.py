@@ -54,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["KVOffloadManager"]
 
+#: what :meth:`KVOffloadManager.on_new_request` answers for every request (vLLM's default policy)
+_CHUNK_LEVEL = RequestOffloadingContext()
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
 
@@ -117,8 +119,11 @@ class KVOffloadManager(OffloadingManager):
 
     # ------------------------------------------------------------------ request hooks
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        """Start the request's record (created by its first recorded call); every request gets
+        vLLM's default offloading (chunk level), one shared context (vLLM only reads it), so
+        this call allocates nothing."""
         self.hooks.on_new_request(req_context)  # type: ignore[arg-type]
-        return RequestOffloadingContext()
+        return _CHUNK_LEVEL
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         position = getattr(req_context, "get_offload_key_position", None)
