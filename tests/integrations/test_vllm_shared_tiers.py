@@ -14,9 +14,6 @@ from tests.integrations.vllm_env import require_redis, require_vllm
 require_vllm()
 
 import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -30,16 +27,11 @@ from kvoffload.integrations.vllm import KVOffloadSpec  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer  # noqa: E402
 from tests.integrations import tier_roles  # noqa: E402
 from tests.integrations.engine_roles import PROMPTS, extra, prompt, run_prompts, run_until_done  # noqa: E402
+from tests.integrations.tier_support import TIER_MODULE, redis_tier, run_role  # noqa: E402
 from tests.integrations.vllm_harness import BLOCK_SIZE, Engine, KVMismatch  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-MODULE = "kvoffload.integrations.vllm"
 #: full chunks of PROMPTS (the shared 16-token prefix counted once)
 SHARED_CHUNKS = 16 // BLOCK_SIZE + (29 - 16) // BLOCK_SIZE + (25 - 16) // BLOCK_SIZE + 23 // BLOCK_SIZE
-
-
-def redis_tier(url: str, **kw: Any) -> dict[str, Any]:
-    return {"type": "KVOffloadRedisTier", "module_path": MODULE, "url": url, "backoff_initial": 0.05, **kw}
 
 
 class Shared:
@@ -50,21 +42,11 @@ class Shared:
         self.redis = RedisServer(root / "redis").start()
         self.tiers = {
             "redis": [redis_tier(self.redis.url)],
-            "disk": [{"type": "KVOffloadDiskTier", "module_path": MODULE, "root_dir": str(root / "disk")}],
+            "disk": [{"type": "KVOffloadDiskTier", "module_path": TIER_MODULE, "root_dir": str(root / "disk")}],
             "vllm-fs": [{"type": "fs", "root_dir": str(root / "fs"), "n_read_threads": 2, "n_write_threads": 2}],
         }
         configs = [{"name": n, "tiers": t} for n, t in self.tiers.items()]
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        out = subprocess.run(
-            [sys.executable, "-m", "tests.integrations.engine_roles", "first", json.dumps(configs)],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert out.returncode == 0, out.stderr[-4000:]
-        lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+        lines = run_role("tests.integrations.engine_roles", "first", json.dumps(configs), timeout=300)
         self.first = {r["name"]: r for r in lines}
 
 
@@ -111,14 +93,6 @@ def test_second_engine_loads_what_the_first_computed(shared: Shared, name: str) 
         )
     finally:
         e.close()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis()
-    srv = RedisServer(tmp_path / "redis").start()
-    yield srv
-    srv.stop()
 
 
 def first_engine(tiers: list[dict[str, Any]], prompts: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -208,7 +182,7 @@ def test_promotion_failing_part_way_recomputes_the_rest(own_redis: RedisServer) 
         ("not-a-list", "must be a list"),
         ([{"type": "no-such-tier"}], "Unknown secondary tier type"),
         ([{"colour": "blue"}], "must be a dict with a 'type'"),
-        ([{"type": "NoSuchClass", "module_path": MODULE}], r"secondary_tiers'\]\[0\]"),
+        ([{"type": "NoSuchClass", "module_path": TIER_MODULE}], r"secondary_tiers'\]\[0\]"),
     ],
 )
 def test_bad_secondary_tiers_fail_at_start(tiers: Any, match: str) -> None:

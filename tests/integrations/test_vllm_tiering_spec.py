@@ -6,17 +6,13 @@ vLLM's manager, promotion and cascade logic run unchanged; the test plays the wo
 
 from __future__ import annotations
 
-from tests.integrations.vllm_env import require_redis, require_vllm
+from tests.integrations.vllm_env import require_vllm
 
 require_vllm()
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -28,48 +24,25 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 from kvoffload.integrations.vllm import KVOffloadRedisTier  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer  # noqa: E402
 from tests.integrations import tier_roles as roles  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def redis_srv(tmp_path: Path) -> Iterator[RedisServer]:
-    require_redis()
-    srv = RedisServer(tmp_path / "redis").start()
-    yield srv
-    srv.stop()
-
-
-def redis_tier(url: str, **kw: Any) -> dict[str, Any]:
-    return {"type": "KVOffloadRedisTier", "module_path": roles.TIER_MODULE, "url": url, "backoff_initial": 0.05, **kw}
+from tests.integrations.tier_support import TIER_MODULE, redis_tier, run_role  # noqa: E402
 
 
 def promote_in_subprocess(tier: dict[str, Any], n: int) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.integrations.tier_roles", "promote", json.dumps(tier), str(n)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_role("tests.integrations.tier_roles", "promote", json.dumps(tier), str(n), timeout=240)[-1]  # type: ignore[no-any-return]
 
 
 def redis_values(srv: RedisServer) -> list[bytes]:
     return list(redis.Redis(port=srv.port).scan_iter(match=b"kvo:*"))
 
 
-def test_cascade_reaches_redis_and_a_second_process_promotes_it_back(redis_srv: RedisServer) -> None:
-    tier = redis_tier(redis_srv.url)
+def test_cascade_reaches_redis_and_a_second_process_promotes_it_back(own_redis: RedisServer) -> None:
+    tier = redis_tier(own_redis.url)
     mgr = roles.tiering_manager(tier)
     try:
         assert isinstance(mgr.secondary_tiers[0], KVOffloadRedisTier)
         ks = roles.keys(6)
         roles.store(mgr, ks)
-        assert len(redis_values(redis_srv)) == 6  # every cascade reached Redis
+        assert len(redis_values(own_redis)) == 6  # every cascade reached Redis
         stats = mgr.secondary_tiers[0].tier.stats()
         assert stats.blocks_written == 6 and stats.write_failures == stats.dropped_writes == 0
     finally:
@@ -80,8 +53,8 @@ def test_cascade_reaches_redis_and_a_second_process_promotes_it_back(redis_srv: 
     assert found["equal"] == [True] * 6 and found["stats"] == 6
 
 
-def test_other_model_never_meets_the_values(redis_srv: RedisServer) -> None:
-    tier = redis_tier(redis_srv.url)
+def test_other_model_never_meets_the_values(own_redis: RedisServer) -> None:
+    tier = redis_tier(own_redis.url)
     a = roles.tiering_manager(tier)
     b = roles.tiering_manager(tier, model="test/other-model")
     try:
@@ -93,8 +66,8 @@ def test_other_model_never_meets_the_values(redis_srv: RedisServer) -> None:
         b.shutdown()
 
 
-def test_partial_promotion_keeps_the_loaded_keys_and_misses_the_rest(redis_srv: RedisServer) -> None:
-    tier = redis_tier(redis_srv.url)
+def test_partial_promotion_keeps_the_loaded_keys_and_misses_the_rest(own_redis: RedisServer) -> None:
+    tier = redis_tier(own_redis.url)
     a, b = roles.tiering_manager(tier), roles.tiering_manager(tier)
     try:
         ks = roles.keys(4, seed=1)
@@ -108,7 +81,7 @@ def test_partial_promotion_keeps_the_loaded_keys_and_misses_the_rest(redis_srv: 
             assert time.monotonic() < deadline, res
             time.sleep(0.01)
         # between the lookup (slots reserved) and the flush, one value disappears from Redis
-        redis.Redis(port=redis_srv.port).delete(b.secondary_tiers[0].tier.store_key(ks[2]))
+        redis.Redis(port=own_redis.port).delete(b.secondary_tiers[0].tier.store_key(ks[2]))
         tier = b.secondary_tiers[0]
         seen: list[Any] = []
         poll = tier.get_finished_jobs
@@ -141,13 +114,13 @@ def test_partial_promotion_keeps_the_loaded_keys_and_misses_the_rest(redis_srv: 
         b.shutdown()
 
 
-def test_corrupted_value_is_a_failed_promotion_then_a_miss(redis_srv: RedisServer) -> None:
-    tier = redis_tier(redis_srv.url)
+def test_corrupted_value_is_a_failed_promotion_then_a_miss(own_redis: RedisServer) -> None:
+    tier = redis_tier(own_redis.url)
     a, b = roles.tiering_manager(tier), roles.tiering_manager(tier)
     try:
         ks = roles.keys(3, seed=2)
         roles.store(a, ks)
-        r = redis.Redis(port=redis_srv.port)
+        r = redis.Redis(port=own_redis.port)
         bad = a.secondary_tiers[0].tier.store_key(ks[1])
         r.setrange(bad, r.strlen(bad) - 10, b"\xff" * 4)  # flip payload bytes; header intact
         found = roles.load(b, ks)
@@ -165,12 +138,12 @@ def test_corrupted_value_is_a_failed_promotion_then_a_miss(redis_srv: RedisServe
         b.shutdown()
 
 
-def test_redis_killed_mid_run_then_back(redis_srv: RedisServer) -> None:
-    tier = redis_tier(redis_srv.url, socket_timeout=1.0, connect_timeout=1.0)
+def test_redis_killed_mid_run_then_back(own_redis: RedisServer) -> None:
+    tier = redis_tier(own_redis.url, socket_timeout=1.0, connect_timeout=1.0)
     mgr = roles.tiering_manager(tier)
     try:
         roles.store(mgr, roles.keys(3, seed=3))
-        redis_srv.kill()
+        own_redis.kill()
         # stores keep working in the CPU tier; their cascades fail and are counted, nothing blocks
         roles.store(mgr, roles.keys(3, seed=4))
         st = mgr.secondary_tiers[0].tier.stats()
@@ -178,10 +151,10 @@ def test_redis_killed_mid_run_then_back(redis_srv: RedisServer) -> None:
         # primary hits still load; keys only Redis could have had are misses
         assert roles.load(mgr, roles.keys(3, seed=4))["equal"] == [True] * 3
         assert roles.load(mgr, roles.keys(2, seed=5))["hit"] == [False, False]
-        redis_srv.start()  # empty again (no persistence)
+        own_redis.start()  # empty again (no persistence)
         time.sleep(0.3)  # past the back-off
         roles.store(mgr, roles.keys(2, seed=6))
-        assert len(redis_values(redis_srv)) == 2
+        assert len(redis_values(own_redis)) == 2
     finally:
         mgr.shutdown()
 
@@ -190,15 +163,15 @@ def test_bad_tier_options_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown option"):
         roles.tiering_manager(redis_tier("redis://127.0.0.1:1", colour="blue"))
     with pytest.raises(TypeError, match="'url'"):
-        roles.tiering_manager({"type": "KVOffloadRedisTier", "module_path": roles.TIER_MODULE})
+        roles.tiering_manager({"type": "KVOffloadRedisTier", "module_path": TIER_MODULE})
     with pytest.raises(TypeError, match="'root_dir'"):
-        roles.tiering_manager({"type": "KVOffloadDiskTier", "module_path": roles.TIER_MODULE})
+        roles.tiering_manager({"type": "KVOffloadDiskTier", "module_path": TIER_MODULE})
     with pytest.raises(ValueError, match="locality"):
         roles.tiering_manager(redis_tier("redis://127.0.0.1:1", locality="moon"))
 
 
 def test_disk_tier_shared_directory(tmp_path: Path) -> None:
-    tier = {"type": "KVOffloadDiskTier", "module_path": roles.TIER_MODULE, "root_dir": str(tmp_path / "kv")}
+    tier = {"type": "KVOffloadDiskTier", "module_path": TIER_MODULE, "root_dir": str(tmp_path / "kv")}
     a, b = roles.tiering_manager(tier), roles.tiering_manager(tier)
     try:
         roles.store(a, roles.keys(4, seed=7))
@@ -219,7 +192,7 @@ def test_metric_definitions_cover_the_stats() -> None:
 def test_stored_blocks_are_announced_as_kv_events(tmp_path: Path) -> None:
     from vllm.v1.kv_offload.base import Medium
 
-    tier = {"type": "KVOffloadDiskTier", "module_path": roles.TIER_MODULE, "root_dir": str(tmp_path / "kv")}
+    tier = {"type": "KVOffloadDiskTier", "module_path": TIER_MODULE, "root_dir": str(tmp_path / "kv")}
     extra = {"cpu_bytes_to_use": 16 * roles.ROW, "secondary_tiers": [{**tier, "enable_kv_events": True}]}
     config = dataclasses.replace(roles.offloading_config(extra), enable_kv_cache_events=True)
     mgr = TieringOffloadingSpec(config).get_manager()
@@ -234,7 +207,7 @@ def test_stored_blocks_are_announced_as_kv_events(tmp_path: Path) -> None:
 
 
 def test_reset_cache_drains_the_tier_jobs(tmp_path: Path) -> None:
-    tier = {"type": "KVOffloadDiskTier", "module_path": roles.TIER_MODULE, "root_dir": str(tmp_path / "kv")}
+    tier = {"type": "KVOffloadDiskTier", "module_path": TIER_MODULE, "root_dir": str(tmp_path / "kv")}
     mgr = roles.tiering_manager(tier)
     try:
         ks = roles.keys(5, seed=9)

@@ -28,7 +28,6 @@ from vllm.v1.kv_offload.config import (
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 ROW = 4096  # one chunk: 256 KV bytes, rounded up to the page by vLLM's CPU spec
-TIER_MODULE = "kvoffload.integrations.vllm"
 
 
 def offloading_config(extra: dict[str, Any], model: str = "test/tiny-model") -> OffloadingConfig:

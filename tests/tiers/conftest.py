@@ -16,6 +16,7 @@ import pytest
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
 from kvoffload.tiers import TIER_RETRY, Tier, TierNamespace
 from tests.redis_support import require_redis as _require_redis
+from tests.redis_support import server_of_its_own
 
 NS = TierNamespace("test/model@1", "float16", "float16", "flash_attn", (2, 16, 4, 64), 16)
 
@@ -28,10 +29,7 @@ def require_redis() -> None:
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One server shared by a module's tests (flushed before each test by ``redis_url``)."""
-    require_redis()
-    srv = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield srv
-    srv.stop()
+    yield from server_of_its_own(tmp_path_factory.mktemp("redis"), require_redis)
 
 
 @pytest.fixture
@@ -44,10 +42,7 @@ def redis_url(redis_server: RedisServer) -> str:
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A server of this test alone (tests that kill or restart it)."""
-    require_redis()
-    srv = RedisServer(tmp_path / "redis").start()
-    yield srv
-    srv.stop()
+    yield from server_of_its_own(tmp_path / "redis", require_redis)
 
 
 @pytest.fixture(scope="module")
