@@ -42,10 +42,15 @@ def _independent_o_direct_check(directory: Path) -> bool:
         p.unlink()
 
 
-@pytest.mark.parametrize("o_direct", [True, False], ids=["o_direct", "buffered"])
-def test_roundtrip_restart_keeps_cache(tmp_path: Path, o_direct: bool) -> None:
-    if o_direct and not _independent_o_direct_check(tmp_path):
+@pytest.fixture(params=[True, False], ids=["o_direct", "buffered"])
+def o_direct(request: pytest.FixtureRequest, tmp_path: Path) -> bool:
+    """Both I/O paths; the O_DIRECT one is skipped where the test's directory refuses O_DIRECT."""
+    if request.param and not _independent_o_direct_check(tmp_path):
         pytest.skip(f"{tmp_path} does not accept O_DIRECT")
+    return bool(request.param)
+
+
+def test_roundtrip_restart_keeps_cache(tmp_path: Path, o_direct: bool) -> None:
     src = make_records(8, RB, seed=31)
     keys = make_keys(6)
     with DiskTier(src, NS, tmp_path, o_direct=o_direct) as a:
@@ -92,10 +97,7 @@ def test_budget_evicts_least_recently_used(tmp_path: Path) -> None:
         assert len(list(tmp_path.rglob("*.kv"))) == 4 and t.index.total_bytes == 4 * vb
 
 
-@pytest.mark.parametrize("o_direct", [True, False], ids=["o_direct", "buffered"])
 def test_corrupt_files_are_counted_misses_and_deleted(tmp_path: Path, o_direct: bool) -> None:
-    if o_direct and not _independent_o_direct_check(tmp_path):
-        pytest.skip(f"{tmp_path} does not accept O_DIRECT")
     src = make_records(6, RB, seed=35)
     keys = make_keys(4)
     with DiskTier(src, NS, tmp_path, o_direct=o_direct) as t:
