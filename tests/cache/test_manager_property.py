@@ -35,7 +35,7 @@ from tests.cache.test_manager_reference import RefError, RefManager
 
 CTX = ReqContext(req_id="prop")
 UNIVERSE = [make_offload_key(b"h%02d" % i, i % 2) for i in range(40)]
-POLICY_NAMES = ["lru", "arc", "s3fifo"]
+POLICY_NAMES = ["lru", "arc", "s3fifo", "headstart"]
 
 
 def real_order(m: CPUOffloadingManager) -> object:
@@ -44,6 +44,10 @@ def real_order(m: CPUOffloadingManager) -> object:
     keys = m.table.keys
     if m.cache_policy == "lru":
         return [keys[s] for s in p.ordered_slots()]  # type: ignore[attr-defined]
+    if m.cache_policy == "headstart":
+        new, seen = p.ordered_slots()  # type: ignore[attr-defined]
+        stamps = sorted((keys[s], int(p.stamp[s])) for s in new + seen)  # type: ignore[attr-defined]
+        return ([keys[s] for s in new], [keys[s] for s in seen], stamps, p.head_start, p.clock)  # type: ignore[attr-defined]
     if m.cache_policy == "arc":
         t1, t2 = p.ordered_slots()  # type: ignore[attr-defined]
         return ([keys[s] for s in t1], [keys[s] for s in t2], list(p.b1), list(p.b2), p.target_t1_size)  # type: ignore[attr-defined]
@@ -210,6 +214,7 @@ def _machine(policy: str) -> type[RuleBasedStateMachine]:
 TestLRUMachine = _machine("lru").TestCase
 TestARCMachine = _machine("arc").TestCase
 TestS3FIFOMachine = _machine("s3fifo").TestCase
+TestHeadStartMachine = _machine("headstart").TestCase
 
 
 # ---------------------------------------------------------------------------- seeded fuzzer

@@ -13,7 +13,7 @@ before it leaves the window only when :data:`WAYS` of the next ``G`` keys share 
 
 Rules (the reference model in the tests implements exactly these): an entry holds ``f | 1``
 (``0``: empty) and its sequence number; :meth:`GhostKeys.contains_pop` reports, per fingerprint,
-whether its bucket has an entry holding ``f | 1`` added less than ``G`` additions ago, and empties
+whether its bucket has an entry holding ``f | 1`` among the last ``G`` added, and empties
 the first such entry; :meth:`GhostKeys.add` writes ``f | 1`` and the next sequence number at the
 bucket's cursor and advances the cursor modulo :data:`WAYS`, in order.
 Memory: ``8 * WAYS * B + B`` bytes, 16.1 to 32.2 bytes per remembered key.
@@ -58,7 +58,7 @@ class GhostKeys:
             return np.zeros(0, dtype=bool)
         b = fp & np.uint32(self.mask)
         match = self.fp[b] == (fp | np.uint32(1))[:, None]
-        match &= (np.uint32(self.added) - self.seq[b]) < np.uint32(self.size)
+        match &= (np.uint32(self.added) - self.seq[b]) <= np.uint32(self.size)  # among the last size added
         hit = match.any(axis=1)
         if hit.any():
             rows = hit.nonzero()[0]

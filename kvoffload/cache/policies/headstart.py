@@ -73,8 +73,8 @@ class HeadStartPolicy(CachePolicy):
         self.stamp = np.zeros(capacity, dtype=np.int64)
         self.new = SlotOrder(_NEW, self.member, self.pos, capacity)
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
-        self.ghost = GhostKeys(GHOST_FACTOR * capacity)
-        self.tuner = HeadStartTuner(capacity)
+        self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
+        self.tuner = HeadStartTuner(max(1, capacity))
         self.clock = 0
 
     @property
@@ -127,15 +127,12 @@ class HeadStartPolicy(CachePolicy):
             idx = idx[np.sort(at)]
             present = slots[idx]
         rev = present[::-1]
-        stay = inserted_only[idx][::-1]
-        if stay.any():
-            own = rev[stay]
-            for order in (self.new, self.seen):
-                mine = own[order.contains_mask(own)]
-                order.push_back(mine, members=True)
-            self.stamp[own] = self.clock
-        if not stay.all():
-            self._to_seen(rev[~stay])
+        keep_new = inserted_only[idx][::-1] & (self.member[rev] == _NEW)
+        if keep_new.any():
+            self.new.push_back(rev[keep_new], members=True)
+            self.stamp[rev[keep_new]] = self.clock
+            rev = rev[~keep_new]
+        self._to_seen(rev)
 
     def on_evictable(self, slots: np.ndarray) -> None:
         self.new.on_evictable(slots)

@@ -17,7 +17,8 @@ Rules (the reference model in the tests implements exactly these):
 * a key is sampled iff ``fingerprint >> 20 < threshold`` with ``threshold = min(4096,
   ceil(4096 * SAMPLE_BLOCKS / capacity))``; every small cache holds ``mini = max(1, capacity *
   threshold // 4096)`` blocks.
-* :meth:`HeadStartTuner.observe` feeds a request's keys, head first, to every small cache: a key
+* :meth:`HeadStartTuner.observe` feeds a request's sampled keys, head first (a repeated key
+  once), to every small cache: a key
   present is a hit (``hits += 1``; it moves to the seen list, most recent, stamped with the small
   cache's clock); an absent one is inserted -- after evicting one block if the cache is full: the
   oldest first-sight block if its stamp ``<= `` the oldest seen block's stamp ``+ h * mini``, else
@@ -145,7 +146,7 @@ class HeadStartTuner:
             sample = [keys[i] for i in picked]
         else:
             sample = list(keys)
-        for key in sample:
+        for key in dict.fromkeys(sample):  # a repeated key counts once
             for c in self.caches:
                 c.access(key)
             self.sampled += 1
