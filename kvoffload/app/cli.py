@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from kvoffload.errors import KVOffloadError
+from kvoffload.sim.suite import SUITE
 from kvoffload.sim.sweep import DTYPE_BYTES, MODEL_SHAPES
 
 
@@ -127,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how much host memory: share of prompt tokens loaded from the CPU tier vs capacity, per policy",
     )
     p_sim.add_argument("--trace", default=None, help="JSONL trace (see README); default: the demo's chat workload")
+    p_sim.add_argument(
+        "--suite",
+        choices=tuple(SUITE),
+        default=None,
+        help="a generated workload that breaks policies instead of a trace (kvoffload.sim.suite; --seed applies)",
+    )
     p_sim.add_argument(
         "--trace-format",
         choices=("auto", "kvoffload", "mooncake"),

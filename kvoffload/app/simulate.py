@@ -47,6 +47,7 @@ from kvoffload.sim.mooncake import (
 )
 from kvoffload.sim.null_worker import NullTransferWorker
 from kvoffload.sim.request import SimRequest
+from kvoffload.sim.suite import suite_workload
 from kvoffload.sim.sweep import (
     DTYPE_BYTES,
     HASH_BLOCK_TOKENS,
@@ -239,6 +240,11 @@ def _shape(args: argparse.Namespace) -> ModelShape:
 
 def _read_workload(args: argparse.Namespace, settings: DemoSettings) -> tuple[list[Any], str, int]:
     """The workload's items, its description and the trace block size (tokens per hash)."""
+    if getattr(args, "suite", None):
+        if args.trace:
+            raise InvalidArgumentError("--suite and --trace are exclusive: pick one workload")
+        generated = suite_workload(args.suite, args.seed)
+        return generated, f"suite workload {args.suite} ({len(generated):,} requests)", HASH_BLOCK_TOKENS
     if not args.trace:
         if args.trace_format != "auto" or args.trace_block_size is not None:
             raise InvalidArgumentError("--trace-format and --trace-block-size need --trace")

@@ -101,8 +101,8 @@ class RefTuner:
 
     def clear(self) -> None:
         self.caches = [RefSmallCache(self.mini, h) for h in CANDIDATES]
-        self.choice = 2
-        self.head_start = round(CANDIDATES[2] * self.capacity)
+        self.choice = 0
+        self.head_start = 0
         self.count = 0
 
     def observe(self, keys: list[bytes]) -> None:

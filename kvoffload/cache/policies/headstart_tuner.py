@@ -25,7 +25,8 @@ Rules (the reference model in the tests implements exactly these):
   the oldest seen block; the victim's key goes to a FIFO ghost of ``4 * mini`` keys -- into the
   seen list if its key was in the ghost (and leaves it), else into the first-sight list, stamped
   with the clock, which then advances by one.
-* after every ``mini`` sampled keys, the policy's head start becomes ``round(h * capacity)`` of
+* the head start starts at 0 (plain LRU, candidate 0); after every ``mini`` sampled keys, the
+  policy's head start becomes ``round(h * capacity)`` of
   the candidate with the most hits (the current one while it ties for most; else the first
   best), and every count is halved (``hits //= 2``).
 """
@@ -48,7 +49,7 @@ CANDIDATES = (0.0, 0.5, 1.0, 2.0, 4.0, 16.0)
 #: blocks held by each small cache (for capacities of at least this many blocks)
 SAMPLE_BLOCKS = 512
 _RANGE = 4096
-_START = 2  # index of the initial candidate (1.0)
+_START = 0  # index of the initial candidate (0: plain LRU until the small caches say otherwise)
 
 
 def fingerprints(keys: Sequence[bytes]) -> np.ndarray:
