@@ -13,8 +13,8 @@ import zlib
 from collections import OrderedDict
 from typing import Any
 
-CANDIDATES = (0.0, 0.5, 1.0, 2.0, 4.0, 16.0)
-SAMPLE_BLOCKS = 512
+CANDIDATES = (0.0, 1.0, 4.0, 16.0)
+SAMPLE_BLOCKS = 128
 WAYS = 16
 M32 = 0xFFFFFFFF
 
@@ -62,13 +62,13 @@ class RefSmallCache:
     def __init__(self, size: int, h: float) -> None:
         self.size = size
         self.h = h
-        self.new: list[list[Any]] = []  # [key, stamp], oldest first
+        self.new: list[list[Any]] = []  # [fingerprint, stamp], oldest first
         self.seen: list[list[Any]] = []
-        self.ghost: list[bytes] = []
+        self.ghost: list[int] = []
         self.clock = 0
         self.hits = 0
 
-    def access(self, key: bytes) -> None:
+    def access(self, key: int) -> None:
         for lst in (self.seen, self.new):
             for i, (k, _) in enumerate(lst):
                 if k == key:
@@ -106,13 +106,12 @@ class RefTuner:
         self.count = 0
 
     def observe(self, keys: list[bytes]) -> None:
-        done: set[bytes] = set()
         for key in keys:
-            if fingerprint(key) >> 20 >= self.threshold or key in done:
+            f = fingerprint(key)
+            if f >> 20 >= self.threshold:
                 continue
-            done.add(key)
             for c in self.caches:
-                c.access(key)
+                c.access(f)
             self.count += 1
             if self.count == self.mini:
                 self.count = 0
@@ -141,6 +140,7 @@ class RefHeadStart:
         return b if b is not None else self.seen.get(key)
 
     def insert(self, key: bytes, b: Any) -> None:
+        self.tuner.observe([key])
         if self.ghost.contains_pop(fingerprint(key)):
             self.seen[key] = b
         else:
@@ -156,16 +156,16 @@ class RefHeadStart:
         del self.stamp[key]
 
     def touch(self, keys: list[bytes]) -> None:
-        self.tuner.observe(keys)
         present = [k for k in dict.fromkeys(keys) if self.get(k) is not None]
+        self.tuner.observe(present)
         for key in reversed(present):
             b = self.new.pop(key) if key in self.new else self.seen.pop(key)
             self.seen[key] = b
             self.stamp[key] = self.clock
 
     def request_finished(self, keys: list[bytes], inserted_only: set[bytes]) -> None:
-        self.tuner.observe(keys)
         present = [k for k in dict.fromkeys(keys) if self.get(k) is not None]
+        self.tuner.observe([k for k in present if k not in inserted_only])
         for key in reversed(present):
             if key in inserted_only:
                 od = self.new if key in self.new else self.seen

@@ -48,36 +48,50 @@ class GhostKeys:
         self.seq = np.zeros((self.buckets, WAYS), dtype=np.uint32)
         self.cursor = np.zeros(self.buckets, dtype=np.uint8)
         self.added = 0  # sequence number of the next key (mod 2**32)
-        self._fp = self.fp.reshape(-1).data
-        self._seq = self.seq.reshape(-1).data
-        self._cur = self.cursor.data
 
     def contains_pop(self, fp: np.ndarray) -> np.ndarray:
         """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied."""
-        if len(fp) == 0:
-            return np.zeros(0, dtype=bool)
         b = fp & np.uint32(self.mask)
         match = self.fp[b] == (fp | np.uint32(1))[:, None]
-        match &= (np.uint32(self.added) - self.seq[b]) <= np.uint32(self.size)  # among the last size added
-        hit = match.any(axis=1)
-        if hit.any():
-            rows = hit.nonzero()[0]
-            self.fp[b[rows], match[rows].argmax(axis=1)] = 0
+        rows, ways = match.nonzero()
+        if len(rows) == 0:
+            return np.zeros(len(fp), dtype=bool)
+        live = (np.uint32(self.added) - self.seq[b[rows], ways]) <= np.uint32(self.size)  # among the last size
+        rows, ways = rows[live], ways[live]
+        rows, first = np.unique(rows, return_index=True)  # the first matching entry of each key
+        self.fp[b[rows], ways[first]] = 0
+        hit = np.zeros(len(fp), dtype=bool)
+        hit[rows] = True
         return hit
 
-    def add(self, fp: list[int]) -> None:
-        """Remember fingerprints (Python ints), in order."""
-        fps, seqs, cur, mask = self._fp, self._seq, self._cur, self.mask
-        n = self.added
-        for f in fp:
-            b = f & mask
-            c = cur[b]
-            i = b * WAYS + c
-            fps[i] = f | 1
-            seqs[i] = n
-            n = (n + 1) & 0xFFFFFFFF
-            cur[b] = (c + 1) % WAYS
-        self.added = n
+    def add(self, fp: np.ndarray) -> None:
+        """Remember fingerprints (``uint32``), in order."""
+        k = len(fp)
+        if k == 0:
+            return
+        b = (fp & np.uint32(self.mask)).astype(np.int64)
+        seq = (np.arange(self.added, self.added + k, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32)
+        self.added = (self.added + k) & 0xFFFFFFFF
+        order = np.argsort(b, kind="stable")
+        bs = b[order]
+        new_run = np.empty(k, dtype=bool)
+        new_run[0] = True
+        np.not_equal(bs[1:], bs[:-1], out=new_run[1:])
+        if new_run.all():  # one key per bucket (the common case)
+            way = self.cursor[b]
+            self.fp[b, way] = fp | np.uint32(1)
+            self.seq[b, way] = seq
+            self.cursor[b] = (way + 1) % WAYS
+            return
+        start = new_run.nonzero()[0]
+        count = np.diff(np.r_[start, k])
+        rank = np.arange(k) - np.repeat(start, count)  # occurrence number within the bucket
+        last = rank >= np.repeat(count, count) - WAYS  # earlier ones would be overwritten in this call
+        sel = order[last]
+        way = (self.cursor[b[sel]].astype(np.int64) + rank[last]) % WAYS
+        self.fp[b[sel], way] = fp[sel] | np.uint32(1)
+        self.seq[b[sel], way] = seq[sel]
+        self.cursor[bs[start]] = (self.cursor[bs[start]].astype(np.int64) + count) % WAYS
 
     def clear(self) -> None:
         self.fp[:] = 0

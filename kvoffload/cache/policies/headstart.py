@@ -15,14 +15,16 @@ Rules (the reference model in the tests implements exactly these):
 
 * a clock counts inserted blocks; every block carries the clock value of its last insert or touch
   (its *stamp*).
-* insert (pending blocks, call order): a key found in the ghost history leaves it and goes to the
-  seen list, any other key to the first-sight list (most recent end); stamps ``clock, clock+1, ...``
-  in call order, then the clock advances by the number of blocks.
-* touch: the tuner observes all keys; the present ones move to the seen list so that ``keys[0]``
-  ends up most recent (the first occurrence of a repeated key counts), stamped with the clock.
-* a finished request (request-scoped engines): the tuner observes its keys; keys it only stored
-  keep their list, the others move to the seen list; both get the most-recent position of their
-  list (``keys[0]`` most recent), stamped with the clock.
+* insert (pending blocks, call order): the tuner observes the keys; a key found in the ghost
+  history leaves it and goes to the seen list, any other key to the first-sight list (most recent
+  end); stamps ``clock, clock+1, ...`` in call order, then the clock advances by the number of
+  blocks.
+* touch: the present keys (first occurrences) are observed by the tuner in order and move to the
+  seen list so that ``keys[0]`` ends up most recent, stamped with the clock.
+* a finished request (request-scoped engines): its present keys (first occurrences) that it did
+  not only store are observed by the tuner in order; keys it only stored keep their list, the
+  others move to the seen list; both get the most-recent position of their list (``keys[0]``
+  most recent), stamped with the clock.
 * evict ``n``: repeatedly, of the oldest evictable, unprotected block of each list, the
   first-sight one goes if there is no seen one or its stamp ``<=`` the seen one's stamp ``+ H``,
   else the seen one. The victim's key enters the ghost history.
@@ -30,11 +32,13 @@ Rules (the reference model in the tests implements exactly these):
   fingerprints (``headstart_tuner.fingerprints``), victims added in eviction order; a key found
   there on insert leaves it. ``H`` is the tuner's ``head_start``.
 
-Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + two
-``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4 keys (64 to 129 B):
-97 to 162 bytes, plus the tuner's small caches (six of at most 512 blocks with 2,048 ghost keys
-each, about 2 MB whatever the capacity). Cost: a touch or insert is O(keys) numpy work plus a
-fingerprint per key; evicting ``n`` blocks scans ``n`` candidates of each list (O(n) amortised).
+Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + ``uint32``
+fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
+keys (64 to 129 B): 101 to 166 bytes, plus the tuner's small caches (four of at most 128 blocks
+with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch or insert is O(keys)
+numpy work (a CRC-32 per inserted key); evicting ``n`` blocks peeks at ``n`` candidates of each
+list and takes the victims (O(n) amortised); the tuner does Python work for a fraction
+``min(1, 128 / capacity)`` of the accesses (its sample).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class HeadStartPolicy(CachePolicy):
         self.member = np.zeros(capacity, dtype=np.int8)
         self.pos = np.zeros(capacity, dtype=np.int64)
         self.stamp = np.zeros(capacity, dtype=np.int64)
+        self.fp = np.zeros(capacity, dtype=np.uint32)  # each block's key fingerprint
         self.new = SlotOrder(_NEW, self.member, self.pos, capacity)
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
         self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
@@ -86,7 +91,10 @@ class HeadStartPolicy(CachePolicy):
         k = len(slots)
         if k == 0:
             return
-        hit = self.ghost.contains_pop(fingerprints(keys))
+        fp = fingerprints(keys)
+        self.fp[slots] = fp
+        self.tuner.observe(fp)
+        hit = self.ghost.contains_pop(fp)
         self.stamp[slots] = np.arange(self.clock, self.clock + k, dtype=np.int64)
         self.clock += k
         if hit.any():
@@ -100,11 +108,11 @@ class HeadStartPolicy(CachePolicy):
         self.seen.discard(slots)
 
     def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
-        self.tuner.observe(keys, fingerprints(keys))
         present = slots[slots >= 0]
         if len(present):
             if not unique:
                 present = first_occurrences(present)
+            self.tuner.observe(self.fp[present])
             self._to_seen(present[::-1])
 
     def _to_seen(self, slots: np.ndarray) -> None:
@@ -116,18 +124,18 @@ class HeadStartPolicy(CachePolicy):
     def on_request_finished(
         self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
     ) -> None:
-        self.tuner.observe(keys, fingerprints(keys))
         idx = np.flatnonzero(slots >= 0)
         if len(idx) == 0:
             return
         present = slots[idx]
-        first = first_occurrences(present)
-        if len(first) < len(present):
+        if len(first_occurrences(present)) < len(present):
             _, at = np.unique(present, return_index=True)
             idx = idx[np.sort(at)]
             present = slots[idx]
+        own = inserted_only[idx]
+        self.tuner.observe(self.fp[present[~own]])
         rev = present[::-1]
-        keep_new = inserted_only[idx][::-1] & (self.member[rev] == _NEW)
+        keep_new = own[::-1] & (self.member[rev] == _NEW)
         if keep_new.any():
             self.new.push_back(rev[keep_new], members=True)
             self.stamp[rev[keep_new]] = self.clock
@@ -139,24 +147,29 @@ class HeadStartPolicy(CachePolicy):
         self.seen.on_evictable(slots)
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        ref, mark = self.table.ref, self.table.prot_mark
-        a = self.new.take(n, ref, protected, mark)
-        b = self.seen.take(n, ref, protected, mark)
+        ref, mark, h = self.table.ref, self.table.prot_mark, self.tuner.head_start
+        a = self.new.peek(n, ref, protected, mark)
+        b = self.seen.peek(1, ref, protected, mark)  # usually enough: the seen list's oldest
+        if len(b) and not (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
+            b = self.seen.peek(n, ref, protected, mark)
         if len(a) + len(b) < n:
-            self.new.restore(a)
-            self.seen.restore(b)
             return None
-        # merge the two lists' candidates (each oldest first): ties go to the first-sight block
-        both = np.concatenate((a, b))
-        rank = np.concatenate((self.stamp[a], self.stamp[b] + self.tuner.head_start))
-        victims = both[np.argsort(rank, kind="stable")[:n]]
-        na = int(np.count_nonzero(self.member[victims] == _NEW))
-        self.new.restore(a[na:])
-        self.seen.restore(b[n - na :])
-        self.new.discard_taken(a[:na])
-        self.seen.discard_taken(b[: n - na])
-        keys = self.table.keys
-        self.ghost.add(fingerprints([keys[s] for s in victims.tolist()]).tolist())  # type: ignore[misc]
+        if len(b) == 0 or (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
+            victims = a[:n]
+            na = n
+        elif len(b) >= n and (len(a) == 0 or self.stamp[a[0]] > self.stamp[b[n - 1]] + h):
+            victims = b[:n]
+            na = 0
+        else:  # merge the two lists' candidates (each oldest first): ties go to the first-sight block
+            both = np.concatenate((a, b))
+            rank = np.concatenate((self.stamp[a], self.stamp[b] + h))
+            victims = both[np.argsort(rank, kind="stable")[:n]]
+            na = int(np.count_nonzero(self.member[victims] == _NEW))
+        if na:
+            self.new.discard_taken(self.new.take(na, ref, protected, mark))
+        if na < n:
+            self.seen.discard_taken(self.seen.take(n - na, ref, protected, mark))
+        self.ghost.add(self.fp[victims])
         return victims
 
     def clear(self) -> None:
@@ -176,6 +189,7 @@ class HeadStartPolicy(CachePolicy):
             self.member.nbytes
             + self.pos.nbytes
             + self.stamp.nbytes
+            + self.fp.nbytes
             + self.new.buf.nbytes
             + self.seen.buf.nbytes
             + self.ghost.nbytes()

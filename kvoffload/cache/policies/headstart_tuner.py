@@ -5,8 +5,8 @@ for many turns, a block held by a second request is likely to be read again and 
 first-sight blocks by a lot; where every conversation has exactly two turns, "seen before" means
 "done", and the best head start is none (plain LRU). Ghost-hit counting (ARC-style) adapts, but to
 the wrong quantity. Instead the tuner *measures* the candidates, as in miniature simulation
-(Waldspurger et al., USENIX ATC 2017): a fixed sample of the keys (those whose CRC-32 falls in a
-range, so a key is always in or always out) drives one small two-class cache per candidate head
+(Waldspurger et al., USENIX ATC 2017): a fixed sample of the keys (those whose fingerprint falls in
+a range, so a key is always in or always out) drives one small two-class cache per candidate head
 start, each of ``capacity * sample_rate`` blocks, and the policy adopts the candidate whose small
 cache hit most often lately.
 
@@ -17,8 +17,8 @@ Rules (the reference model in the tests implements exactly these):
 * a key is sampled iff ``fingerprint >> 20 < threshold`` with ``threshold = min(4096,
   ceil(4096 * SAMPLE_BLOCKS / capacity))``; every small cache holds ``mini = max(1, capacity *
   threshold // 4096)`` blocks.
-* :meth:`HeadStartTuner.observe` feeds a request's sampled keys, head first (a repeated key
-  once), to every small cache: a key
+* :meth:`HeadStartTuner.observe` feeds the sampled accesses, in order, to every small cache,
+  which know keys by fingerprint: a key
   present is a hit (``hits += 1``; it moves to the seen list, most recent, stamped with the small
   cache's clock); an absent one is inserted -- after evicting one block if the cache is full: the
   oldest first-sight block if its stamp ``<= `` the oldest seen block's stamp ``+ h * mini``, else
@@ -45,9 +45,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["CANDIDATES", "SAMPLE_BLOCKS", "HeadStartTuner", "fingerprints"]
 
 #: head starts tried, in capacities (0 is plain LRU; 16 ranks every seen block first in practice)
-CANDIDATES = (0.0, 0.5, 1.0, 2.0, 4.0, 16.0)
+CANDIDATES = (0.0, 1.0, 4.0, 16.0)
 #: blocks held by each small cache (for capacities of at least this many blocks)
-SAMPLE_BLOCKS = 512
+SAMPLE_BLOCKS = 128
 _RANGE = 4096
 _START = 0  # index of the initial candidate (0: plain LRU until the small caches say otherwise)
 
@@ -71,13 +71,13 @@ class _SmallCache:
     def __init__(self, size: int, head_start: float) -> None:
         self.size = size
         self.head_start = head_start * size
-        self.new: OrderedDict[bytes, int] = OrderedDict()
-        self.seen: OrderedDict[bytes, int] = OrderedDict()
-        self.ghost: OrderedDict[bytes, None] = OrderedDict()
+        self.new: OrderedDict[int, int] = OrderedDict()
+        self.seen: OrderedDict[int, int] = OrderedDict()
+        self.ghost: OrderedDict[int, None] = OrderedDict()
         self.clock = 0
         self.hits = 0
 
-    def access(self, key: bytes) -> None:
+    def access(self, key: int) -> None:
         new, seen = self.new, self.seen
         if key in seen:
             self.hits += 1
@@ -137,19 +137,15 @@ class HeadStartTuner:
         self.head_start = round(CANDIDATES[_START] * self.capacity)
         self.sampled = 0
 
-    def observe(self, keys: Sequence[bytes], fp: np.ndarray) -> None:
-        """One request's keys, head first (present or absent in the policy), and their
-        :func:`fingerprints`."""
+    def observe(self, fp: np.ndarray) -> None:
+        """Accesses, in order, given as the keys' :func:`fingerprints` (``uint32``)."""
         if self.threshold < _RANGE:
-            picked = np.flatnonzero(fp < np.uint32(self.threshold << 20)).tolist()
-            if not picked:
+            fp = fp[fp < np.uint32(self.threshold << 20)]
+            if len(fp) == 0:
                 return
-            sample = [keys[i] for i in picked]
-        else:
-            sample = list(keys)
-        for key in dict.fromkeys(sample):  # a repeated key counts once
+        for f in fp.tolist():
             for c in self.caches:
-                c.access(key)
+                c.access(f)
             self.sampled += 1
             if self.sampled >= self.mini:
                 self._choose()
