@@ -136,9 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_sim.add_argument(
         "--trace-format",
-        choices=("auto", "kvoffload", "mooncake"),
+        choices=("auto", "kvoffload", "mooncake", "bailian"),
         default="auto",
-        help="trace format (default auto: mooncake when the first line has hash_ids/input_length)",
+        help="trace format (default auto: bailian when the first line has chat_id/parent_chat_id, mooncake when "
+        "it has hash_ids/input_length)",
     )
     p_sim.add_argument(
         "--trace-block-size",

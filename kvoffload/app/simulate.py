@@ -35,6 +35,7 @@ from kvoffload.app.demo import drive
 from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.cache.policies.base import available_policies, get_policy_class
 from kvoffload.errors import InvalidArgumentError
+from kvoffload.sim.bailian import BAILIAN_BLOCK_TOKENS, read_bailian_trace
 from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.mooncake import (
@@ -251,6 +252,11 @@ def _read_workload(args: argparse.Namespace, settings: DemoSettings) -> tuple[li
         items = list(settings.workload())
         return items, f"chat workload ({settings.conversations} conversations x {settings.turns} turns)", 16
     fmt = detect_trace_format(args.trace) if args.trace_format == "auto" else args.trace_format
+    if fmt == "bailian":
+        if args.trace_block_size not in (None, BAILIAN_BLOCK_TOKENS):
+            raise InvalidArgumentError(f"--trace-block-size: a Bailian trace has {BAILIAN_BLOCK_TOKENS}-token blocks")
+        breqs = read_bailian_trace(args.trace)
+        return breqs, f"Bailian trace {args.trace} ({len(breqs):,} requests)", BAILIAN_BLOCK_TOKENS
     if fmt == "mooncake":
         tb = MOONCAKE_BLOCK_TOKENS if args.trace_block_size is None else args.trace_block_size
         reqs = read_mooncake_trace(args.trace, tb)

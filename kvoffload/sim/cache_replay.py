@@ -137,10 +137,13 @@ def replay_cache(
     ever_stored = np.zeros(trace.num_blocks, dtype=bool)
     ids, starts = trace.ids, trace.starts
     stored = evicted = failed = refused = 0
+    tags = trace.tags
     for r, keys in enumerate(lists):
         n = len(keys)
         if n == 0:
             continue
+        if tags is not None:
+            ctx = ReqContext("replay", workload=tags[r])
         codes = lookup_batch(keys, ctx)
         miss = np.flatnonzero(codes != LOOKUP_HIT)
         hit = int(miss[0]) if len(miss) else n
