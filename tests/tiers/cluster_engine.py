@@ -4,7 +4,8 @@
 Every step it stores 8 keys of the step (``s<step>-<j>``; another engine storing the same keys
 writes the same bytes, so whichever write lands, every reader can check it), looks up and loads
 the keys of five steps back (its own and the other engine's stores), and checks every loaded byte
-against the record the key stands for. It stops when ``STOP_FILE`` exists and writes, to
+against the record the key stands for. After 8 steps it creates ``OUT_JSON.ready``; it stops
+when ``STOP_FILE`` exists and writes, to
 ``OUT_JSON``: per step its wall-clock start and how many of its stores landed, the keys loaded
 and verified, the loaded keys whose bytes were wrong (must be none), and the tier's counters.
 """
@@ -63,6 +64,8 @@ def main(spec: str, stop_file: str, out_json: str) -> None:
                         verified += same
                         wrong += not same
             step += 1
+            if step == 8:  # stored and loaded for a while: the test may start its event
+                open(out_json + ".ready", "w").close()
             time.sleep(0.02)
         stats = dict(tier.stats().__dict__)
     with open(out_json, "w") as f:

@@ -67,7 +67,10 @@ def _through_event(cl: RedisCluster3, tmp: Path, event: Callable[[], None], afte
         for out in outs
     ]
     try:
-        time.sleep(2.0)  # both engines store and load
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{out}.ready").exists() for out in outs):  # both engines stored and loaded
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "an engine did not start"
+            time.sleep(0.05)
         event()
         done = time.time()
         time.sleep(after)
