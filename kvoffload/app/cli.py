@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from kvoffload.app.logs import add_log_level_option, configure_logging
 from kvoffload.errors import KVOffloadError
 from kvoffload.sim.sweep import DTYPE_BYTES, MODEL_SHAPES
 
@@ -182,12 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--only", default=None, help="comma-separated subset of transfer,manager,scheduler")
     p_bench.add_argument("--out", default=None, help="results JSON path (default bench/results/<slug>.json)")
     p_bench.set_defaults(func=_cmd_bench)
+    for p in (p_info, p_demo, p_sim, p_bench):
+        add_log_level_option(p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvoffload`` console script."""
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
     try:
         return int(args.func(args))
     except KVOffloadError as exc:
