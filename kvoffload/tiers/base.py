@@ -75,7 +75,8 @@ class Tier(ABC):
         max_pending_write_bytes: record bytes of accepted, unfinished stores above which new
             stores are dropped (back-pressure).
         lookup_ttl_steps: engine steps a probed verdict is reused before the key is probed again.
-        backoff_initial / backoff_max: back-off after the store is unreachable, in seconds.
+        backoff_initial: first back-off after the store is unreachable, in seconds.
+        backoff_max: longest back-off (it doubles up to this), in seconds.
     """
 
     def __init__(

@@ -44,11 +44,14 @@ class RedisTier(Tier):
             ``rediss://…`` (TLS) or ``unix:///path/redis.sock``.
         cluster: use Redis Cluster (default: when the URL names several hosts or has
             ``cluster=true``).
-        username / password: ACL credentials (override the URL's).
-        socket_timeout / connect_timeout: seconds before an operation / a connect fails.
+        username: ACL user (overrides the URL's).
+        password: ACL password (overrides the URL's).
+        socket_timeout: seconds before an operation fails.
+        connect_timeout: seconds before a connect fails.
         max_connections: connection-pool size (default: ``io_threads + 2``).
         key_prefix: prefix of the store keys (default ``"kvo"``).
-        ssl_ca_certs / ssl_cert_reqs: TLS options for ``rediss://``.
+        ssl_ca_certs: CA bundle that signs the server's certificate (``rediss://``).
+        ssl_cert_reqs: ``"required"`` (default) or ``"none"`` (``rediss://``).
         protocol: RESP version, 2 or 3 (default: redis-py's).
         **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
             :class:`~kvoffload.tiers.Tier` (they override the same options in the URL's query).
