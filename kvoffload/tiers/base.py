@@ -184,7 +184,7 @@ class Tier(ABC):
     def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the values of ``keys`` into the records in ``slots``, asynchronously.
 
-        A key that is absent, rejected (corrupt or foreign, then deleted) or unreachable is a
+        A key that is absent, rejected (counted by kind; see :class:`TierStats`) or unreachable is a
         failed key; its slot's bytes are then unspecified and must not be used.
         """
         job_id, keys, slots = self._check_job(job_id, keys, slots)
