@@ -159,7 +159,7 @@ class _Reader:
                     self.read_into(dest)
                     self.skip(2)
                     return n
-                head = self.bulk(min(n, HEAD_BYTES)) if n <= HEAD_BYTES else self._head_then_skip(n)
+                head = self.bulk(n) if n <= HEAD_BYTES else self._head_then_skip(n)
                 return Mismatch(n, head)
             data = self.bulk(n)
             if t == b"!":
