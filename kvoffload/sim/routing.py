@@ -4,7 +4,8 @@
 * ``round-robin``: request ``r`` (in arrival order) goes to replica ``r mod N``;
 * ``least-loaded``: the replica with the least load (:class:`LoadModel`), ties to the lowest index;
 * ``session``: a conversation sticks to the replica its first request went to; a new conversation
-  goes to the least loaded replica (:func:`conversation_ids` finds conversations);
+  goes to the least loaded replica (:func:`conversation_ids` finds conversations in the prompts'
+  prefixes; a trace that names them, e.g. a chat id, can give them instead);
 * ``prefix``: the replica whose host pool holds the longest leading run of the request's blocks
   (what a KV-aware router's index of stored blocks answers), ties to the least loaded. The only
   routing that reads the caches, so its replicas replay together in arrival order.
@@ -78,10 +79,14 @@ def conversation_ids(prefixes: Sequence[Sequence[int]]) -> np.ndarray:
     ``prefixes[r]`` are request ``r``'s prefix-block ids, head first, where equal ids at a depth
     mean equal prompts up to the end of that block (Mooncake ``hash_ids`` of full trace blocks,
     or offloaded-block ids). A request continues the conversation of the latest earlier request
-    whose whole list is a prefix of its own (the longest such list wins); otherwise it starts a
-    conversation. Returns ``int64[R]``, conversations numbered in order of their first request.
+    whose whole list is a prefix of its own (the longest such list wins) and whose last block
+    that request was the first to hold: a turn extends the turn before it, while a list made of
+    blocks seen before (a bare shared system prompt) does not start anything others continue.
+    Otherwise it starts a conversation. Returns ``int64[R]``, conversations numbered in order of
+    their first request.
     """
-    ends: dict[int, int] = {}  # the last id of an earlier request's list -> its conversation
+    ends: dict[int, int] = {}  # the new last id of an earlier request's list -> its conversation
+    seen: set[int] = set()
     out = np.zeros(len(prefixes), dtype=np.int64)
     count = 0
     for r, ids in enumerate(prefixes):
@@ -94,8 +99,9 @@ def conversation_ids(prefixes: Sequence[Sequence[int]]) -> np.ndarray:
             conv = count
             count += 1
         out[r] = conv
-        if len(ids):
+        if len(ids) and ids[-1] not in seen:
             ends[ids[-1]] = conv
+        seen.update(ids)
     return out
 
 

@@ -34,11 +34,20 @@ def _requests(ft: FleetTrace) -> list[list[int]]:
 
 
 def _ref_conversations(prefixes: list[list[int]]) -> list[int]:
-    """Brute force: the latest of the longest earlier lists that are a prefix of this one."""
+    """Brute force: the latest of the longest earlier lists that are a prefix of this one and
+    whose last block no request before them held."""
     conv: list[int] = []
     count = 0
+
+    def introduced(j: int) -> bool:
+        return all(prefixes[j][-1] not in prefixes[k] for k in range(j))
+
     for r, ids in enumerate(prefixes):
-        cands = [j for j in range(r) if 0 < len(prefixes[j]) <= len(ids) and ids[: len(prefixes[j])] == prefixes[j]]
+        cands = [
+            j
+            for j in range(r)
+            if 0 < len(prefixes[j]) <= len(ids) and ids[: len(prefixes[j])] == prefixes[j] and introduced(j)
+        ]
         if cands:
             conv.append(conv[max(cands, key=lambda j: (len(prefixes[j]), j))])
         else:
@@ -211,3 +220,8 @@ def test_bad_routing_and_replicas_are_refused(tmp_path: Path) -> None:
     ft = _fleet(tmp_path, 10, 1)
     with pytest.raises(InvalidArgumentError, match="--replicas"):
         replay_fleet(ft, "random", 0, "lru", 4)
+
+
+def test_a_shared_system_prompt_alone_does_not_join_conversations() -> None:
+    # block 0 is every prompt's head; a bare [0] prompt must not become everyone's parent
+    assert conversation_ids([[0, 1, 2], [0], [0, 3], [0, 3, 4], [0, 1, 2, 5], [0, 6]]).tolist() == [0, 1, 2, 2, 0, 3]
