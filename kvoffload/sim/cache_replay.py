@@ -179,7 +179,8 @@ class HostReplay:
                 m.complete_store(out.keys_to_store, ctx)
                 # keys_to_store are the offered keys that were absent, in order
                 new_ids = ids[hit:][codes[hit:] != LOOKUP_HIT]
-                tier.write(new_ids.tolist())  # write-through: SET NX
+                if tier.capacity:
+                    tier.write(new_ids.tolist())  # write-through: SET NX
             self.stored += len(out.keys_to_store)
             self.evicted += len(out.evicted_keys)
         return hit, promoted, new_ids

@@ -225,3 +225,21 @@ def test_bad_routing_and_replicas_are_refused(tmp_path: Path) -> None:
 def test_a_shared_system_prompt_alone_does_not_join_conversations() -> None:
     # block 0 is every prompt's head; a bare [0] prompt must not become everyone's parent
     assert conversation_ids([[0, 1, 2], [0], [0, 3], [0, 3, 4], [0, 1, 2, 5], [0, 6]]).tolist() == [0, 1, 2, 2, 0, 3]
+
+
+def test_prefix_routing_piles_onto_one_replica_when_every_prompt_shares_its_head(tmp_path: Path) -> None:
+    # a system prompt block heads every prompt: it is cached only where the first request went, so
+    # the longest cached prefix is always there; the report's balance shows it (N x the mean)
+    lines = random_mooncake(120, 12, 64, max_blocks=8)
+    for i, line in enumerate(lines):
+        line["hash_ids"] = [10**6, *line["hash_ids"]]  # type: ignore[list-item]
+        line["input_length"] = int(line["input_length"]) + 64  # type: ignore[call-overload]
+        line["timestamp"] = i * 7000
+    path = write_mooncake(tmp_path / "sys.jsonl", lines)
+    ft = FleetTrace.from_mooncake(read_mooncake_trace(path, 64), 64, 32)
+    got = replay_fleet(ft, "prefix", 4, "lru", 20, window_s=WINDOW)
+    assert set(got.replica.tolist()) == {0}
+    per = got.per_replica()
+    assert per.max() / per.mean() == 4.0
+    assert got.hit_tokens == replay_cache(ft.trace, "lru", 20).hit_tokens  # one node's figure
+    assert len(set(replay_fleet(ft, "session", 4, "lru", 20, window_s=WINDOW).replica.tolist())) == 4
