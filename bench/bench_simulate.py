@@ -3,7 +3,7 @@
 Two measurements, each a whole command line timed from start to exit (imports, trace reading,
 replays, report and plot included):
 
-* **one node**: ``kvoffload simulate --policies lru`` (the production manager and policy; Belady
+* **one node** (wall and CPU seconds): ``kvoffload simulate --policies lru`` (the production manager and policy; Belady
   and the infinite cache beside it) at 8 host capacities against ``kvcache-simulator run
   --policies lru,optimal`` (KVCache.AI's simulator from PyPI, C++ core) at the same 8 capacities in
   GiB, same trace and block size, alternated ``--rounds`` times in the same run; the ratio of their
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -39,10 +40,17 @@ CAPACITIES_MTOK = (0.5, 1, 2, 3, 5, 10, 20, 50)
 BYTES_PER_TOKEN = 131072  # the 8b shape, = kvcache-simulator's llama-3.1-8b at bf16
 
 
-def _timed(cmd: list[str]) -> tuple[float, str]:
+def _timed(cmd: list[str], cpu: list[float] | None = None) -> tuple[float, str]:
+    """Wall seconds and stdout of ``cmd``; its CPU seconds (user + system, children included)
+    appended to ``cpu``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return time.perf_counter() - t0, done.stdout
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cpu is not None:
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return wall, done.stdout
 
 
 def _load() -> float:
@@ -53,6 +61,8 @@ def one_node(trace: str, kvsim: str, rounds: int, jobs: int, block: int) -> dict
     caps = ",".join(f"{c:g}Mtok" for c in CAPACITIES_MTOK)
     gib = ",".join(f"{c * 1e6 * BYTES_PER_TOKEN / 2**30:.2f}" for c in CAPACITIES_MTOK)
     ours, theirs, loads = [], [], []
+    ours_cpu: list[float] = []
+    theirs_cpu: list[float] = []
     lru_ours: list[str] = []
     lru_theirs: list[str] = []
     with tempfile.TemporaryDirectory() as out:
@@ -62,10 +72,10 @@ def one_node(trace: str, kvsim: str, rounds: int, jobs: int, block: int) -> dict
         ks += ["--budgets-gib", gib, "--policies", "lru,optimal", "--no-progress"]
         for _ in range(rounds):
             loads.append(_load())
-            t, text = _timed(ks)
+            t, text = _timed(ks, theirs_cpu)
             theirs.append(t)
             lru_theirs = re.findall(r"GiB\s+[\d,]+\s+([\d.]+)%", text)
-            t, _ = _timed(kv)
+            t, _ = _timed(kv, ours_cpu)
             ours.append(t)
             points = json.loads((Path(out) / "results.json").read_text())["points"]
             lru_ours = [f"{100 * p['hit_rate']:.1f}" for p in points]
@@ -78,6 +88,9 @@ def one_node(trace: str, kvsim: str, rounds: int, jobs: int, block: int) -> dict
         "kvoffload_s": ours,
         "kvcache_simulator_s": theirs,
         "ratio_of_medians": mo / mt,
+        "kvoffload_cpu_s": ours_cpu,
+        "kvcache_simulator_cpu_s": theirs_cpu,
+        "cpu_ratio_of_medians": statistics.median(ours_cpu) / statistics.median(theirs_cpu),
         "load_average_before_each_round": loads,
         "lru_hit_pct_kvoffload": lru_ours,
         "lru_hit_pct_kvcache_simulator_last_half": lru_theirs,
