@@ -101,6 +101,7 @@ def test_peak_rate_is_the_busiest_window() -> None:
         (["--replicas", "2", "--capacities", ""], "--replicas needs --capacities"),
         (["--replicas", "2", "--replay", "engine"], "--replicas needs the cache-level replay"),
         (["--replicas", "2", "--prefill-tokens-per-s", "-1"], "expected a positive number"),
+        (["--replicas", "2", "--trace-block-view", "0.5"], "--trace-block-view is a single-node figure"),
     ],
 )
 def test_bad_fleet_flags_are_refused(

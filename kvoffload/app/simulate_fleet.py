@@ -69,6 +69,8 @@ def run_fleet(
         raise InvalidArgumentError("--replicas needs --capacities (host memory per replica, e.g. 1Mtok,3Mtok)")
     if args.replay == "engine":
         raise InvalidArgumentError("--replicas needs the cache-level replay (--replay cache or auto)")
+    if getattr(args, "trace_block_view", None) is not None:
+        raise InvalidArgumentError("--trace-block-view is a single-node figure: drop it with --replicas")
     from kvoffload.app.simulate import _to_blocks
 
     block_bytes = shape.bytes_per_token * args.block_size
