@@ -75,7 +75,7 @@ def test_help_names_every_capacity_unit(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         main(["simulate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    capacities = text.split("--capacities CAPACITIES", 1)[1].split("--tier-capacity", 1)[0]
+    capacities = text.split("--capacities CAPACITIES comma-separated", 1)[1].split("--tier-capacity", 1)[0]
     for unit in ("256", "GiB", "MiB", "Mtok", "Ktok"):
         assert unit in capacities, unit
 
