@@ -10,11 +10,11 @@ modules. What an engine uses, and the shapes it hands over:
   :class:`OffloadingManager` contract: ``lookup`` / ``lookup_batch`` -> one ``np.int8`` code per
   key, :data:`LOOKUP_MISS` / :data:`LOOKUP_HIT` / :data:`LOOKUP_PENDING`, the values of
   :class:`LookupResult`; ``prepare_store`` -> :class:`PrepareStoreOutput`; ``take_events`` ->
-  :class:`OffloadingEvent`; ``get_stats`` -> :class:`OffloadingStats`), wrapped if wanted by
-  :class:`FilteredReuseManager` (store on reuse) or :class:`RequestHooksManager` (vLLM's
-  per-request hooks); every request-facing call takes a :class:`ReqContext`. Eviction policies
-  by name (``"lru"``, ``"arc"``, ``"s3fifo"``...) from :func:`register_policy` /
-  :func:`get_policy_class` / :func:`available_policies`, subclasses of :class:`CachePolicy`.
+  :class:`OffloadingEvent`; ``get_stats`` -> :class:`OffloadingStats`; ``store_threshold=``
+  stores only reused keys, ``record_requests=True`` adds vLLM's per-request hooks); every
+  request-facing call takes a :class:`ReqContext`. Eviction policies by name (``"lru"``,
+  ``"arc"``, ``"s3fifo"``...) from :func:`register_policy` / :func:`get_policy_class` /
+  :func:`available_policies`, subclasses of :class:`CachePolicy`.
 * **Specs** -- :class:`GPULoadStoreSpec` (GPU block ids ordered by group, ``group_sizes[g]`` of
   group ``g``, ``block_indices[g]`` = index within the request of group ``g``'s first block) and
   :class:`CPULoadStoreSpec` (one host slot id per offloaded block), both
@@ -59,8 +59,6 @@ import logging
 
 from kvoffload.cache.manager import CPUOffloadingManager, OffloadingStats
 from kvoffload.cache.policies import CachePolicy, available_policies, get_policy_class, register_policy
-from kvoffload.cache.request_hooks import RequestHooksManager
-from kvoffload.cache.reuse import FilteredReuseManager
 from kvoffload.core.base import (
     BlockIDsLoadStoreSpec,
     CPULoadStoreSpec,
@@ -138,8 +136,6 @@ __all__ = [
     # manager and policies
     "CPUOffloadingManager",
     "OffloadingStats",
-    "FilteredReuseManager",
-    "RequestHooksManager",
     "LookupResult",
     "CachePolicy",
     "register_policy",

@@ -39,8 +39,6 @@ ENGINE_API = {
     "LookupResult": "kvoffload.core.lookup_result",
     "CPUOffloadingManager": "kvoffload.cache.manager",
     "OffloadingStats": "kvoffload.cache.stats",
-    "FilteredReuseManager": "kvoffload.cache.reuse",
-    "RequestHooksManager": "kvoffload.cache.request_hooks",
     "CachePolicy": "kvoffload.cache.policies",
     "register_policy": "kvoffload.cache.policies",
     "get_policy_class": "kvoffload.cache.policies",

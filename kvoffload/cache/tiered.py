@@ -1,8 +1,8 @@
 """A manager over the host pool and an ordered list of secondary tiers (docs/contract.md §8, "Wiring").
 
-:class:`TieredManager` wraps any primary :class:`~kvoffload.core.base.OffloadingManager` (the host
-pool's manager) and adds tiers beneath it (:class:`~kvoffload.tiers.base.Tier`: Redis, disk...),
-through the primary's public interface only:
+:class:`TieredManager` holds the host pool's :class:`~kvoffload.cache.manager.CPUOffloadingManager`
+as a part (``primary``) and adds tiers beneath it (:class:`~kvoffload.tiers.base.Tier`: Redis,
+disk...), through the primary's public interface only:
 
 * **Lookups fall through.** A key the primary misses is asked of the tiers, in order (a tier is
   asked only about keys every tier before it missed). A tier's answer comes from its verdict cache
@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.cache.stats import OffloadingStats
 from kvoffload.cache.tier_jobs import TierJobs, TierUsage
 from kvoffload.checks import check_int
 from kvoffload.core.base import (
@@ -62,25 +64,23 @@ class TieredManager(OffloadingManager):
     """The host pool's manager plus secondary tiers beneath it (see the module docstring).
 
     Args:
-        primary: the host pool's manager (e.g. a ``CPUOffloadingManager``); its slot ids are rows
-            of the records the tiers were built over.
+        primary: the host pool's :class:`~kvoffload.cache.manager.CPUOffloadingManager`; its slot
+            ids are rows of the records the tiers were built over.
         tiers: the tiers, fastest / first asked first; built over the host pool's records.
         max_write_blocks: most blocks pinned for tier writes at once (each write job pins its
-            blocks until the tier reports it); ``None``: half of ``primary.num_blocks``
-            (unbounded when the primary has no ``num_blocks``). A write that would pin more is
-            dropped, unless no write is pinned at all.
+            blocks until the tier reports it); ``None``: half of ``primary.num_blocks``. A write
+            that would pin more is dropped, unless no write is pinned at all.
 
     Raises:
-        InvalidTypeError: ``primary`` lacks a manager method, a tier is not a ``Tier``.
+        InvalidTypeError: ``primary`` is not a ``CPUOffloadingManager``, a tier is not a ``Tier``.
         InvalidArgumentError: no tier, or the same tier twice.
     """
 
     def __init__(
-        self, primary: OffloadingManager, tiers: Sequence[Tier], *, max_write_blocks: int | None = None
+        self, primary: CPUOffloadingManager, tiers: Sequence[Tier], *, max_write_blocks: int | None = None
     ) -> None:
-        for name in ("lookup_batch", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store"):
-            if not callable(getattr(primary, name, None)):
-                raise InvalidTypeError(f"primary must have a {name}() method ({type(primary).__name__} has none)")
+        if not isinstance(primary, CPUOffloadingManager):
+            raise InvalidTypeError(f"primary must be a CPUOffloadingManager, got {type(primary).__name__}")
         tiers = list(tiers)
         if not tiers:
             raise InvalidArgumentError("tiers must name at least one tier")
@@ -90,8 +90,7 @@ class TieredManager(OffloadingManager):
         if len({id(t) for t in tiers}) != len(tiers):
             raise InvalidArgumentError("tiers must not name the same tier twice")
         if max_write_blocks is None:
-            nb = getattr(primary, "num_blocks", None)
-            max_write_blocks = max(1, nb // 2) if isinstance(nb, int) else 1 << 62
+            max_write_blocks = max(1, primary.num_blocks // 2)
         self.max_write_blocks = check_int(max_write_blocks, "max_write_blocks", 1)
         self.primary = primary
         self.tiers = tiers
@@ -102,18 +101,14 @@ class TieredManager(OffloadingManager):
 
     # ------------------------------------------------------------------ properties
     @property
-    def backing(self) -> OffloadingManager:
-        """The primary manager."""
-        return self.primary
-
-    @property
     def promoted(self) -> set[bytes]:
         """Keys whose host-pool bytes came from a tier (until a GPU store rewrites them)."""
         return self._jobs.promoted
 
     @property
-    def num_blocks(self) -> Any:
-        return getattr(self.primary, "num_blocks", None)
+    def num_blocks(self) -> int:
+        """The host pool's slots."""
+        return self.primary.num_blocks
 
     def num_reserved(self) -> int:
         """Host-pool slots reserved for promotions not yet completed."""
@@ -286,14 +281,14 @@ class TieredManager(OffloadingManager):
         self._polled = False
         return done
 
-    def get_stats(self) -> Any:
-        return self.primary.get_stats()  # type: ignore[attr-defined]
+    def get_stats(self) -> OffloadingStats:
+        return self.primary.get_stats()
 
     def reset_cache(self) -> None:
         """Drain the tiers' jobs, then reset the primary (the tiers keep their values)."""
         self.drain()
         self._jobs.promoted.clear()
-        self.primary.reset_cache()  # type: ignore[attr-defined]
+        self.primary.reset_cache()
 
     def close(self) -> None:
         """Drain, then close every tier (idempotent). The host records must outlive this call."""
@@ -313,11 +308,6 @@ class TieredManager(OffloadingManager):
         if tag not in self._logged:
             self._logged.add(tag)
             logger.warning(fmt, *args)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("primary", "tiers"):
-            raise AttributeError(name)
-        return getattr(self.primary, name)
 
     def __repr__(self) -> str:
         return f"TieredManager({self.primary!r}, tiers=[{', '.join(t.name for t in self.tiers)}])"

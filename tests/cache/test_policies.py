@@ -58,7 +58,7 @@ class FIFOPolicy(CachePolicy):
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         got = self.q.take(n, self.table.ref, protected, self.table.prot_mark)
         if len(got) < n:
-            self.q.restore(got)
+            self.q.on_evictable(got)
             return None
         self.q.discard(got)
         return got

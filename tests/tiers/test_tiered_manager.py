@@ -199,7 +199,7 @@ def test_bad_arguments_are_typed_errors(redis_url: str) -> None:
         TieredManager(CPUOffloadingManager(2), [])
     with pytest.raises(InvalidTypeError, match=r"tiers\[0\]"):
         TieredManager(CPUOffloadingManager(2), ["redis://x"])  # type: ignore[list-item]
-    with pytest.raises(InvalidTypeError, match="primary must have"):
+    with pytest.raises(InvalidTypeError, match="primary must be a CPUOffloadingManager"):
         TieredManager(object(), [])  # type: ignore[arg-type]
     t = RedisTier(rec, NS, redis_url)
     with pytest.raises(InvalidArgumentError, match="twice"):
