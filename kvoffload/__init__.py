@@ -9,7 +9,7 @@ modules. What an engine uses, and the shapes it hands over:
 * **Manager** (scheduler process, no torch) -- :class:`CPUOffloadingManager` (the
   :class:`OffloadingManager` contract: ``lookup`` / ``lookup_batch`` -> one ``np.int8`` code per
   key, :data:`LOOKUP_MISS` / :data:`LOOKUP_HIT` / :data:`LOOKUP_PENDING`, the values of
-  :class:`LookupResult`; ``prepare_store`` -> :class:`PrepareStoreOutput`; ``take_events`` ->
+  :class:`LookupCode`; ``prepare_store`` -> :class:`PrepareStoreOutput`; ``take_events`` ->
   :class:`OffloadingEvent`; ``get_stats`` -> :class:`OffloadingStats`; ``store_threshold=``
   stores only reused keys, ``record_requests=True`` adds vLLM's per-request hooks); every
   request-facing call takes a :class:`ReqContext`. Eviction policies by name (``"lru"``,
@@ -73,7 +73,7 @@ from kvoffload.core.base import (
     get_offload_group_idx,
     make_offload_key,
 )
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupResult
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupCode
 from kvoffload.errors import (
     BackendUnavailableError,
     InvalidArgumentError,
@@ -136,7 +136,7 @@ __all__ = [
     # manager and policies
     "CPUOffloadingManager",
     "OffloadingStats",
-    "LookupResult",
+    "LookupCode",
     "CachePolicy",
     "register_policy",
     "get_policy_class",

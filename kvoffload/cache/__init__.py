@@ -4,12 +4,10 @@ filter and per-request access recording as parts). Needs numpy, never torch; nev
 
 from kvoffload.cache.manager import CPUOffloadingManager, OffloadingStats
 from kvoffload.cache.policies import CachePolicy, available_policies, get_policy_class, register_policy
-from kvoffload.core.lookup_result import LookupResult
 
 __all__ = [
     "CPUOffloadingManager",
     "OffloadingStats",
-    "LookupResult",
     "CachePolicy",
     "register_policy",
     "get_policy_class",

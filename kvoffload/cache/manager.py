@@ -43,7 +43,7 @@ from kvoffload.core.base import (
     check_req_context,
     validate_keys,
 )
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_PENDING
 from kvoffload.errors import InvalidTypeError, KeyStateError
 
 logger = logging.getLogger(__name__)

@@ -50,10 +50,9 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_RETRY
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
 from kvoffload.tiers.base import Tier
-from kvoffload.tiers.types import TIER_HIT, TIER_RETRY
 
 logger = logging.getLogger(__name__)
 
@@ -154,9 +153,9 @@ class TieredManager(OffloadingManager):
         for t, tier in enumerate(self.tiers):
             rest = []
             for i, c in zip(todo, tier.lookup([keys_l[i] for i in todo]).tolist(), strict=True):
-                if c == TIER_HIT:
+                if c == LOOKUP_HIT:
                     source[i] = t
-                elif c == TIER_RETRY:
+                elif c == LOOKUP_RETRY:
                     cl[i] = LOOKUP_PENDING
                     probing.append(i)
                 else:

@@ -21,7 +21,7 @@ from typing import Any, NewType
 import numpy as np
 
 from kvoffload.checks import check_int, id_array
-from kvoffload.core.lookup_result import lookup_code
+from kvoffload.core.lookup_code import lookup_code
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError
 
 logger = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ class OffloadingManager(ABC):
         """Look up many keys at once; equivalent to calling :meth:`lookup` on each, in order.
 
         Returns:
-            ``np.int8`` array, one code per key: :data:`~kvoffload.core.lookup_result.LOOKUP_HIT`,
+            ``np.int8`` array, one code per key: :data:`~kvoffload.core.lookup_code.LOOKUP_HIT`,
             ``LOOKUP_MISS`` or ``LOOKUP_PENDING``. Implementations override this with array code.
         """
         keys = validate_keys(keys, allow_duplicates=True)

@@ -49,7 +49,7 @@ import numpy as np
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import OffloadKey, ReqContext
-from kvoffload.core.lookup_result import LOOKUP_HIT
+from kvoffload.core.lookup_code import LOOKUP_HIT
 from kvoffload.sim.block_trace import BlockTrace
 from kvoffload.sim.shared_tier import LRUTierModel
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, ReqContext, make_offload_key
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 CTX = ReqContext(req_id="r")
 

@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvoffload.cache.keytable import FREE, PENDING
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import ReqContext, make_offload_key
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import KeyStateError
 from tests.cache.test_manager_reference import RefError, RefManager
 

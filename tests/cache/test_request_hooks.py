@@ -14,11 +14,12 @@ import kvoffload
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.policies import available_policies
 from kvoffload.core.base import ReqContext, make_offload_key
-from kvoffload.core.lookup_result import (
+from kvoffload.core.lookup_code import (
     LOOKUP_HIT,
     LOOKUP_MISS,
     LOOKUP_PENDING,
-    LookupResult,
+    LOOKUP_RETRY,
+    LookupCode,
     lookup_code,
 )
 from kvoffload.errors import InvalidArgumentError
@@ -53,17 +54,17 @@ def lru_order(core: CPUOffloadingManager) -> list[bytes]:
     return evicted
 
 
-def test_lookup_result_values() -> None:
-    assert [int(v) for v in LookupResult] == [LOOKUP_MISS, LOOKUP_HIT, LOOKUP_PENDING, 3]
-    assert lookup_code(True) is LookupResult.HIT
-    assert lookup_code(False) is LookupResult.MISS
-    assert lookup_code(None) is LookupResult.HIT_PENDING
+def test_lookup_code_values() -> None:
+    assert [int(v) for v in LookupCode] == [LOOKUP_MISS, LOOKUP_HIT, LOOKUP_PENDING, LOOKUP_RETRY]
+    assert lookup_code(True) is LookupCode.HIT
+    assert lookup_code(False) is LookupCode.MISS
+    assert lookup_code(None) is LookupCode.PENDING
     m = hooked(4)
     m.prepare_store([k(1)], ctx("a"))
-    assert lookup_code(m.lookup(k(1), ctx("a"))) is LookupResult.HIT_PENDING
+    assert lookup_code(m.lookup(k(1), ctx("a"))) is LookupCode.PENDING
     m.complete_store([k(1)], ctx("a"))
-    assert lookup_code(m.lookup(k(1), ctx("a"))) is LookupResult.HIT
-    assert lookup_code(m.lookup(k(2), ctx("a"))) is LookupResult.MISS
+    assert lookup_code(m.lookup(k(1), ctx("a"))) is LookupCode.HIT
+    assert lookup_code(m.lookup(k(2), ctx("a"))) is LookupCode.MISS
 
 
 def test_peek_counts_nothing() -> None:

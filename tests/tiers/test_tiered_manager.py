@@ -11,7 +11,7 @@ import redis
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.tiered import TieredManager
 from kvoffload.core.base import ReqContext
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers import RedisTier

@@ -36,13 +36,21 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.core.lookup_result import LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, lookup_code
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVOffloadManager"]
+__all__ = ["KVOffloadManager", "VLLM_LOOKUP"]
 
+#: kvoffload's :class:`~kvoffload.core.lookup_code.LookupCode` as vLLM's ``LookupResult`` (indexed by code):
+#: the one conversion, used by the manager's lookups and the secondary tiers'
+VLLM_LOOKUP: tuple[LookupResult, ...] = (
+    LookupResult.MISS,
+    LookupResult.HIT,
+    LookupResult.HIT_PENDING,
+    LookupResult.RETRY,
+)
 #: what :meth:`KVOffloadManager.on_new_request` answers for every request (vLLM's default policy)
 _CHUNK_LEVEL = RequestOffloadingContext()
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
@@ -91,7 +99,7 @@ class KVOffloadManager(OffloadingManager):
         if type(self).lookup is KVOffloadManager.lookup:  # not overridden by a subclass
             # one closure call per lookup, answering vLLM's LookupResult (vLLM's contexts pass unchecked)
             self.lookup = self.core.lookup_function(  # type: ignore[method-assign,assignment]
-                (LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING), ReqContext
+                (VLLM_LOOKUP[LOOKUP_HIT], VLLM_LOOKUP[LOOKUP_MISS], VLLM_LOOKUP[LOOKUP_PENDING]), ReqContext
             )
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._alloc_sizes: list[int] = []
@@ -124,10 +132,7 @@ class KVOffloadManager(OffloadingManager):
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """The key's state as vLLM's ``LookupResult`` (replaced per instance by an equivalent closure)."""
-        r = self.core.lookup(key, req_context)  # type: ignore[arg-type]
-        if r:
-            return LookupResult.HIT
-        return LookupResult.MISS if r is False else LookupResult.HIT_PENDING
+        return VLLM_LOOKUP[lookup_code(self.core.lookup(key, req_context))]  # type: ignore[arg-type]
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> Any:
         return CacheHitSource.HOST
