@@ -17,7 +17,6 @@ import numpy as np
 from kvoffload.cache.keytable import PENDING, SlotTable
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import Counters
-from kvoffload.cache.stores import cpu_spec
 from kvoffload.core.base import CPULoadStoreSpec, OffloadKey
 from kvoffload.errors import KeyStateError
 
@@ -56,7 +55,7 @@ class Loads:
                 t.num_evictable -= newly
                 t.num_pinned += newly
                 self.counters.loads += len(slots)
-                return cpu_spec(np.array(slots, dtype=np.int64))
+                return CPULoadStoreSpec(slots)
             slots = np.array(slots, dtype=np.int64)  # the array path names the bad key
         assert isinstance(slots, np.ndarray)
         if len(slots):
@@ -73,7 +72,7 @@ class Loads:
             t.num_evictable -= newly
             t.num_pinned += newly
             self.counters.loads += len(slots)
-        return cpu_spec(slots)  # type: ignore[arg-type]
+        return CPULoadStoreSpec(slots)
 
     def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, unique: bool) -> None:
         """Unpin ``keys`` (ref count -1 per occurrence; repeats allowed unless ``unique``).

@@ -24,20 +24,11 @@ from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey, P
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CPU_MEDIUM", "Stores", "cpu_spec", "store_output"]
+__all__ = ["CPU_MEDIUM", "Stores", "store_output"]
 
 #: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
 CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
-
-
-def cpu_spec(slots: np.ndarray) -> CPULoadStoreSpec:
-    """A :class:`CPULoadStoreSpec` around ``slots``, a private 1-D ``int64`` array of valid ids
-    (the manager's own slots need none of the public constructor's checks and copy)."""
-    spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
-    slots.setflags(write=False)  # specs are immutable (see BlockIDsLoadStoreSpec)
-    spec.__dict__["block_ids"] = slots
-    return spec
 
 
 def store_output(plan: StorePlan) -> PrepareStoreOutput | None:
@@ -46,7 +37,7 @@ def store_output(plan: StorePlan) -> PrepareStoreOutput | None:
         return None
     slots = plan.slots
     arr = slots if slots.__class__ is np.ndarray else np.array(slots, dtype=np.int64)
-    return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=cpu_spec(arr), evicted_keys=plan.evicted)  # type: ignore[arg-type]
+    return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=CPULoadStoreSpec(arr), evicted_keys=plan.evicted)  # type: ignore[arg-type]
 
 
 class Stores:

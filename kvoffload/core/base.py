@@ -181,11 +181,12 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """A spec given by block ids on its medium, kept as a 1-D ``np.int64`` array.
 
     Specs are immutable once built: their arrays are private read-only copies, and an attribute,
-    once set, cannot be replaced or deleted (:class:`~kvoffload.errors.ReadOnlyError`), so what
-    the constructor checked is what a transfer worker reads.
+    once set, cannot be replaced or deleted (:class:`~kvoffload.errors.ReadOnlyError`). The
+    constructor converts (integers only); the ids' ranges (non-negative, below the medium's size)
+    are checked once, by the transfer worker that receives the spec.
 
     Args:
-        block_ids: non-negative integer block ids (any iterable or integer numpy array).
+        block_ids: integer block ids (any iterable or integer numpy array).
     """
 
     def __init__(self, block_ids: Iterable[int] | np.ndarray) -> None:
