@@ -50,12 +50,15 @@ Layers (imports run downward only):
 * :mod:`kvoffload.integrations.vllm` (not imported here; imports vLLM) -- kvoffload as the backend
   of vLLM's ``OffloadingConnector``.
 
-Importing kvoffload never initialises CUDA.
+Importing kvoffload never initialises CUDA, and never imports torch: the worker's names
+(:class:`KVCacheTable`, :class:`TransferWorker`, ...) are imported on first use.
 """
 
 from __future__ import annotations
 
+import importlib as _importlib
 import logging
+import typing as _typing
 
 from kvoffload.cache.manager import CPUOffloadingManager, OffloadingStats
 from kvoffload.cache.policies import CachePolicy, available_policies, get_policy_class, register_policy
@@ -84,14 +87,6 @@ from kvoffload.errors import (
     StreamCaptureError,
     TransferError,
 )
-from kvoffload.kernels import (
-    GenericLayout,
-    KernelBackend,
-    KVCacheTable,
-    available_backends,
-    get_backend,
-    register_backend,
-)
 from kvoffload.scheduler import (
     FinishedJob,
     GroupOffloadConfig,
@@ -101,10 +96,48 @@ from kvoffload.scheduler import (
     SchedulerStepOutput,
     TransferJob,
 )
-from kvoffload.transfer.host_pool import HostPool
-from kvoffload.transfer.worker import TransferResult, TransferWorker
+
+if _typing.TYPE_CHECKING:
+    from kvoffload.kernels import (
+        GenericLayout,
+        KernelBackend,
+        KVCacheTable,
+        available_backends,
+        get_backend,
+        register_backend,
+    )
+    from kvoffload.transfer.host_pool import HostPool
+    from kvoffload.transfer.worker import TransferResult, TransferWorker
 
 __version__ = "0.1.0"
+
+#: the GPU worker's names (they import torch), imported on first use: a scheduler process or a
+#: sizing tool imports kvoffload (manager, scheduler, tiers) without torch installed
+_LAZY = {
+    "GenericLayout": "kvoffload.kernels",
+    "KernelBackend": "kvoffload.kernels",
+    "KVCacheTable": "kvoffload.kernels",
+    "available_backends": "kvoffload.kernels",
+    "get_backend": "kvoffload.kernels",
+    "register_backend": "kvoffload.kernels",
+    "HostPool": "kvoffload.transfer.host_pool",
+    "TransferResult": "kvoffload.transfer.worker",
+    "TransferWorker": "kvoffload.transfer.worker",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvoffload' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
