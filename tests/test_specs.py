@@ -10,14 +10,9 @@ from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import (
     CPULoadStoreSpec,
     GPULoadStoreSpec,
-    ReqContext,
-    make_offload_key,
 )
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KVOffloadError
-
-CTX = ReqContext(req_id="r")
-#: group-0 keys end in four NUL bytes, which numpy's fixed-width bytes dtype strips
-K0 = [make_offload_key(b"hash%04d" % i, 0) for i in range(40)]
+from tests.keys import CTX, K0
 
 
 # ------------------------------------------------------------------ load/store specs

@@ -24,12 +24,7 @@ from kvoffload.core.base import (
 )
 from kvoffload.errors import InvalidTypeError
 from tests.cache.test_manager_errors import snapshot
-
-CTX = ReqContext(req_id="r")
-#: group-0 keys end in four NUL bytes, which numpy's fixed-width bytes dtype strips
-K0 = [make_offload_key(b"hash%04d" % i, 0) for i in range(40)]
-#: group-1 keys survive a numpy round trip unchanged
-K1 = [make_offload_key(b"hash%04d" % i, 1) for i in range(40)]
+from tests.keys import CTX, K0, K1
 
 
 def busy_manager() -> CPUOffloadingManager:

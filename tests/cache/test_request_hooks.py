@@ -12,8 +12,7 @@ import pytest
 
 import kvoffload
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.policies import available_policies
-from kvoffload.core.base import ReqContext, make_offload_key
+from kvoffload.core.base import ReqContext
 from kvoffload.core.lookup_code import (
     LOOKUP_HIT,
     LOOKUP_MISS,
@@ -23,14 +22,7 @@ from kvoffload.core.lookup_code import (
     lookup_code,
 )
 from kvoffload.errors import InvalidArgumentError
-
-
-def k(i: int, g: int = 0) -> bytes:
-    return make_offload_key(i.to_bytes(8, "big"), g)
-
-
-def ctx(rid: str) -> ReqContext:
-    return ReqContext(req_id=rid)
+from tests.keys import POLICIES, ctx, k
 
 
 def hooked(num_blocks: int, cache_policy: str = "lru") -> CPUOffloadingManager:
@@ -194,7 +186,7 @@ def test_import_kvoffload_never_imports_vllm() -> None:
             assert not any(n == "vllm" or n.startswith("vllm.") for n in names), f
 
 
-@pytest.mark.parametrize("policy", available_policies())
+@pytest.mark.parametrize("policy", POLICIES)
 def test_on_request_finished_list_and_array_forms_agree(policy: str) -> None:
     import random
 
@@ -226,7 +218,7 @@ def test_on_request_finished_list_and_array_forms_agree(policy: str) -> None:
             assert a.policy.ordered_slots() == b.policy.ordered_slots()
 
 
-@pytest.mark.parametrize("policy", available_policies())
+@pytest.mark.parametrize("policy", POLICIES)
 def test_discard_removes_only_ready_unpinned_keys(policy: str) -> None:
     core = CPUOffloadingManager(4, cache_policy=policy, enable_events=True)
     c = ctx("a")

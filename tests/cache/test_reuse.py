@@ -7,12 +7,9 @@ import numpy as np
 import pytest
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.core.base import PrepareStoreOutput, ReqContext, make_offload_key
+from kvoffload.core.base import PrepareStoreOutput, ReqContext
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-
-
-def k(i: int | str) -> bytes:
-    return make_offload_key(str(i).encode(), 0)
+from tests.keys import k
 
 
 def stored(out: PrepareStoreOutput | None) -> list[bytes]:

@@ -8,14 +8,10 @@ import pytest
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import (
     ReqContext,
-    make_offload_key,
 )
 from kvoffload.errors import KeyStateError
 from tests.cache.test_keys_and_contexts import REUSE_CALLS, reuse_state
-
-CTX = ReqContext(req_id="r")
-#: group-0 keys end in four NUL bytes, which numpy's fixed-width bytes dtype strips
-K0 = [make_offload_key(b"hash%04d" % i, 0) for i in range(40)]
+from tests.keys import CTX, K0
 
 
 def test_reuse_filter_counts_nothing_when_the_manager_is_shut_down() -> None:

@@ -15,11 +15,11 @@ from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers import RedisTier
+from tests.keys import CTX
 from tests.tiers.conftest import NS, make_keys, make_records
 from tests.tiers.proxy import TurnCountingProxy
 
 RB = 4096 + 24
-CTX = ReqContext("r")
 
 
 def _store(m: TieredManager, keys: list[bytes], records: np.ndarray, src: np.ndarray) -> None:
