@@ -49,7 +49,7 @@ import numpy as np
 
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import OffloadKey, ReqContext
-from kvoffload.core.lookup_result import LOOKUP_HIT
+from kvoffload.core.lookup_code import LOOKUP_HIT
 from kvoffload.sim.block_trace import BlockTrace
 from kvoffload.sim.shared_tier import LRUTierModel
 
@@ -135,9 +135,9 @@ class HostReplay:
         self.stored = self.evicted = self.failed = self.refused = 0
 
     def cached_prefix(self, keys: list[OffloadKey]) -> int:
-        """The leading run of ``keys`` stored and ready here (``peek_list``: counts and changes nothing)."""
+        """The leading run of ``keys`` stored and ready here (``peek``: counts and changes nothing)."""
         h = 0
-        for code in self.manager.peek_list(keys):
+        for code in self.manager.peek(keys):
             if code != LOOKUP_HIT:
                 break
             h += 1
