@@ -15,9 +15,8 @@ from kvoffload.sim.cache_replay import replay_cache
 from kvoffload.sim.mooncake import read_mooncake_trace
 from kvoffload.sim.optimal import replay_infinite
 from kvoffload.sim.shared_tier import LRUTierModel
+from tests.keys import POLICIES
 from tests.sim.mooncake_traces import random_mooncake, write_mooncake
-
-POLICIES = ["lru", "arc", "s3fifo"]
 
 
 def _trace(tmp_path: Path, n: int, seed: int, trace_block: int = 64, block: int = 32, **kw: int) -> BlockTrace:

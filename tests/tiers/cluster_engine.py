@@ -27,7 +27,7 @@ import numpy as np
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.tiered import TieredManager
 from kvoffload.core.base import ReqContext
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_PENDING
 from kvoffload.tiers import open_tier
 from tests.tiers.conftest import NS
 

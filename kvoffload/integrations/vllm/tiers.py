@@ -57,14 +57,14 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.integrations.vllm.manager import VLLM_LOOKUP
 from kvoffload.integrations.vllm.tier_namespace import namespace_from_offloading_spec
-from kvoffload.tiers import TIER_HIT, TIER_MISS, DiskTier, RedisTier, Tier, TierStats
+from kvoffload.tiers import DiskTier, RedisTier, Tier, TierStats
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["KVOffloadRedisTier", "KVOffloadDiskTier", "KVOffloadSecondaryTier", "TIER_METRICS"]
 
-_CODES = {TIER_HIT: LookupResult.HIT, TIER_MISS: LookupResult.MISS}
 _GENERIC_OPTIONS = frozenset(
     (
         "name",
@@ -198,7 +198,7 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return _CODES.get(int(self.tier.lookup([key])[0]), LookupResult.RETRY)
+        return VLLM_LOOKUP[int(self.tier.lookup([key])[0])]
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self.tier.end_step()
