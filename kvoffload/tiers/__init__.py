@@ -10,7 +10,7 @@ from kvoffload.tiers.factory import open_tier
 from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION, TierNamespace
 from kvoffload.tiers.record import RecordCodec
 from kvoffload.tiers.redis_tier import RedisTier
-from kvoffload.tiers.types import TIER_HIT, TIER_MISS, TIER_RETRY, TierJobResult, TierStats
+from kvoffload.tiers.types import TierJobResult, TierStats
 
 __all__ = [
     "Tier",
@@ -20,9 +20,6 @@ __all__ = [
     "TierNamespace",
     "RECORD_FORMAT_VERSION",
     "RecordCodec",
-    "TIER_HIT",
-    "TIER_MISS",
-    "TIER_RETRY",
     "TierJobResult",
     "TierStats",
 ]

@@ -4,6 +4,7 @@ request-scoped path, and its ghost history's window."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,9 +13,8 @@ from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.policies.ghost import WAYS, GhostKeys
 from kvoffload.cache.policies.headstart import HeadStartPolicy
 from kvoffload.cache.policies.headstart_tuner import fingerprints
-from kvoffload.cache.request_hooks import apply_request_access
 from kvoffload.core.base import ReqContext, make_offload_key
-from kvoffload.core.lookup_result import LOOKUP_HIT
+from kvoffload.core.lookup_code import LOOKUP_HIT
 from tests.cache.headstart_reference import RefHeadStart, fingerprint
 from tests.cache.test_manager_property import real_order
 from tests.cache.test_manager_reference import RefManager
@@ -98,25 +98,47 @@ def test_request_traces_match_reference(capacity: int, turns: int, seed: int) ->
 
 @pytest.mark.parametrize("seed", [5, 6, 7])
 def test_request_scoped_path_matches_reference(seed: int) -> None:
-    """vLLM's request-scoped recency: keys a request only stored keep their list, the others
-    move to the seen list; the tuner observes every key."""
+    """vLLM's request-scoped recency (``record_requests``, no ``touch``): at each request's end the
+    policy gets its keys with the ones it only stored flagged; those keep their list, the others
+    move to the seen list, and the tuner observes the others."""
     rng = random.Random(seed)
     trace = conversation_trace(rng, 300, 5)
-    m = CPUOffloadingManager(24, cache_policy="headstart")
+    m = CPUOffloadingManager(24, cache_policy="headstart", record_requests=True)
     ref = RefManager(24, "headstart")
     assert isinstance(ref.policy, RefHeadStart)
-    for keys in trace:
-        got = m.prepare_store(keys, CTX)
-        exp = ref.prepare_store(keys)
+    policy = m.policy
+    calls: list[tuple[list[bytes], set[bytes]]] = []
+    finished = policy.on_request_finished
+
+    def record(keys: Any, slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray) -> None:
+        calls.append((list(keys), {k for k, f in zip(keys, inserted_only.tolist(), strict=True) if f}))
+        finished(keys, slots, inserted_only, reused)
+
+    policy.on_request_finished = record  # type: ignore[method-assign]
+    applied = 0
+    for i, keys in enumerate(trace):
+        ctx = ReqContext(f"r{i}")
+        m.on_new_request(ctx)
+        codes = m.lookup_batch(keys, ctx)
+        miss = np.flatnonzero(codes != LOOKUP_HIT)
+        hit = int(miss[0]) if len(miss) else len(keys)
+        if hit:
+            m.prepare_load(keys[:hit], ctx)
+            m.complete_load(keys[:hit], ctx)
+            ref.prepare_load(keys[:hit])
+            ref.complete_load(keys[:hit])
+        got = m.prepare_store(keys[hit:], ctx) if hit < len(keys) else None
+        exp = ref.prepare_store(keys[hit:]) if hit < len(keys) else None
         assert (got is None) == (exp is None)
-        stored = got.keys_to_store if got is not None else []
         if got is not None:
-            m.complete_store(stored, CTX)
-            ref.complete_store(stored, True)
-        inserted_only = {k for k in stored if rng.random() < 0.8}
-        apply_request_access(m, keys, CTX, inserted_only=inserted_only, reused=set(keys) - set(stored))
-        ref.policy.request_finished(keys, inserted_only)
+            m.complete_store(got.keys_to_store, ctx)
+            ref.complete_store(got.keys_to_store, True)
+        m.on_request_finished(ctx)
+        if calls:
+            ref.policy.request_finished(*calls.pop())
+            applied += 1
         assert real_order(m) == ref.policy.snapshot()
+    assert applied > 250 and len(policy.new) and len(policy.seen)  # type: ignore[attr-defined]
 
 
 def test_fingerprints_match_the_documented_mixer() -> None:

@@ -166,9 +166,9 @@ class HeadStartPolicy(CachePolicy):
             victims = both[np.argsort(rank, kind="stable")[:n]]
             na = int(np.count_nonzero(self.member[victims] == _NEW))
         if na:
-            self.new.discard_taken(self.new.take(na, ref, protected, mark))
+            self.new.discard(self.new.take(na, ref, protected, mark))
         if na < n:
-            self.seen.discard_taken(self.seen.take(n - na, ref, protected, mark))
+            self.seen.discard(self.seen.take(n - na, ref, protected, mark))
         self.ghost.add(self.fp[victims])
         return victims
 
