@@ -84,6 +84,9 @@ def test_simulate_runs_a_suite_workload(tmp_path: object, capsys: pytest.Capture
     assert rc == 0
     text = capsys.readouterr().out
     assert "suite workload scan" in text and "headstart" in text
+    # the ratio-to-LRU table: LRU is 1.00x at every capacity, headstart's figures follow the hit table
+    table = text[text.index("relative to LRU's") :].splitlines()[2:4]
+    assert len(table) == 2 and all(row.split()[-2] == "1.00x" for row in table)
 
 
 def test_suite_and_trace_are_exclusive(tmp_path: object) -> None:
@@ -102,3 +105,21 @@ def test_suite_and_trace_are_exclusive(tmp_path: object) -> None:
         suite_workload("nope")
     with pytest.raises(InvalidArgumentError, match="scale"):
         suite_workload("loop", scale=0)
+
+
+def test_legend_ranges_of_share_and_ratio() -> None:
+    from kvoffload.app.simulate_plot import legend_ranges
+    from kvoffload.sim.sweep import SimPoint
+
+    def pt(policy: str, blocks: int, hits: int) -> SimPoint:
+        return SimPoint(
+            policy, blocks, 0.0, blocks, 100, 100, hits, 0, 100 - hits, hits / 100, hits / 100, 0, 0, 0, 0.0
+        )
+
+    points = [pt("lru", 10, 10), pt("lru", 20, 20), pt("headstart", 10, 20), pt("headstart", 20, 30)]
+
+    class Ref:
+        belady = [pt("belady", 10, 40), pt("belady", 20, 40)]
+
+    assert legend_ranges("headstart", points, Ref()) == " (0.50-0.75 of Belady, 1.50-2.00x LRU)"  # type: ignore[arg-type]
+    assert legend_ranges("lru", points, None) == ""
