@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = [f"{p} {row[p]['requests_per_s']:8.1f} req/s ({row[p][ref]}x)" for p in policies]
         print(f"{cap:>9,} blocks: " + "   ".join(cells), flush=True)
     result = {
-        "command": "python bench/bench_policy_cost.py" + (" --quick" if args.quick else ""),
+        "command": "python bench/bench_policy_cost.py"
+        + (" --quick" if args.quick else "")
+        + f" --policies {args.policies} --requests {args.requests} --repeats {args.repeats}",
         "machine": f"{platform.processor() or platform.machine()}, shared with other jobs",
         "policies": policies,
         "rows": rows,

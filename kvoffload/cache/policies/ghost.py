@@ -72,24 +72,23 @@ class GhostKeys:
         b = (fp & np.uint32(self.mask)).astype(np.int64)
         seq = (np.arange(self.added, self.added + k, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32)
         self.added = (self.added + k) & 0xFFFFFFFF
-        order = np.argsort(b, kind="stable")
-        bs = b[order]
-        new_run = np.empty(k, dtype=bool)
-        new_run[0] = True
-        np.not_equal(bs[1:], bs[:-1], out=new_run[1:])
-        if new_run.all():  # one key per bucket (the common case)
-            way = self.cursor[b]
-            self.fp[b, way] = fp | np.uint32(1)
-            self.seq[b, way] = seq
+        way = self.cursor[b]
+        val = fp | np.uint32(1)
+        self.fp[b, way] = val
+        self.seq[b, way] = seq
+        if (self.seq[b, way] == seq).all():  # one key per bucket (the common case): done
             self.cursor[b] = (way + 1) % WAYS
             return
-        start = new_run.nonzero()[0]
+        # several keys in one bucket: write them in order (rewrites every entry written above)
+        order = np.argsort(b, kind="stable")
+        bs = b[order]
+        start = np.flatnonzero(np.r_[True, bs[1:] != bs[:-1]])
         count = np.diff(np.r_[start, k])
         rank = np.arange(k) - np.repeat(start, count)  # occurrence number within the bucket
         last = rank >= np.repeat(count, count) - WAYS  # earlier ones would be overwritten in this call
         sel = order[last]
         way = (self.cursor[b[sel]].astype(np.int64) + rank[last]) % WAYS
-        self.fp[b[sel], way] = fp[sel] | np.uint32(1)
+        self.fp[b[sel], way] = val[sel]
         self.seq[b[sel], way] = seq[sel]
         self.cursor[bs[start]] = (self.cursor[bs[start]].astype(np.int64) + count) % WAYS
 
