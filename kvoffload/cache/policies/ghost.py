@@ -76,21 +76,21 @@ class GhostKeys:
         val = fp | np.uint32(1)
         self.fp[b, way] = val
         self.seq[b, way] = seq
-        if (self.seq[b, way] == seq).all():  # one key per bucket (the common case): done
+        ok = self.seq[b, way] == seq
+        if ok.all():  # one key per bucket (the common case): done
             self.cursor[b] = (way + 1) % WAYS
             return
-        # several keys in one bucket: write them in order (rewrites every entry written above)
-        order = np.argsort(b, kind="stable")
-        bs = b[order]
-        start = np.flatnonzero(np.r_[True, bs[1:] != bs[:-1]])
-        count = np.diff(np.r_[start, k])
-        rank = np.arange(k) - np.repeat(start, count)  # occurrence number within the bucket
-        last = rank >= np.repeat(count, count) - WAYS  # earlier ones would be overwritten in this call
-        sel = order[last]
-        way = (self.cursor[b[sel]].astype(np.int64) + rank[last]) % WAYS
-        self.fp[b[sel], way] = val[sel]
-        self.seq[b[sel], way] = seq[sel]
-        self.cursor[bs[start]] = (self.cursor[bs[start]].astype(np.int64) + count) % WAYS
+        # keys sharing a bucket: write those again one by one, in order (each at its bucket's cursor)
+        dup = np.isin(b, b[~ok])
+        single = ~dup
+        self.cursor[b[single]] = (way[single] + 1) % WAYS
+        fps, seqs, cursor = self.fp, self.seq, self.cursor
+        for i in np.flatnonzero(dup).tolist():
+            bi = int(b[i])
+            c = int(cursor[bi])
+            fps[bi, c] = val[i]
+            seqs[bi, c] = seq[i]
+            cursor[bi] = (c + 1) % WAYS
 
     def clear(self) -> None:
         self.fp[:] = 0
