@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
@@ -74,7 +74,20 @@ class Tier(ABC):
             stores are dropped (back-pressure).
         lookup_ttl_steps: engine steps a probed verdict is reused before the key is probed again.
         backoff_initial / backoff_max: back-off after the store is unreachable, in seconds.
+
+    A backend found by URL scheme (:mod:`kvoffload.tiers.registry`) turns its URL into
+    constructor keywords with :meth:`options_from_url`.
     """
+
+    #: ``"LOCAL"`` (one machine's store) or ``"REMOTE"`` (shared over the network): what the vLLM
+    #: adapter reports as the tier's locality unless configured.
+    locality: ClassVar[str] = "REMOTE"
+
+    @classmethod
+    def options_from_url(cls, url: str) -> dict[str, Any]:
+        """The constructor keywords ``url`` stands for, checked (nothing connects); by default
+        ``{"url": url}``."""
+        return {"url": url}
 
     def __init__(
         self,

@@ -18,7 +18,8 @@ import errno
 import hashlib
 import logging
 import os
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl
 
 import numpy as np
 
@@ -38,9 +39,36 @@ from kvoffload.tiers.disk_io import (
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
 
-__all__ = ["DiskTier"]
+__all__ = ["DiskTier", "parse_disk_spec"]
 
 logger = logging.getLogger(__name__)
+
+
+_DISK_INT_OPTIONS = ("max_bytes", "io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
+
+
+def parse_disk_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``disk:/path?max_bytes=N&o_direct=0`` -> ``("/path", {"max_bytes": N, "o_direct": False})``."""
+    rest = spec[len("disk:") :]
+    if rest.startswith("//"):
+        rest = rest[2:]
+    path, _, query = rest.partition("?")
+    if not path:
+        raise InvalidArgumentError(f"tier spec {spec!r}: a disk tier needs a directory, e.g. disk:/var/cache/kv")
+    opts: dict[str, Any] = {}
+    for k, v in parse_qsl(query, keep_blank_values=True):
+        if k in _DISK_INT_OPTIONS:
+            try:
+                opts[k] = int(v)
+            except ValueError:
+                raise InvalidArgumentError(f"tier spec {spec!r}: {k} must be an integer, got {v!r}") from None
+        elif k == "o_direct":
+            if v.lower() not in ("0", "1", "true", "false", "auto"):
+                raise InvalidArgumentError(f"tier spec {spec!r}: o_direct must be 0, 1 or auto, got {v!r}")
+            opts[k] = None if v.lower() == "auto" else v.lower() in ("1", "true")
+        else:
+            raise InvalidArgumentError(f"tier spec {spec!r}: unknown disk tier option {k!r}")
+    return path, opts
 
 
 def _file_id(key: bytes) -> bytes:
@@ -48,7 +76,7 @@ def _file_id(key: bytes) -> bytes:
 
 
 class DiskTier(Tier):
-    """A tier on a directory (docs/contract.md §8).
+    """A tier on a directory (docs/contract.md §8); opened from ``disk:/path?…`` by :func:`open_tier`.
 
     Args:
         records: the host pool's records (see :class:`~kvoffload.tiers.Tier`).
@@ -61,6 +89,8 @@ class DiskTier(Tier):
         **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
             :class:`~kvoffload.tiers.Tier`.
     """
+
+    locality: ClassVar[str] = "LOCAL"
 
     def __init__(
         self,
@@ -106,6 +136,12 @@ class DiskTier(Tier):
         self._in_place = is_page_aligned(self.records)
         self._subdirs: set[str] = set()
         self._make_subdirs()
+
+    @classmethod
+    def options_from_url(cls, url: str) -> dict[str, Any]:
+        """``disk:/path?max_bytes=N&o_direct=0`` -> ``{"path": "/path", "max_bytes": N, "o_direct": False}``."""
+        path, opts = parse_disk_spec(url)
+        return {"path": path, **opts}
 
     def _make_subdirs(self) -> None:
         """Create the 256 ``<id[:2]>`` subdirectories now, off the store path (best effort: a

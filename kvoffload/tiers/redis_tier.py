@@ -101,6 +101,12 @@ class RedisTier(Tier):
         self._client: redis.Redis | RedisCluster | None = None
         self._pool_size = self.config.max_connections or (self.io_threads + 2)
 
+    @classmethod
+    def options_from_url(cls, url: str) -> dict[str, Any]:
+        """``{"url": url}`` once the URL and its query options are checked."""
+        parse_redis_url(url)
+        return {"url": url}
+
     def store_key(self, key: bytes) -> bytes:
         """The Redis key of ``key``'s value."""
         return self._prefix + key

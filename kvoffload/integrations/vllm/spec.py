@@ -18,8 +18,9 @@ Keys read from ``kv_connector_extra_config`` (the same as vLLM's own CPU spec, p
 * ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``page_loop`` / ``module:Class``;
   default: ``KVOFFLOAD_BACKEND`` or the device's default (Triton on CUDA).
 * ``secondary_tiers``: tiers beneath the CPU pool, as in vLLM's ``TieringOffloadingSpec``: a list
-  of ``{"type": ..., ["module_path": ...], ...tier options}`` -- kvoffload's ``KVOffloadRedisTier``
-  / ``KVOffloadDiskTier`` (``module_path`` ``kvoffload.integrations.vllm``) or vLLM's own ``fs``,
+  of ``{"type": ..., ["module_path": ...], ...tier options}`` -- kvoffload's ``KVOffloadTier``
+  (any registered kvoffload tier by ``url``; aliases ``KVOffloadRedisTier`` / ``KVOffloadDiskTier``;
+  ``module_path`` ``kvoffload.integrations.vllm``) or vLLM's own ``fs``,
   ``obj``, ``p2p``... (``backpressure``, per tier or top-level, as in vLLM). Checked at start: not
   a list, or an unknown type, is an ``InvalidArgumentError`` (a ``ValueError``). With tiers, the
   scheduler runs vLLM's own ``TieringOffloadingManager`` with kvoffload's manager as its primary
