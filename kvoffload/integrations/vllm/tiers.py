@@ -131,10 +131,11 @@ class KVOffloadTier(SecondaryTierManager):
         except (InvalidArgumentError, InvalidTypeError) as exc:
             raise type(exc)(f"{where}: {exc}") from None
         try:
-            self.locality = Locality(locality if locality is not None else tier_cls.locality)
+            tier_locality = Locality(locality if locality is not None else tier_cls.locality)
         except ValueError:
             raise InvalidArgumentError(f"{where}: locality must be 'LOCAL' or 'REMOTE', got {locality!r}") from None
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = tier_locality
         records = _records(primary_kv_view)
         self.namespace = namespace_from_offloading_spec(
             offloading_spec, records.shape[1], hash_algo=hash_algo, tag=namespace_tag
