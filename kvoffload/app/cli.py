@@ -42,6 +42,17 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
+def _warmup_fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1), else a one-line error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
 def _capacity_list(text: str) -> list[tuple[float, str]]:
     from kvoffload.app.simulate import parse_capacity
 
@@ -143,8 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--capacities",
         type=_capacity_list,
         default=None,
-        help="comma-separated CPU-tier capacities: offloaded blocks (e.g. 256) or host memory (e.g. 2GiB, 512MiB); "
-        "default: 1/16 to 2x the prompts' working set",
+        help="comma-separated CPU-tier capacities: offloaded blocks (e.g. 256), host memory (e.g. 2GiB, 512MiB, "
+        "1.5GB) or tokens (e.g. 3Mtok, 500Ktok); default: 1/16 to 2x the prompts' working set (engine replay) "
+        "or 1/256 to 2x of it (cache-level replay)",
     )
     p_sim.add_argument(
         "--tier-capacity",
@@ -154,6 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="shared tier beneath host memory (Redis, allkeys-lru), as --capacities (e.g. 64GiB or 20Mtok; 0: "
         "none); comma-separated or repeated: every host capacity is replayed with each, and without one "
         "(cache-level replay only)",
+    )
+    p_sim.add_argument(
+        "--trace-block-view",
+        type=_warmup_fraction,
+        default=None,
+        metavar="WARMUP",
+        help="also print the infinite cache counted as trace-analysis tools count it: the trace's own blocks (512 "
+        "tokens in a Mooncake trace), no cap at prompt - 1, over the whole trace and over the requests after the "
+        "first WARMUP share of them (e.g. 0.5)",
     )
     shape = p_sim.add_argument_group("model shape (turns blocks into bytes)")
     shape.add_argument(

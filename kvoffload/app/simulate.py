@@ -57,6 +57,7 @@ from kvoffload.sim.sweep import (
     log_capacities,
     working_set_blocks,
 )
+from kvoffload.sim.trace_block_view import trace_block_view
 from kvoffload.sim.workload import TraceRequest, read_trace
 
 __all__ = [
@@ -268,7 +269,7 @@ def _prompt_tokens(items: list[Any]) -> int:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """CLI entry: validate every flag and the trace, simulate, write PNG/CSV/JSON, print the report."""
-    from kvoffload.app.simulate_cache import block_trace_of, run_cache_sweep
+    from kvoffload.app.simulate_cache import block_trace_of, run_cache_sweep, trace_blocks
     from kvoffload.app.simulate_report import SweepReport
 
     policies = available_policies() if not args.policies else [p.strip() for p in args.policies.split(",") if p]
@@ -291,6 +292,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         overrides["conversations"] = args.conversations
     settings = replace(DemoSettings(), **overrides)
     items, source, trace_block = _read_workload(args, settings)
+    raw_items = items
     tier_items = [t for group in (getattr(args, "tier_capacity", None) or []) for t in group]
     tiers = sorted({0, *(_to_blocks(v, u, block_bytes, args.block_size, "--tier-capacity") for v, u in tier_items)})
     replay = args.replay
@@ -330,6 +332,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
         swept = run_cache_sweep(btrace, policies, capacities, jobs, block_bytes, tier_capacities=tiers)
         print(report.finish(swept.points, out, swept))
+    if args.trace_block_view is not None:
+        print(report.trace_block_line(trace_block_view(trace_blocks(raw_items), args.trace_block_view), trace_block))
     return 0
 
 

@@ -191,7 +191,8 @@ def test_partial_success_per_key(store: _Opener) -> None:
     ok = run(t, "load", 2, ks, [3, 4, 5])
     assert ok == (True, False, True)
     np.testing.assert_array_equal(src[[3, 5]], src[[0, 2]])
-    assert t.stats().read_failures == 1
+    st = t.stats()
+    assert (st.read_failures, st.absent, st.rejected_values) == (1, 1, 0)  # absent: not a rejection
     assert t.lookup(ks[1:2])[0] == TIER_MISS  # the failed load is a known miss
 
 
@@ -206,7 +207,8 @@ def test_namespace_rejection(store: _Opener) -> None:
     store.harness.write_raw(b, ks[0], foreign)  # ...nor used when found under this namespace's name
     before = b.records.copy()
     assert run(b, "load", 2, ks[:1], [2]) == (False,)
-    assert b.stats().rejected_values == 1
+    st = b.stats()
+    assert (st.rejected_values, st.rejected_namespace, st.deleted_values) == (1, 1, 1)
     assert store.harness.read_raw(b, ks[0]) is None  # deleted: wrong for every reader
     np.testing.assert_array_equal(b.records[[0, 1, 3]], before[[0, 1, 3]])
 
@@ -239,7 +241,32 @@ def test_integrity_rejection(store: _Opener, fault: str) -> None:
         store.harness.write_raw(t, ks[0], value)
     assert run(t, "load", 3, ks, [2, 3]) == (False, True)
     np.testing.assert_array_equal(src[3], src[1])
-    assert t.stats().rejected_values == 1
+    st = t.stats()
+    kind = "corrupt" if fault in ("truncated", "other-key") else "rejected_integrity"
+    assert st.rejected_values == getattr(st, kind) == 1, st
+    # a damaged value is deleted; one this reader's keys cannot verify may be good for another reader
+    assert (store.harness.read_raw(t, ks[0]) is None) == (kind == "corrupt")
+
+
+def test_integrity_key_rotation(store: _Opener) -> None:
+    """Readers holding the new and the old key accept values signed with either; a reader with the
+    new key only refuses the old values (counted, not deleted)."""
+    old_key, new_key = b"conformance-old-key-0123456789", b"conformance-new-key-0123456789"
+    src = records(4, 18)
+    ks = keys(2)
+    old = store(src, integrity_key=old_key)
+    run(old, "store", 1, ks[:1], [0])
+    rotated = store(records(4, 19), integrity_key=[new_key, old_key])
+    run(rotated, "store", 2, ks[1:], [1])  # signed with the new key
+    dst = records(4, 20)
+    both = store(dst, integrity_key=[new_key, old_key])
+    assert run(both, "load", 3, ks, [0, 1]) == (True, True)
+    np.testing.assert_array_equal(dst[0], src[0])
+    only_new = store(records(4, 21), integrity_key=new_key)
+    assert run(only_new, "load", 4, ks, [0, 1]) == (False, True)
+    st = only_new.stats()
+    assert (st.rejected_integrity, st.deleted_values) == (1, 0)
+    assert store.harness.read_raw(only_new, ks[0]) is not None
 
 
 def test_concurrent_writers_of_one_key(store: _Opener) -> None:

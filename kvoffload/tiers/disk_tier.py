@@ -25,7 +25,7 @@ import numpy as np
 
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.tiers.args import check_records
+from kvoffload.tiers.args import check_records, tier_options_from_query
 from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.disk_index import VALUE_SUFFIX, DiskIndex
 from kvoffload.tiers.disk_io import (
@@ -44,20 +44,18 @@ __all__ = ["DiskTier", "parse_disk_spec"]
 logger = logging.getLogger(__name__)
 
 
-_DISK_INT_OPTIONS = ("max_bytes", "io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
-
-
 def parse_disk_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``disk:/path?max_bytes=N&o_direct=0`` -> ``("/path", {"max_bytes": N, "o_direct": False})``."""
+    """``disk:/path?max_bytes=N&o_direct=0`` -> ``("/path", {"max_bytes": N, "o_direct": False})``;
+    the options of every tier (``integrity_key``, ``io_threads``...) are accepted too."""
     rest = spec[len("disk:") :]
     if rest.startswith("//"):
         rest = rest[2:]
     path, _, query = rest.partition("?")
     if not path:
         raise InvalidArgumentError(f"tier spec {spec!r}: a disk tier needs a directory, e.g. disk:/var/cache/kv")
-    opts: dict[str, Any] = {}
-    for k, v in parse_qsl(query, keep_blank_values=True):
-        if k in _DISK_INT_OPTIONS:
+    opts, backend_pairs = tier_options_from_query(spec, parse_qsl(query, keep_blank_values=True))
+    for k, v in backend_pairs:
+        if k == "max_bytes":
             try:
                 opts[k] = int(v)
             except ValueError:
@@ -237,13 +235,15 @@ class DiskTier(Tier):
                 self.codec.check_parts(key, header, row.data if payload is None else payload)
             except FileNotFoundError:
                 self.index.remove(fid)
+                self._count("absent")
                 continue
             except ValueRejected as rej:
-                self._count_rejected(rej.reason)
+                self._count_rejected(rej)
                 if rej.delete:
                     self.index.remove(fid)
                     try:
                         os.unlink(path)
+                        self._count("deleted_values")
                     except OSError:
                         pass
                 continue

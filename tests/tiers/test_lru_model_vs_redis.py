@@ -6,7 +6,8 @@ The same trace of block accesses -- probe (``EXISTS``), then a load (``GET``) on
 through :class:`~kvoffload.tiers.RedisTier` against a server whose ``maxmemory`` holds ``CAP``
 values (calibrated from the server's own ``used_memory``). Redis evicts the least recent of a
 sample of keys (``maxmemory-samples``, here 10), not the least recent of all, so the hits differ
-by a little: the test allows 3% of the accesses (measured here: 851 model hits, 852 Redis hits of 1500).
+by a little (and client buffers share maxmemory with the values): the test allows 6% of the accesses
+(measured here, 6 runs on the shared 2-core machine: 851 model hits, 776-852 Redis hits of 1500).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from kvoffload.tiers import RedisTier
 from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job
 
 CAP, BLOCKS, ACCESSES, RB = 48, 160, 1500, 16 << 10
-TOLERANCE = 0.03  # of the accesses
+TOLERANCE = 0.06  # of the accesses
 
 
 def trace(seed: int) -> list[int]:
