@@ -165,6 +165,28 @@ def test_lookup_verdicts_retry_then_hit_or_miss(store: _Opener) -> None:
     assert (settle(t, ks[2:]) == [TIER_HIT, TIER_MISS]).all()
 
 
+def test_probe_answered_within_the_step_it_was_sent(store: _Opener) -> None:
+    """``end_step`` waits up to ``probe_wait`` for the step's probe: the next step's lookups have the
+    verdicts; a stalled store only delays them (``end_step`` returns, lookups answer RETRY)."""
+    t = store(records(4, 22), probe_wait=1.0)
+    run(t, "store", 1, keys(1), [0])
+    other = keys(3, b"pw")
+    assert (t.lookup(other) == TIER_RETRY).all()
+    t.end_step()
+    assert (t.lookup(other) == TIER_MISS).all()  # answered: no further step or drain needed
+    if not store.harness.can_stall:
+        return
+    s = store(records(4, 23), probe_wait=0.05)
+    settle(s, keys(1, b"warm"))
+    store.harness.stall()
+    late = keys(2, b"late")
+    assert (s.lookup(late) == TIER_RETRY).all()
+    s.end_step()  # returns after probe_wait without the answer
+    assert (s.lookup(late) == TIER_RETRY).all()
+    store.harness.resume()
+    assert (settle(s, late) != TIER_RETRY).all()
+
+
 def test_one_round_trip_per_step_whatever_the_keys(store: _Opener) -> None:
     t = store(records(2, 5))
     settle(t, keys(1, b"warm"))

@@ -93,7 +93,7 @@ def check_tier_options(
 
 
 _QUERY_INTS = ("io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
-_QUERY_FLOATS = ("backoff_initial", "backoff_max")
+_QUERY_FLOATS = ("backoff_initial", "backoff_max", "probe_wait")
 
 
 def tier_options_from_query(spec: str, pairs: list[tuple[str, str]]) -> tuple[dict[str, Any], list[tuple[str, str]]]:

@@ -28,6 +28,7 @@ Keys (besides vLLM's own ``type``, ``module_path``, ``backpressure``): ``url`` (
 ``tier_class`` + ``tier_module_path`` (an out-of-tree :class:`~kvoffload.tiers.Tier` subclass),
 ``locality`` (``LOCAL`` / ``REMOTE``; default: the tier class's), ``enable_kv_events``,
 ``namespace_tag``, ``hash_algo``; every other key is an option of the tier's constructor
+(``probe_wait`` defaults to 0 here: vLLM's scheduler never waits on a tier)
 (``integrity_key``, ``io_threads``…; Redis: ``cluster``, ``password``…; disk: ``max_bytes``,
 ``o_direct``), an unknown one a typed error at start. The aliases keep older configurations
 working: ``KVOffloadRedisTier`` (``url`` of a Redis), ``KVOffloadDiskTier`` (``root_dir``).
@@ -121,6 +122,8 @@ class KVOffloadTier(SecondaryTierManager):
         hash_algo: str = "sha256",
         **options: Any,
     ) -> None:
+        # vLLM's scheduler must never wait on a tier: probes are answered by the next step's lookups
+        options.setdefault("probe_wait", 0.0)
         key = options.get("integrity_key")
         if isinstance(key, str):
             options["integrity_key"] = key.encode()
