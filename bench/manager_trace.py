@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.core.base import ReqContext
-from kvoffload.core.lookup_result import LOOKUP_HIT
+from kvoffload.core.lookup_code import LOOKUP_HIT
 
 KEY_BYTES = 36  # 32-byte block hash + 4-byte group index
 PROMPT_BLOCKS = 512

@@ -9,12 +9,12 @@ modules. What an engine uses, and the shapes it hands over:
 * **Manager** (scheduler process, no torch) -- :class:`CPUOffloadingManager` (the
   :class:`OffloadingManager` contract: ``lookup`` / ``lookup_batch`` -> one ``np.int8`` code per
   key, :data:`LOOKUP_MISS` / :data:`LOOKUP_HIT` / :data:`LOOKUP_PENDING`, the values of
-  :class:`LookupResult`; ``prepare_store`` -> :class:`PrepareStoreOutput`; ``take_events`` ->
-  :class:`OffloadingEvent`; ``get_stats`` -> :class:`OffloadingStats`), wrapped if wanted by
-  :class:`FilteredReuseManager` (store on reuse) or :class:`RequestHooksManager` (vLLM's
-  per-request hooks); every request-facing call takes a :class:`ReqContext`. Eviction policies
-  by name (``"lru"``, ``"arc"``, ``"s3fifo"``...) from :func:`register_policy` /
-  :func:`get_policy_class` / :func:`available_policies`, subclasses of :class:`CachePolicy`.
+  :class:`LookupCode`; ``prepare_store`` -> :class:`PrepareStoreOutput`; ``take_events`` ->
+  :class:`OffloadingEvent`; ``get_stats`` -> :class:`OffloadingStats`; ``store_threshold=``
+  stores only reused keys, ``record_requests=True`` adds vLLM's per-request hooks); every
+  request-facing call takes a :class:`ReqContext`. Eviction policies by name (``"lru"``,
+  ``"arc"``, ``"s3fifo"``...) from :func:`register_policy` / :func:`get_policy_class` /
+  :func:`available_policies`, subclasses of :class:`CachePolicy`.
 * **Specs** -- :class:`GPULoadStoreSpec` (GPU block ids ordered by group, ``group_sizes[g]`` of
   group ``g``, ``block_indices[g]`` = index within the request of group ``g``'s first block) and
   :class:`CPULoadStoreSpec` (one host slot id per offloaded block), both
@@ -50,17 +50,18 @@ Layers (imports run downward only):
 * :mod:`kvoffload.integrations.vllm` (not imported here; imports vLLM) -- kvoffload as the backend
   of vLLM's ``OffloadingConnector``.
 
-Importing kvoffload never initialises CUDA.
+Importing kvoffload never initialises CUDA, and never imports torch: the worker's names
+(:class:`KVCacheTable`, :class:`TransferWorker`, ...) are imported on first use.
 """
 
 from __future__ import annotations
 
+import importlib as _importlib
 import logging
+import typing as _typing
 
 from kvoffload.cache.manager import CPUOffloadingManager, OffloadingStats
 from kvoffload.cache.policies import CachePolicy, available_policies, get_policy_class, register_policy
-from kvoffload.cache.request_hooks import RequestHooksManager
-from kvoffload.cache.reuse import FilteredReuseManager
 from kvoffload.core.base import (
     BlockIDsLoadStoreSpec,
     CPULoadStoreSpec,
@@ -75,7 +76,7 @@ from kvoffload.core.base import (
     get_offload_group_idx,
     make_offload_key,
 )
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupResult
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupCode
 from kvoffload.errors import (
     BackendUnavailableError,
     InvalidArgumentError,
@@ -86,14 +87,6 @@ from kvoffload.errors import (
     StreamCaptureError,
     TransferError,
 )
-from kvoffload.kernels import (
-    GenericLayout,
-    KernelBackend,
-    KVCacheTable,
-    available_backends,
-    get_backend,
-    register_backend,
-)
 from kvoffload.scheduler import (
     FinishedJob,
     GroupOffloadConfig,
@@ -103,10 +96,48 @@ from kvoffload.scheduler import (
     SchedulerStepOutput,
     TransferJob,
 )
-from kvoffload.transfer.host_pool import HostPool
-from kvoffload.transfer.worker import TransferResult, TransferWorker
+
+if _typing.TYPE_CHECKING:
+    from kvoffload.kernels import (
+        GenericLayout,
+        KernelBackend,
+        KVCacheTable,
+        available_backends,
+        get_backend,
+        register_backend,
+    )
+    from kvoffload.transfer.host_pool import HostPool
+    from kvoffload.transfer.worker import TransferResult, TransferWorker
 
 __version__ = "0.1.0"
+
+#: the GPU worker's names (they import torch), imported on first use: a scheduler process or a
+#: sizing tool imports kvoffload (manager, scheduler, tiers) without torch installed
+_LAZY = {
+    "GenericLayout": "kvoffload.kernels",
+    "KernelBackend": "kvoffload.kernels",
+    "KVCacheTable": "kvoffload.kernels",
+    "available_backends": "kvoffload.kernels",
+    "get_backend": "kvoffload.kernels",
+    "register_backend": "kvoffload.kernels",
+    "HostPool": "kvoffload.transfer.host_pool",
+    "TransferResult": "kvoffload.transfer.worker",
+    "TransferWorker": "kvoffload.transfer.worker",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvoffload' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -138,9 +169,7 @@ __all__ = [
     # manager and policies
     "CPUOffloadingManager",
     "OffloadingStats",
-    "FilteredReuseManager",
-    "RequestHooksManager",
-    "LookupResult",
+    "LookupCode",
     "CachePolicy",
     "register_policy",
     "get_policy_class",

@@ -90,10 +90,9 @@ def _check_non_negative(arr: np.ndarray, name: str) -> None:
 
 
 def id_array(values: object, name: str) -> np.ndarray:
-    """A private, read-only 1-D ``int64`` copy of ``values``, every id ``>= 0``
-    (:func:`check_int_array`'s rules, plus negatives refused as ``name[i]``)."""
+    """A private, read-only 1-D ``int64`` copy of ``values`` (:func:`check_int_array`'s rules;
+    the ids' ranges, negatives included, are checked by whoever uses them)."""
     arr = check_int_array(values, name)
-    _check_non_negative(arr, name)
     if arr is values or arr.base is values:
         arr = arr.copy()
     arr.setflags(write=False)
@@ -101,7 +100,7 @@ def id_array(values: object, name: str) -> np.ndarray:
 
 
 def id_list(values: object, name: str) -> list[int]:
-    """``values`` as a new list of Python ints, every id ``>= 0`` (the rules of :func:`id_array`)."""
+    """``values`` as a new list of Python ints, every id ``>= 0`` (:func:`check_int_array`'s rules)."""
     if type(values) is list and all(type(v) is int and v >= 0 for v in values):
         if not values or max(values) <= INT64_MAX:
             return list(values)

@@ -100,7 +100,6 @@ def test_spec_copies_its_input() -> None:
 @pytest.mark.parametrize(
     ("ids", "err"),
     [
-        ([-1], InvalidArgumentError),
         ([True], InvalidTypeError),
         ([1.5], InvalidTypeError),
         (np.array([1.0]), InvalidTypeError),
@@ -110,6 +109,10 @@ def test_spec_copies_its_input() -> None:
 def test_spec_rejects_bad_ids(ids: object, err: type[Exception]) -> None:
     with pytest.raises(err, match="block_ids"):
         CPULoadStoreSpec(ids)  # type: ignore[arg-type]
+
+
+def test_spec_keeps_negative_ids_for_the_worker_to_refuse() -> None:
+    assert CPULoadStoreSpec([-1]).block_ids.tolist() == [-1]  # range checks: the worker's (map_job)
 
 
 def test_gpu_spec() -> None:
@@ -130,10 +133,7 @@ def test_gpu_spec() -> None:
         ({"block_ids": [1, 2], "group_sizes": [1]}, InvalidArgumentError, "group_sizes must sum"),
         ({"block_ids": [1, 2], "group_sizes": [1, 2]}, InvalidArgumentError, "group_sizes must sum"),
         ({"block_ids": [1, 2], "group_sizes": [1, 1], "block_indices": [0]}, InvalidArgumentError, "block_indices"),
-        ({"block_ids": [1, 2], "group_sizes": [3, -1]}, InvalidArgumentError, "group_sizes"),
-        ({"block_ids": [1], "group_sizes": [1], "block_indices": [-2]}, InvalidArgumentError, "block_indices"),
         ({"block_ids": [1], "group_sizes": [True]}, InvalidTypeError, "group_sizes"),
-        ({"block_ids": [-3], "group_sizes": [1]}, InvalidArgumentError, "block_ids"),
     ],
 )
 def test_gpu_spec_validation(kwargs: dict, err: type[Exception], match: str) -> None:

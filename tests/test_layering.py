@@ -8,6 +8,8 @@ inside the library imports sim, app, testing or integrations; cache, core and th
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +92,33 @@ def test_scheduler_process_layers_never_import_torch(layer: str) -> None:
     )
     assert files
     assert {str(f.relative_to(PKG)) for f in files if {"torch", "triton"} & _top_level_imports(f)} == set()
+
+
+#: what a scheduler process or a sizing tool imports: each package as a whole, __init__ included
+TORCH_FREE_PACKAGES = ["kvoffload", "kvoffload.core", "kvoffload.cache", "kvoffload.scheduler", "kvoffload.tiers"]
+
+
+@pytest.mark.parametrize("package", TORCH_FREE_PACKAGES)
+def test_scheduler_side_packages_import_without_torch(package: str) -> None:
+    """The package imports (and the manager runs) in a process where torch cannot be imported."""
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['triton'] = None\n"
+        f"import {package}\n"
+        "from kvoffload.cache import CPUOffloadingManager\n"
+        "from kvoffload.core import ReqContext\n"
+        "m = CPUOffloadingManager(4, 'arc', store_threshold=1, record_requests=True)\n"
+        "out = m.prepare_store([b'k' * 12], ReqContext('r'))\n"
+        "assert out is not None and out.keys_to_store == [b'k' * 12]\n"
+        "assert sys.modules['torch'] is None\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_worker_names_load_on_first_use() -> None:
+    code = (
+        "import sys, kvoffload\n"
+        "assert 'torch' not in sys.modules\n"
+        "assert kvoffload.TransferWorker.__module__ == 'kvoffload.transfer.worker'\n"
+        "assert 'torch' in sys.modules and 'KVCacheTable' in dir(kvoffload)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

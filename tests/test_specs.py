@@ -10,14 +10,9 @@ from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import (
     CPULoadStoreSpec,
     GPULoadStoreSpec,
-    ReqContext,
-    make_offload_key,
 )
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KVOffloadError
-
-CTX = ReqContext(req_id="r")
-#: group-0 keys end in four NUL bytes, which numpy's fixed-width bytes dtype strips
-K0 = [make_offload_key(b"hash%04d" % i, 0) for i in range(40)]
+from tests.keys import CTX, K0
 
 
 # ------------------------------------------------------------------ load/store specs
@@ -94,13 +89,3 @@ def test_spec_from_a_caller_array_does_not_alias_it() -> None:
     spec = CPULoadStoreSpec(ids)
     ids[0] = 99  # the caller's array stays writable, the spec keeps its own copy
     assert spec.block_ids.tolist() == [1, 2, 3]
-
-
-def test_scheduler_built_gpu_specs_are_immutable_too() -> None:
-    from kvoffload.scheduler.building import trusted_gpu_spec
-
-    spec = trusted_gpu_spec(np.array([1, 2]), np.array([2]), np.array([0]))
-    with pytest.raises(KVOffloadError, match="block_ids"):
-        spec.block_ids = np.array([-1, 5])
-    with pytest.raises(ValueError, match="read-only"):
-        spec.block_ids[0] = -1

@@ -37,6 +37,7 @@ from kvoffload.cache.policies.base import available_policies, get_policy_class
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens
 from kvoffload.sim.engine import Engine
+from kvoffload.sim.model_config import ConfigShape, read_model_config
 from kvoffload.sim.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
     MooncakeRequest,
@@ -227,7 +228,14 @@ def simulate(
     return points
 
 
-def _shape(args: argparse.Namespace) -> ModelShape:
+def _shape(args: argparse.Namespace) -> ModelShape | ConfigShape:
+    if getattr(args, "model_config", None):
+        given = [f for f in ("layers", "kv_heads", "head_dim") if getattr(args, f)]
+        if given:
+            raise InvalidArgumentError(
+                f"--model-config gives the shape: drop --{given[0].replace('_', '-')} (only --dtype overrides it)"
+            )
+        return read_model_config(args.model_config, args.dtype)
     base = MODEL_SHAPES[args.model]
     return ModelShape(
         args.layers or base.layers,
@@ -296,6 +304,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     tier_items = [t for group in (getattr(args, "tier_capacity", None) or []) for t in group]
     tiers = sorted({0, *(_to_blocks(v, u, block_bytes, args.block_size, "--tier-capacity") for v, u in tier_items)})
     replay = args.replay
+    if getattr(args, "replicas", None):
+        from kvoffload.app.simulate_fleet import run_fleet
+
+        return run_fleet(args, items, source, shape, trace_block, tiers, _out_dir, jobs)
     if len(tiers) > 1 and replay == "engine":
         raise InvalidArgumentError("--tier-capacity needs the cache-level replay (--replay cache or auto)")
     if replay == "auto":
@@ -314,11 +326,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         capacities = sorted({_to_blocks(v, unit, block_bytes, args.block_size) for v, unit in args.capacities})
     else:
         capacities = default_capacities(ws) if replay == "engine" else log_capacities(ws)
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
+    out = _out_dir(args.out)
     report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes, replay, tiers)
     print(report.header(), flush=True)
     if replay == "engine":
@@ -335,6 +343,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.trace_block_view is not None:
         print(report.trace_block_line(trace_block_view(trace_blocks(raw_items), args.trace_block_view), trace_block))
     return 0
+
+
+def _out_dir(path: str) -> Path:
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
+    return out
 
 
 def _check_fits(items: list[TraceRequest], settings: DemoSettings, path: str) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.app.units import gib, size_label
+from kvoffload.sim.model_config import ConfigShape
 from kvoffload.sim.sweep import ModelShape, SimPoint, largest_run
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class SweepReport:
     def __init__(
         self,
         source: str,
-        shape: ModelShape,
+        shape: ModelShape | ConfigShape,
         settings: DemoSettings,
         policies: list[str],
         capacities: list[int],

@@ -78,15 +78,16 @@ class KeyBatch(list):  # type: ignore[type-arg]
 
 
 class StorePlan(NamedTuple):
-    """A ``prepare_store`` that succeeded, before it is wrapped in an engine's output types.
+    """A ``prepare_store``'s decision, before it is wrapped in an engine's output types.
 
     ``keys``: the keys given new pending slots, in call order; ``slots``: their slots (a list,
-    or an ``int64`` array for large calls); ``evicted``: the keys evicted to make room, in
-    eviction order.
+    or an ``int64`` array for large calls), or None when room could not be made (nothing
+    changed; ``keys`` are then the keys it would have stored); ``evicted``: the keys evicted to
+    make room, in eviction order.
     """
 
     keys: list[OffloadKey]
-    slots: list[int] | np.ndarray
+    slots: list[int] | np.ndarray | None
     evicted: list[OffloadKey]
 
 

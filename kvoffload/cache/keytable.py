@@ -24,6 +24,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
@@ -252,101 +253,74 @@ class SlotTable:
         return out
 
     # ------------------------------------------------------------------ mutation
-    def allocate(self, keys: list[OffloadKey]) -> np.ndarray:
-        """Give each (absent, distinct) key a slot, mark it pending; return the slots.
+    def allocate(self, keys: list[OffloadKey], as_list: bool = False) -> Any:
+        """Give each (absent, distinct) key a slot, mark it pending; return the slots (an ``int64``
+        array, or with ``as_list`` a list, set with scalar operations: a few keys).
 
         Never-used slots first in increasing order, then freed slots last-in-first-out.
         The caller has checked that ``len(keys) <= num_free``.
         """
         m = len(keys)
-        if m == 0:
-            return _EMPTY_I64
-        fresh = min(m, self.num_blocks - self.num_allocated)
-        start = self.num_allocated
-        reused = m - fresh
-        if reused:
-            tail = self.free_list[-reused:]
-            del self.free_list[-reused:]
-            tail.reverse()
-            slot_list = list(range(start, start + fresh)) + tail if fresh else tail
-            slots = np.array(slot_list, dtype=np.int64)
-        else:
-            slots = np.arange(start, start + fresh, dtype=np.int64)
-            slot_list = list(range(start, start + fresh))
-        self.num_allocated += fresh
-        self.index.update(zip(keys, slot_list, strict=True))
-        self.keys[slots] = keys if m > 1 else keys[0]
-        self.ref[slots] = PENDING
-        self.num_pending += m
-        self.insert_count += 1
-        self.epoch += 1
-        return slots
-
-    def allocate_list(self, keys: list[OffloadKey]) -> list[int]:
-        """:meth:`allocate` for a few keys, with scalar operations; returns the slots as a list."""
-        m = len(keys)
         start = self.num_allocated
         fresh = min(m, self.num_blocks - start)
         if fresh == m:
-            slots = list(range(start, start + m))
+            slot_list = list(range(start, start + m))
         else:
             reused = m - fresh
             tail = self.free_list[-reused:]
             del self.free_list[-reused:]
             tail.reverse()
-            slots = list(range(start, start + fresh)) + tail if fresh else tail
+            slot_list = list(range(start, start + fresh)) + tail if fresh else tail
         self.num_allocated = start + fresh
-        index, karr, ref = self.index, self.keys, self.ref_buf
-        for k, s in zip(keys, slots, strict=True):
-            index[k] = s
-            karr[s] = k
-            ref[s] = PENDING
         self.num_pending += m
         self.insert_count += 1
         self.epoch += 1
+        if as_list:
+            index, karr, ref = self.index, self.keys, self.ref_buf
+            for k, s in zip(keys, slot_list, strict=True):
+                index[k] = s
+                karr[s] = k
+                ref[s] = PENDING
+            return slot_list
+        slots = np.arange(start, start + m, dtype=np.int64) if fresh == m else np.array(slot_list, dtype=np.int64)
+        self.index.update(zip(keys, slot_list, strict=True))
+        if m:
+            self.keys[slots] = keys if m > 1 else keys[0]
+            self.ref[slots] = PENDING
         return slots
 
-    def release_list(self, slots: list[int]) -> list[OffloadKey]:
-        """:meth:`release` for a few slots (a list), with scalar operations."""
-        index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv
-        out: list[OffloadKey] = []
-        n_pending = 0
-        for s in slots:
-            k = karr[s]
-            out.append(k)
-            del index[k]
-            karr[s] = None
-            gen[s] = (gen[s] + 1) & 0xFFFFFFFF
-            if ref[s] == PENDING:
-                n_pending += 1
-            ref[s] = FREE
-        self.num_pending -= n_pending
-        self.num_evictable -= len(slots) - n_pending
-        self.free_list.extend(slots)
-        self.epoch += 1
-        return out
-
-    def release(self, slots: np.ndarray, ready: bool = False) -> list[OffloadKey]:
+    def release(self, slots: np.ndarray | list[int], ready: bool = False) -> list[OffloadKey]:
         """Free ``slots`` (in that order onto the free list); return their keys.
 
         Updates ``num_pending``/``num_evictable`` from the slots' current state (``ready``:
         the caller knows they are all ready with ref count 0, i.e. eviction victims); the
-        caller never releases pinned slots.
+        caller never releases pinned slots. A list of slots takes scalar operations.
         """
         if len(slots) == 0:
             return []
-        keys: list[OffloadKey] = self.keys[slots].tolist()
-        deque(map(self.index.__delitem__, keys), maxlen=0)
-        self.keys[slots] = None
-        self.gen[slots] += 1
-        if ready:
+        if slots.__class__ is list:
+            index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv
+            keys: list[OffloadKey] = []
             n_pending = 0
+            for s in slots:
+                k = karr[s]
+                keys.append(k)
+                del index[k]
+                karr[s] = None
+                gen[s] = (gen[s] + 1) & 0xFFFFFFFF
+                n_pending += ref[s] == PENDING
+                ref[s] = FREE
+            self.free_list.extend(slots)
         else:
-            n_pending = int(np.count_nonzero(self.ref[slots] == PENDING))
+            keys = self.keys[slots].tolist()
+            deque(map(self.index.__delitem__, keys), maxlen=0)
+            self.keys[slots] = None
+            self.gen[slots] += 1
+            n_pending = 0 if ready else int(np.count_nonzero(self.ref[slots] == PENDING))
+            self.ref[slots] = FREE
+            self.free_list.extend(slots.tolist())  # type: ignore[union-attr]
         self.num_pending -= n_pending
         self.num_evictable -= len(slots) - n_pending
-        self.ref[slots] = FREE
-        self.free_list.extend(slots.tolist())
         self.epoch += 1
         return keys
 

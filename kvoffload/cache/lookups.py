@@ -1,5 +1,5 @@
 """The per-key lookup closure of :class:`~kvoffload.cache.manager.CPUOffloadingManager` and its
-table from slot class to lookup code (codes: :mod:`kvoffload.core.lookup_result`)."""
+table from slot class to lookup code (codes: :mod:`kvoffload.core.lookup_code`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from kvoffload.cache.stats import Counters
 from kvoffload.core.base import OffloadKey, ReqContext, check_req_context, validate_keys
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 __all__ = ["LOOKUP_CODES", "make_lookup", "slot_classes", "small_codes"]
 

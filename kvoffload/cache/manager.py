@@ -1,15 +1,18 @@
 """The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
 
-One class composed of a slot table (:mod:`~kvoffload.cache.keytable`), a cache policy
-(:mod:`~kvoffload.cache.policies`), one :class:`~kvoffload.cache.stats.Counters`, an event list,
-its :class:`~kvoffload.cache.stores.Stores` (stores and evictions) and its
-:class:`~kvoffload.cache.loads.Loads` (pins and unpins). Each operation checks its arguments once, at
-its start, then runs one of two paths side by side: a few keys (a ``list`` of at most
-:data:`SMALL_BATCH`, e.g. one block per request in decode) take scalar code, since a numpy call
-costs about a microsecond whatever its size; larger calls a fixed number of numpy operations.
-Both give the same results, errors and statistics. A :class:`~kvoffload.cache.batch.KeyBatch`
-from :meth:`CPUOffloadingManager.key_batch` (the outer door of a manager stack) is taken as it
-is: no second check or key probe.
+One class that owns everything the scheduler side does, as parts it holds and calls directly: a
+slot table (:mod:`~kvoffload.cache.keytable`), a cache policy (:mod:`~kvoffload.cache.policies`),
+its :class:`~kvoffload.cache.stores.Stores` (stores and evictions) and
+:class:`~kvoffload.cache.loads.Loads` (pins), one :class:`~kvoffload.cache.stats.Counters` and an
+event list, and optionally a :class:`~kvoffload.cache.reuse.ReuseFilter` (``store_threshold``) and
+a :class:`~kvoffload.cache.requests.RequestLog` (vLLM's request hooks).
+
+Each operation checks its arguments once, at its start, then takes one of two paths inside the
+same method: a few keys (a ``list`` of at most :data:`SMALL_BATCH`, e.g. one block per request
+in decode) are resolved to a list of slots and run scalar code, since a numpy call costs about a
+microsecond whatever its size; larger calls a fixed number of numpy operations. Both give the
+same results, errors and statistics. A :class:`~kvoffload.cache.batch.KeyBatch` from
+:meth:`CPUOffloadingManager.key_batch` (an engine adapter's door) is taken as it is.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from kvoffload.cache.keytable import ClosedIndex, SlotTable
 from kvoffload.cache.loads import Loads
 from kvoffload.cache.lookups import LOOKUP_CODES, make_lookup, slot_classes, small_codes
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
+from kvoffload.cache.requests import RequestLog
+from kvoffload.cache.reuse import ReuseFilter
 from kvoffload.cache.stats import Counters, OffloadingStats
 from kvoffload.cache.stores import CPU_MEDIUM, Stores, store_output
 from kvoffload.checks import check_bool
@@ -36,8 +41,9 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
     check_req_context,
+    validate_keys,
 )
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_PENDING
 from kvoffload.errors import InvalidTypeError, KeyStateError
 
 logger = logging.getLogger(__name__)
@@ -46,6 +52,8 @@ __all__ = ["CPUOffloadingManager", "OffloadingStats", "CPU_MEDIUM", "SMALL_BATCH
 
 #: Calls on at most this many keys (a ``list``) take the scalar paths.
 SMALL_BATCH = 32
+#: request-level policy updates on at most this many keys (a whole prompt) run scalar code
+REQUEST_SCALAR_LIMIT = 256
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -64,10 +72,9 @@ class CPUOffloadingManager(OffloadingManager):
     O(k) amortised (:mod:`kvoffload.cache.policies.order`), independent of capacity and of
     pinned blocks; a ``prepare_store`` that cannot make room fails in O(1). Not thread-safe.
 
-    ``lookup`` is a per-instance closure (same contract as the method): a miss costs no more
-    than in a plain ``dict``-based manager. A key that is not ``bytes`` but equals a stored key
-    (e.g. a ``memoryview`` of it) is that key for lookups; stored keys are exactly ``bytes``
-    (``numpy.bytes_`` and numpy bytes arrays are refused: numpy drops trailing NUL bytes).
+    A key that is not ``bytes`` but equals a stored key (e.g. a ``memoryview`` of it) is that
+    key for lookups; stored keys are exactly ``bytes`` (``numpy.bytes_`` and numpy bytes arrays
+    are refused: numpy drops trailing NUL bytes).
 
     Args:
         num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
@@ -77,29 +84,54 @@ class CPUOffloadingManager(OffloadingManager):
             ``removed=True`` event per ``prepare_store`` that evicted (its evicted keys, in
             eviction order), one ``removed=False`` event per successful ``complete_store`` that
             made keys ready (just those keys, in call order).
+        store_threshold: None (default): store every offered key. An int ``>= 1``: store an absent
+            key only once counted that many times (:class:`~kvoffload.cache.reuse.ReuseFilter`;
+            keys already stored are never filtered). ``max_tracker_size`` and ``count_on``
+            (``"lookup"`` or ``"offer"``) configure its counting.
+        record_requests: record each request's accesses (``req_context.req_id``) and apply them
+            to the policy at :meth:`on_request_finished` (vLLM's request hooks); each absent
+            key a request offers for storing past the filter goes once to the policy's
+            ``on_store_miss``.
 
     Raises:
         InvalidTypeError: ``num_blocks`` not an int (bools rejected), ``cache_policy`` not a
-            str, ``enable_events`` not a bool.
-        InvalidArgumentError: ``num_blocks < 0`` or an unknown policy name.
+            str, ``enable_events`` or ``record_requests`` not a bool.
+        InvalidArgumentError: ``num_blocks < 0``, an unknown policy name, a bad filter setting.
     """
 
-    def __init__(self, num_blocks: int, cache_policy: str = "lru", enable_events: bool = False) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str = "lru",
+        enable_events: bool = False,
+        *,
+        store_threshold: int | None = None,
+        max_tracker_size: int = 64_000,
+        count_on: str = "lookup",
+        record_requests: bool = False,
+    ) -> None:
         enable_events = check_bool(enable_events, "enable_events")
+        record_requests = check_bool(record_requests, "record_requests")
         policy_cls = get_policy_class(cache_policy)
+        reuse = None if store_threshold is None else ReuseFilter(store_threshold, max_tracker_size, count_on)
         self._table = SlotTable(num_blocks)
         self.num_blocks: int = self._table.num_blocks
         self.cache_policy: str = cache_policy
         self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
+        self._lists = self._policy.takes_lists
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._counters = Counters()
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
         self._loads = Loads(self._table, self._policy, self._counters)
+        self._reuse = reuse
+        self._counts_lookups = reuse is not None and reuse.count_on == "lookup"
+        self._requests = RequestLog() if record_requests else None
+        self._learns_misses = type(self._policy).on_store_miss is not CachePolicy.on_store_miss
         self._closed = False
         self._ctx: type = ReqContext  # see trust_context_class
         self._index: dict[bytes, int] = self._table.index
         self._ref = self._table.ref_buf
-        if type(self).lookup is CPUOffloadingManager.lookup:  # not overridden by a subclass
+        if type(self).lookup is CPUOffloadingManager.lookup and not self._counts_lookups:
             self.lookup = make_lookup(self._index, self._ref, self._counters)  # type: ignore[method-assign,assignment]
             self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
 
@@ -113,15 +145,24 @@ class CPUOffloadingManager(OffloadingManager):
         """The slot table (read-only use)."""
         return self._table
 
+    @property
+    def reuse(self) -> ReuseFilter | None:
+        """The reuse filter (read-only use), None without ``store_threshold``."""
+        return self._reuse
+
+    @property
+    def num_tracked_requests(self) -> int:
+        """Requests with recorded accesses, not finished yet (0 without ``record_requests``)."""
+        return len(self._requests) if self._requests is not None else 0
+
     # ------------------------------------------------------------------ the door
     def key_batch(
         self, keys: Collection[OffloadKey], *, dedup: bool = True, limit: int = SMALL_BATCH, distinct: bool = False
     ) -> KeyBatch:
         """Validate ``keys`` and resolve them to slots once (repeats reduced to their first
-        occurrence with ``dedup``); every layer of a stack over this manager, and this manager,
-        take the result as it is while no key was inserted or freed since. A ``list`` of at
-        most ``limit`` keys is resolved with scalar code. ``distinct``: the caller knows the
-        keys have no repeats (e.g. keys recorded from earlier batches), so that is not checked.
+        occurrence with ``dedup``); this manager takes the result as it is while no key was
+        inserted or freed since. A ``list`` of at most ``limit`` keys is resolved with scalar
+        code. ``distinct``: the caller knows the keys have no repeats (not checked then).
 
         Raises:
             InvalidTypeError: a key is not ``bytes``; KeyStateError: after :meth:`shutdown`.
@@ -138,9 +179,16 @@ class CPUOffloadingManager(OffloadingManager):
             raise InvalidTypeError(f"cls must be a class, got {type(cls).__name__}")
         self._ctx = cls
 
-    def _small(self, keys: Sequence[OffloadKey], limit: int = 0) -> list[int] | None:
+    def _check(self, req_context: ReqContext) -> None:
+        """The request-context check of every request-facing call."""
+        if (c := req_context.__class__) is not ReqContext and (
+            c is not self._ctx or req_context.req_id.__class__ is not str
+        ):
+            check_req_context(req_context)
+
+    def _small(self, keys: Sequence[OffloadKey]) -> list[int] | None:
         """Slot (-1 = absent) per key of a few plain keys; None: the call takes the array path."""
-        return None if self._closed else self._table.small_slots(keys, limit or SMALL_BATCH)
+        return None if self._closed else self._table.small_slots(keys, SMALL_BATCH)
 
     @staticmethod
     def _distinct(keys: Sequence[OffloadKey]) -> bool:
@@ -160,7 +208,17 @@ class CPUOffloadingManager(OffloadingManager):
         until :meth:`shutdown`."""
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return make_lookup(self._index, self._ref, self._counters, answers, context_cls)
+        look = make_lookup(self._index, self._ref, self._counters, answers, context_cls)
+        if not self._counts_lookups:
+            return look
+        count = self._reuse.count_lookups  # type: ignore[union-attr]
+
+        def counted(key: OffloadKey, req_context: Any) -> Any:
+            out = look(key, req_context)
+            count((key,), req_context.req_id)
+            return out
+
+        return counted
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """True if ``key`` is stored and ready, False if absent, None if its store is pending.
@@ -168,11 +226,13 @@ class CPUOffloadingManager(OffloadingManager):
         Raises:
             InvalidTypeError: ``key`` is not ``bytes``.
         """
-        if (c := req_context.__class__) is not ReqContext and (
-            c is not self._ctx or req_context.req_id.__class__ is not str
-        ):
-            check_req_context(req_context)
-        return make_lookup(self._index, self._ref, self._counters)(key, req_context)  # type: ignore[arg-type]
+        self._check(req_context)
+        if self._counts_lookups:
+            validate_keys([key], "key")
+        out = make_lookup(self._index, self._ref, self._counters)(key, req_context)  # type: ignore[arg-type]
+        if self._counts_lookups:
+            self._reuse.count_lookups((key,), req_context.req_id)  # type: ignore[union-attr]
+        return out  # type: ignore[no-any-return]
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
         """Look up many keys at once (duplicates allowed).
@@ -181,33 +241,17 @@ class CPUOffloadingManager(OffloadingManager):
             ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or ``LOOKUP_PENDING``
             (2) per key, same as calling :meth:`lookup` on each.
         """
-        if (c := req_context.__class__) is not ReqContext and (
-            c is not self._ctx or req_context.req_id.__class__ is not str
-        ):
-            check_req_context(req_context)
+        self._check(req_context)
+        if self._counts_lookups:
+            keys = list(keys)
+            codes = self._codes(keys, count=True)
+            self._reuse.count_lookups(keys, req_context.req_id)  # type: ignore[union-attr]
+            return codes
         return self._codes(keys, count=True)
 
     def peek(self, keys: Sequence[OffloadKey]) -> np.ndarray:
         """:meth:`lookup_batch` that counts nothing in the statistics and remembers nothing."""
         return self._codes(keys, count=False)
-
-    def peek_list(self, keys: Sequence[OffloadKey]) -> list[int]:
-        """:meth:`peek` as a list of ints (cheaper for a few keys)."""
-        small = self._small(keys)
-        return self._codes(keys, count=False).tolist() if small is None else small_codes(self._ref, small)
-
-    def split_present(self, batch: KeyBatch) -> tuple[list[OffloadKey], list[OffloadKey]]:
-        """The absent keys and the ready keys of ``batch`` (from :meth:`key_batch`), each in batch
-        order; pending keys are in neither. Counts and changes nothing."""
-        t = self._table
-        if batch.owner is not t or batch.epoch != t.epoch:  # stale: resolve again
-            batch = self.key_batch(list(batch), dedup=False)
-        ref = self._ref
-        absent, _ = batch.presence()
-        if len(absent) == len(batch):
-            return absent, []
-        ready = [k for k, s in zip(batch, batch.slots, strict=True) if s >= 0 and ref[s] >= 0]
-        return absent, ready
 
     def _codes(self, keys: Sequence[OffloadKey], count: bool) -> np.ndarray:
         small = self._small(keys)
@@ -233,22 +277,26 @@ class CPUOffloadingManager(OffloadingManager):
         return LOOKUP_CODES[st]
 
     # ------------------------------------------------------------------ loads
-    def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
-        """Pin ``keys`` (all stored and ready, no repeats) and return their CPU slots.
+    def prepare_load(
+        self, keys: Sequence[OffloadKey], req_context: ReqContext, *, record_access: bool = True
+    ) -> LoadStoreSpec:
+        """Pin ``keys`` (all stored and ready, no repeats) and return their CPU slots; with
+        ``record_requests``, recorded as the request's reuses unless ``record_access`` is False
+        (an internal read, e.g. a copy to another tier).
 
         Raises:
             KeyStateError: a key is absent or pending (nothing is pinned then).
         """
-        if (c := req_context.__class__) is not ReqContext and (
-            c is not self._ctx or req_context.req_id.__class__ is not str
-        ):
-            check_req_context(req_context)
+        self._check(req_context)
         small = self._small(keys)
         if small is not None and self._distinct(keys):
-            spec = self._loads.prepare_small(small)
-            if spec is not None:
-                return spec
-        return self._loads.prepare(self._resolve(keys, allow_duplicates=False))
+            spec = self._loads.prepare(keys, small)
+        else:
+            r = self._resolve(keys, allow_duplicates=False)
+            spec = self._loads.prepare(r.keys, r.slots)
+        if record_access and self._requests is not None and (st := self._requests.get(req_context.req_id)):
+            st.record(keys, keys)
+        return spec
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Unpin ``keys`` (ref count -1 per occurrence).
@@ -257,24 +305,20 @@ class CPUOffloadingManager(OffloadingManager):
             KeyStateError: a key is absent, pending, or not pinned (often enough, counting
                 repeats); nothing is unpinned then.
         """
-        if (c := req_context.__class__) is not ReqContext and (
-            c is not self._ctx or req_context.req_id.__class__ is not str
-        ):
-            check_req_context(req_context)
+        self._check(req_context)
         small = self._small(keys)
-        if small is not None and self._loads.complete_small(small):
-            return
-        self._loads.complete(self._resolve(keys, allow_duplicates=True))
+        if small is not None:
+            self._loads.complete(keys, small, unique=False)
+        else:
+            r = self._resolve(keys, allow_duplicates=True)
+            self._loads.complete(r.keys, r.slots, r.unique)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
-        if (c := req_context.__class__) is not ReqContext and (
-            c is not self._ctx or req_context.req_id.__class__ is not str
-        ):
-            check_req_context(req_context)
-        small = self._small(keys)
+        self._check(req_context)
+        small = self._small(keys) if self._lists else None
         if small is not None:
-            self._policy.touch_list(keys, small)
+            self._policy.touch(keys, small)  # type: ignore[arg-type]  # the policy takes_lists
             return
         r = self._resolve(keys, allow_duplicates=True, remember=True)
         if r.keys:
@@ -282,49 +326,76 @@ class CPUOffloadingManager(OffloadingManager):
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        """Allocate pending slots for the keys not present yet, evicting if needed.
+        """Allocate pending slots for the keys not present yet (past the reuse filter, if any),
+        evicting if needed.
 
         Keys already present (ready or pending) are dropped. Only ready, unpinned blocks not
-        named in ``keys`` are evicted. All-or-nothing: returns None and changes nothing when
-        room cannot be made.
+        named in ``keys`` are evicted. All-or-nothing: returns None and changes nothing (but the
+        filter's counts and the request's record) when room cannot be made.
 
         Raises:
             InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
         """
         return store_output(self.store_plan(keys, req_context))
 
-    def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan | None:
+    def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan:
         """:meth:`prepare_store` answering a :class:`~kvoffload.cache.batch.StorePlan` (the same
         decision, before it is wrapped in an output type: engine adapters wrap it in theirs)."""
-        if (c := req_context.__class__) is not ReqContext and (
-            c is not self._ctx or req_context.req_id.__class__ is not str
-        ):
-            check_req_context(req_context)
-        small = self._small(keys)
-        if small is not None and self._distinct(keys):
-            return self._stores.prepare_small(keys, small)
-        return self._stores.prepare(self._resolve(keys, allow_duplicates=False))
+        self._check(req_context)
+        if self._reuse is None and self._requests is None:
+            small = self._small(keys)
+            if small is not None and self._distinct(keys):
+                return self._stores.prepare(keys, small)
+            r = self._resolve(keys, allow_duplicates=False)
+            return self._stores.prepare(r.keys, r.slots, r)
+        batch = self.key_batch(keys, dedup=False)
+        if not batch.unique:
+            validate_keys(list(batch), "keys", allow_duplicates=False)  # raises: repeated keys
+        absent, _ = batch.presence()
+        req_id = req_context.req_id
+        candidates = absent if self._reuse is None else self._reuse.admit(batch, absent, req_id)
+        st = self._requests.get(req_id) if self._requests is not None else None
+        if st is not None:
+            if candidates and self._learns_misses:  # ARC adapts on its ghost lists here
+                misses = [k for k in candidates if k not in st.store_misses]
+                if misses:
+                    self._policy.on_store_miss(misses)
+                    st.store_misses.update(misses)
+            ref = self._ref
+            ready = [k for k, s in zip(batch, batch.slots, strict=True) if s >= 0 and ref[s] >= 0]
+            if len(candidates) + len(ready) == len(batch):
+                st.record(batch, ready)
+            else:
+                keep = set(candidates).union(ready)
+                st.record((k for k in batch if k in keep), ready)
+        if len(candidates) < len(absent):  # the filter held some back: store the rest
+            passed = set(candidates)
+            batch = batch.select([s >= 0 or k in passed for k, s in zip(batch, batch.slots, strict=True)])
+        if len(batch) <= SMALL_BATCH:
+            plan = self._stores.prepare(batch, batch.slots)
+        else:
+            r = self._resolve(batch, allow_duplicates=False)
+            plan = self._stores.prepare(r.keys, r.slots, r)
+        if st is not None and plan.slots is not None:
+            st.inserted.update(plan.keys)
+        return plan
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         """Finish stores: pending keys become ready (``success``) or are removed (failure).
 
         Ready keys are untouched and absent keys ignored, in both cases.
         """
-        if (c := req_context.__class__) is not ReqContext and (
-            c is not self._ctx or req_context.req_id.__class__ is not str
-        ):
-            check_req_context(req_context)
+        self._check(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")
         small = self._small(keys)
         if small is not None:
-            self._stores.complete_small(keys, small, success)
-        elif self.num_blocks:
-            self._stores.complete(self._resolve(keys, allow_duplicates=True), success)
+            self._stores.complete(keys, small, success, unique=False)
         else:
-            self._resolve(keys, allow_duplicates=True)  # checks only: nothing can be pending
+            r = self._resolve(keys, allow_duplicates=True)
+            if self.num_blocks:  # else nothing can be pending: checks only
+                self._stores.complete(r.keys, r.slots, success, r.unique)
 
-    # ------------------------------------------------------------------ request-scoped engines
     def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
         """Remove the ready, unpinned ``keys`` (e.g. blocks whose bytes could not be read back).
 
@@ -334,7 +405,39 @@ class CPUOffloadingManager(OffloadingManager):
         Returns:
             The keys removed, in first-occurrence order.
         """
-        return self._stores.discard(self._resolve(keys, allow_duplicates=True))
+        return self._stores.discard(self._resolve(keys, allow_duplicates=True).slots)
+
+    # ------------------------------------------------------------------ request hooks
+    def on_new_request(self, req_context: ReqContext) -> None:
+        """A request starts (vLLM's hook): a request id seen again starts a fresh record."""
+        self._check(req_context)
+        if self._requests is not None and req_context.req_id:
+            self._requests.start(req_context.req_id)
+
+    def on_request_finished(
+        self, req_context: ReqContext, key_position: Callable[[OffloadKey], int | None] | None = None
+    ) -> None:
+        """Apply the request's recorded accesses to the policy at once and forget them: its keys
+        head first (``key_position``: a key's token position, used when it knows every key), the
+        keys it only stored and those it reused (policy's ``on_request_finished``; a policy
+        without one is touched instead)."""
+        self._check(req_context)
+        done = self._requests.finish(req_context.req_id, key_position) if self._requests is not None else None
+        if done is None:
+            return
+        keys, inserted_only, reused = done
+        if type(self._policy).on_request_finished is CachePolicy.on_request_finished:
+            self.touch(keys, req_context)
+            return
+        batch = self._table.key_batch(keys, dedup=False, limit=REQUEST_SCALAR_LIMIT, distinct=True)
+        if self._lists and len(batch) <= REQUEST_SCALAR_LIMIT:
+            ins, reu = [k in inserted_only for k in batch], [k in reused for k in batch]
+            self._policy.on_request_finished(batch, batch.slots, ins, reu)  # type: ignore[arg-type]  # takes_lists
+            return
+        n = len(batch)
+        ins_a = np.fromiter((k in inserted_only for k in batch), dtype=bool, count=n)
+        reu_a = np.fromiter((k in reused for k in batch), dtype=bool, count=n)
+        self._policy.on_request_finished(batch, np.array(batch.slots, dtype=np.int64), ins_a, reu_a)
 
     # ------------------------------------------------------------------ events, stats, lifecycle
     def take_events(self) -> list[OffloadingEvent]:
@@ -345,8 +448,13 @@ class CPUOffloadingManager(OffloadingManager):
         self._events.clear()
         return out
 
+    def take_filtered(self) -> int:
+        """Absent keys the reuse filter held back since the previous call or :meth:`get_stats`."""
+        return self._reuse.take_skipped() if self._reuse is not None else 0
+
     def get_stats(self) -> OffloadingStats:
-        """Current gauges and the counters accumulated since the previous call (then reset)."""
+        """Current gauges and the counters accumulated since the previous call (then reset);
+        ``stores_skipped`` includes the keys the reuse filter held back."""
         t = self._table
         n = self.num_blocks
         stats = OffloadingStats(
@@ -357,10 +465,13 @@ class CPUOffloadingManager(OffloadingManager):
             usage=t.num_used / n if n else 0.0,
             write_usage=t.num_pending / n if n else 0.0,
         )
-        return self._counters.drain_into(stats)
+        self._counters.drain_into(stats)
+        stats.stores_skipped += self.take_filtered()
+        return stats
 
     def reset_cache(self) -> None:
-        """Drop every block (pending and pinned ones too) and the policy's history.
+        """Drop every block (pending and pinned ones too), the policy's history and the requests'
+        records; the reuse filter's counts are kept (as vLLM keeps them).
 
         Slot allocation restarts from slot 0. No event is emitted (docs/contract.md §2 defines
         events for stores and evictions only); event consumers should treat a reset as "all
@@ -370,13 +481,14 @@ class CPUOffloadingManager(OffloadingManager):
             raise KeyStateError("the CPUOffloadingManager has been shut down")
         self._table.clear()
         self._policy.clear()
+        if self._requests is not None:
+            self._requests.clear()
 
     def shutdown(self) -> None:
         """Release the tables; every later call raises :class:`KeyStateError`. Idempotent."""
         if self._closed:
             return
-        self._table.clear()
-        self._policy.clear()
+        self.reset_cache()
         if self._events is not None:
             self._events.clear()
         self._closed = True

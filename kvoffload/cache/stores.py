@@ -2,8 +2,8 @@
 
 :class:`Stores` is the part of :class:`~kvoffload.cache.manager.CPUOffloadingManager` that runs
 ``prepare_store`` (making room: victims picked by the cache policy, freed in the slot table),
-``complete_store`` and ``discard``, each with its scalar path (a few keys, slots as a list)
-beside its array path (a :class:`~kvoffload.cache.keytable.Resolved` batch). The manager checks
+``complete_store`` and ``discard``, each one method whose slots are a list (a few keys: scalar
+code) or an ``int64`` array (numpy operations). The manager checks
 the arguments and resolves the keys first; this class shares its table, policy, counters and
 event list.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,29 +24,20 @@ from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey, P
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CPU_MEDIUM", "Stores", "cpu_spec", "store_output"]
+__all__ = ["CPU_MEDIUM", "Stores", "store_output"]
 
 #: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
 CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
 
-def cpu_spec(slots: np.ndarray) -> CPULoadStoreSpec:
-    """A :class:`CPULoadStoreSpec` around ``slots``, a private 1-D ``int64`` array of valid ids
-    (the manager's own slots need none of the public constructor's checks and copy)."""
-    spec = CPULoadStoreSpec.__new__(CPULoadStoreSpec)
-    slots.setflags(write=False)  # specs are immutable (see BlockIDsLoadStoreSpec)
-    spec.__dict__["block_ids"] = slots
-    return spec
-
-
-def store_output(plan: StorePlan | None) -> PrepareStoreOutput | None:
-    """kvoffload's ``prepare_store`` result for ``plan`` (None stays None)."""
-    if plan is None:
+def store_output(plan: StorePlan) -> PrepareStoreOutput | None:
+    """kvoffload's ``prepare_store`` result for ``plan`` (None when it found no room)."""
+    if plan.slots is None:
         return None
     slots = plan.slots
     arr = slots if slots.__class__ is np.ndarray else np.array(slots, dtype=np.int64)
-    return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=cpu_spec(arr), evicted_keys=plan.evicted)  # type: ignore[arg-type]
+    return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=CPULoadStoreSpec(arr), evicted_keys=plan.evicted)  # type: ignore[arg-type]
 
 
 class Stores:
@@ -64,47 +56,44 @@ class Stores:
         self.counters = counters
         self.events = events
 
-    def prepare(self, r: Resolved) -> StorePlan | None:
-        """``prepare_store`` of the distinct keys ``r`` (array path)."""
-        keys_l, slots = r.keys, r.slots
-        absent_mask = slots < 0
-        n_new = int(np.count_nonzero(absent_mask))
-        n_present = len(keys_l) - n_new
-        if n_new == 0:
-            return self._stored([], _EMPTY_I64, [], n_present)
-        if n_present == 0:
+    def prepare(
+        self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, r: Resolved | None = None
+    ) -> StorePlan:
+        """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent): a list
+        takes scalar code, an ``int64`` array numpy operations (``r``: the resolved batch the
+        array came from, whose memo learns the new slots). A plan with ``slots=None``: no room."""
+        protected: list[int] | np.ndarray
+        if slots.__class__ is list:
+            if keys.__class__ is KeyBatch:
+                to_store, protected = keys.presence()  # type: ignore[attr-defined]
+                to_store = list(to_store)  # the plan's own list
+            else:
+                to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
+                protected = [s for s in slots if s >= 0]
             positions = None
-            to_store = list(keys_l)  # the plan's own list
         else:
+            absent_mask = slots < 0  # type: ignore[operator]
             positions = absent_mask.nonzero()[0]
-            to_store = [keys_l[i] for i in positions.tolist()]
-        protected = slots[~absent_mask] if n_present else _EMPTY_I64
-        evicted = self.make_room(n_new, protected, len(keys_l))
-        if evicted is None:
-            return None
-        t = self.table
-        count_before = t.insert_count
-        new_slots = t.allocate(to_store)
-        t.memo_note_insert(r, np.arange(len(keys_l)) if positions is None else positions, new_slots, count_before)
-        self.policy.insert(new_slots, to_store)
-        return self._stored(to_store, new_slots, evicted, n_present)
-
-    def prepare_small(self, keys: Sequence[OffloadKey], slots: list[int]) -> StorePlan | None:
-        """``prepare_store`` of a few distinct ``keys`` with their ``slots`` (-1 = absent)."""
-        if keys.__class__ is KeyBatch:
-            to_store, protected = keys.presence()  # type: ignore[attr-defined]
-            to_store = list(to_store)  # the plan's own list
-        else:
-            to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
-            protected = [s for s in slots if s >= 0]
+            to_store = list(keys) if len(positions) == len(keys) else [keys[i] for i in positions.tolist()]
+            protected = slots[~absent_mask] if len(positions) < len(keys) else _EMPTY_I64  # type: ignore[index,call-overload,assignment]
         if not to_store:
-            return self._stored([], [], [], len(protected))
+            return self._stored([], slots[:0], [], len(protected))
         evicted = self.make_room(len(to_store), protected, len(keys))
         if evicted is None:
-            return None
-        new_slots = self.table.allocate_list(to_store)
-        self.policy.insert_list(new_slots, to_store)
+            return StorePlan(to_store, None, [])
+        t = self.table
+        count_before = t.insert_count
+        new_slots = t.allocate(to_store, as_list=positions is None)
+        if r is not None:
+            t.memo_note_insert(r, positions, new_slots, count_before)  # type: ignore[arg-type]
+        self.policy.insert(self._arg(new_slots), to_store)
         return self._stored(to_store, new_slots, evicted, len(protected))
+
+    def _arg(self, slots: list[int] | np.ndarray) -> Any:
+        """``slots`` as the policy takes them (a list only if it ``takes_lists``)."""
+        if slots.__class__ is list and not self.policy.takes_lists:
+            return np.array(slots, dtype=np.int64)
+        return slots
 
     def _stored(
         self, to_store: list[OffloadKey], slots: list[int] | np.ndarray, evicted: list[OffloadKey], n_present: int
@@ -114,57 +103,50 @@ class Stores:
         c.stores_skipped += n_present
         return StorePlan(to_store, slots, evicted)
 
-    def complete(self, r: Resolved, success: bool) -> None:
-        """``complete_store`` of ``r`` (repeats allowed; array path)."""
-        slots = r.slots
+    def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, success: bool, unique: bool) -> None:
+        """``complete_store`` of ``keys`` with their ``slots`` (-1 = absent; repeats allowed unless
+        ``unique``): a list takes scalar code, an array numpy operations."""
+        if slots.__class__ is list:
+            ref = self.table.ref_buf
+            # slot -> key, each slot once in first-occurrence order (repeated keys are equal keys)
+            pending = {s: k for k, s in zip(keys, slots, strict=True) if s >= 0 and ref[s] == PENDING}
+            if pending:
+                self._finish(list(pending), list(pending.values()) if self.events is not None else [], success)
+            return
         if len(slots) == 0:
             return
         sel_mask = self.table.ref[slots] == PENDING
-        sel_mask &= slots >= 0
+        sel_mask &= slots >= 0  # type: ignore[operator]
         idx = sel_mask.nonzero()[0]
         if len(idx) == 0:
             return
-        pend = slots[idx]
-        if not r.unique and len(pend) > 1:
+        pend = slots[idx]  # type: ignore[call-overload]
+        if not unique and len(pend) > 1:
             uniq, first = np.unique(pend, return_index=True)
             if len(uniq) != len(pend):
                 order = np.sort(first)
                 idx, pend = idx[order], pend[order]
-        self._finish(pend, [r.keys[i] for i in idx.tolist()] if self.events is not None else [], success)
-
-    def complete_small(self, keys: Sequence[OffloadKey], slots: list[int], success: bool) -> None:
-        """``complete_store`` of a few ``keys`` with their ``slots`` (-1 = absent; repeats allowed)."""
-        ref = self.table.ref_buf
-        # slot -> key, each slot once in first-occurrence order (repeated keys are equal keys)
-        pending = {s: k for k, s in zip(keys, slots, strict=True) if s >= 0 and ref[s] == PENDING}
-        if pending:
-            self._finish(list(pending), list(pending.values()) if self.events is not None else [], success)
+        self._finish(pend, [keys[i] for i in idx.tolist()] if self.events is not None else [], success)
 
     def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
         """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
         t = self.table
-        scalar = pend.__class__ is list
         if success:
-            if scalar:
+            if pend.__class__ is list:
                 ref = t.ref_buf
                 for s in pend:
                     ref[s] = 0
-                self.policy.on_evictable_list(pend)  # type: ignore[arg-type]
             else:
                 t.ref[pend] = 0
-                self.policy.on_evictable(pend)  # type: ignore[arg-type]
+            self.policy.on_evictable(self._arg(pend))
             t.num_pending -= len(pend)
             t.num_evictable += len(pend)
             self.counters.stores_completed += len(pend)
             if self.events is not None:
                 self.events.append(OffloadingEvent(keys=done, medium=CPU_MEDIUM, removed=False))
         else:
-            if scalar:
-                self.policy.remove_list(pend)  # type: ignore[arg-type]
-                t.release_list(pend)  # type: ignore[arg-type]
-            else:
-                self.policy.remove(pend)  # type: ignore[arg-type]
-                t.release(pend)  # type: ignore[arg-type]
+            self.policy.remove(self._arg(pend))
+            t.release(pend)
             self.counters.stores_aborted += len(pend)
 
     def make_room(self, n_new: int, protected: np.ndarray | list[int], n_keys: int) -> list[OffloadKey] | None:
@@ -191,10 +173,7 @@ class Stores:
         if need <= t.num_evictable - prot_ev:  # else hopeless: fail in O(1)
             self._mark(protected, 1)
             try:
-                if scalar:
-                    victims = self.policy.evict_list(need, protected)  # type: ignore[arg-type]
-                else:
-                    victims = self.policy.evict(need, protected)  # type: ignore[arg-type]
+                victims = self.policy.evict(need, self._arg(protected))
             finally:
                 self._mark(protected, 0)
         if victims is None:
@@ -203,22 +182,19 @@ class Stores:
         if len(victims) != need:  # pragma: no cover - policy contract violation
             raise RuntimeError(f"policy {type(self.policy).__name__} returned {len(victims)} victims, expected {need}")
         self.counters.evictions += need
-        evicted = t.release_list(victims) if scalar else t.release(victims, ready=True)  # type: ignore[arg-type]
+        evicted = t.release(victims, ready=True)
         self._record(evicted)
         return evicted
 
-    def discard(self, r: Resolved) -> list[OffloadKey]:
-        """Free the ready, unpinned keys of ``r`` (others are left alone); their keys, in
+    def discard(self, slots: np.ndarray) -> list[OffloadKey]:
+        """Free the ready, unpinned ``slots`` (-1 = absent; others are left alone); their keys, in
         first-occurrence order."""
-        slots = [s for s in dict.fromkeys(r.slots.tolist()) if s >= 0]
-        arr = np.array(slots, dtype=np.int64)
-        arr = arr[self.table.ref[arr] == 0] if slots else arr
-        return self.remove(arr) if len(arr) else []
-
-    def remove(self, slots: np.ndarray) -> list[OffloadKey]:
-        """Free the ready, unpinned ``slots`` (distinct) at once; return their keys."""
-        self.policy.remove(slots)
-        removed = self.table.release(slots, ready=True)
+        arr = np.array([s for s in dict.fromkeys(slots.tolist()) if s >= 0], dtype=np.int64)
+        arr = arr[self.table.ref[arr] == 0] if len(arr) else arr
+        if not len(arr):
+            return []
+        self.policy.remove(arr)
+        removed = self.table.release(arr, ready=True)
         self._record(removed)
         return removed
 

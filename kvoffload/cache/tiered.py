@@ -1,8 +1,8 @@
 """A manager over the host pool and an ordered list of secondary tiers (docs/contract.md §8, "Wiring").
 
-:class:`TieredManager` wraps any primary :class:`~kvoffload.core.base.OffloadingManager` (the host
-pool's manager) and adds tiers beneath it (:class:`~kvoffload.tiers.base.Tier`: Redis, disk...),
-through the primary's public interface only:
+:class:`TieredManager` holds the host pool's :class:`~kvoffload.cache.manager.CPUOffloadingManager`
+as a part (``primary``) and adds tiers beneath it (:class:`~kvoffload.tiers.base.Tier`: Redis,
+disk...), through the primary's public interface only:
 
 * **Lookups fall through.** A key the primary misses is asked of the tiers, in order (a tier is
   asked only about keys every tier before it missed). A tier's answer comes from its verdict cache
@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.cache.stats import OffloadingStats
 from kvoffload.cache.tier_jobs import TierJobs, TierUsage
 from kvoffload.checks import check_int
 from kvoffload.core.base import (
@@ -48,10 +50,9 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
 )
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_RETRY
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, KeyStateError
 from kvoffload.tiers.base import Tier
-from kvoffload.tiers.types import TIER_HIT, TIER_RETRY
 
 logger = logging.getLogger(__name__)
 
@@ -62,25 +63,23 @@ class TieredManager(OffloadingManager):
     """The host pool's manager plus secondary tiers beneath it (see the module docstring).
 
     Args:
-        primary: the host pool's manager (e.g. a ``CPUOffloadingManager``); its slot ids are rows
-            of the records the tiers were built over.
+        primary: the host pool's :class:`~kvoffload.cache.manager.CPUOffloadingManager`; its slot
+            ids are rows of the records the tiers were built over.
         tiers: the tiers, fastest / first asked first; built over the host pool's records.
         max_write_blocks: most blocks pinned for tier writes at once (each write job pins its
-            blocks until the tier reports it); ``None``: half of ``primary.num_blocks``
-            (unbounded when the primary has no ``num_blocks``). A write that would pin more is
-            dropped, unless no write is pinned at all.
+            blocks until the tier reports it); ``None``: half of ``primary.num_blocks``. A write
+            that would pin more is dropped, unless no write is pinned at all.
 
     Raises:
-        InvalidTypeError: ``primary`` lacks a manager method, a tier is not a ``Tier``.
+        InvalidTypeError: ``primary`` is not a ``CPUOffloadingManager``, a tier is not a ``Tier``.
         InvalidArgumentError: no tier, or the same tier twice.
     """
 
     def __init__(
-        self, primary: OffloadingManager, tiers: Sequence[Tier], *, max_write_blocks: int | None = None
+        self, primary: CPUOffloadingManager, tiers: Sequence[Tier], *, max_write_blocks: int | None = None
     ) -> None:
-        for name in ("lookup_batch", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store"):
-            if not callable(getattr(primary, name, None)):
-                raise InvalidTypeError(f"primary must have a {name}() method ({type(primary).__name__} has none)")
+        if not isinstance(primary, CPUOffloadingManager):
+            raise InvalidTypeError(f"primary must be a CPUOffloadingManager, got {type(primary).__name__}")
         tiers = list(tiers)
         if not tiers:
             raise InvalidArgumentError("tiers must name at least one tier")
@@ -90,8 +89,7 @@ class TieredManager(OffloadingManager):
         if len({id(t) for t in tiers}) != len(tiers):
             raise InvalidArgumentError("tiers must not name the same tier twice")
         if max_write_blocks is None:
-            nb = getattr(primary, "num_blocks", None)
-            max_write_blocks = max(1, nb // 2) if isinstance(nb, int) else 1 << 62
+            max_write_blocks = max(1, primary.num_blocks // 2)
         self.max_write_blocks = check_int(max_write_blocks, "max_write_blocks", 1)
         self.primary = primary
         self.tiers = tiers
@@ -102,18 +100,14 @@ class TieredManager(OffloadingManager):
 
     # ------------------------------------------------------------------ properties
     @property
-    def backing(self) -> OffloadingManager:
-        """The primary manager."""
-        return self.primary
-
-    @property
     def promoted(self) -> set[bytes]:
         """Keys whose host-pool bytes came from a tier (until a GPU store rewrites them)."""
         return self._jobs.promoted
 
     @property
-    def num_blocks(self) -> Any:
-        return getattr(self.primary, "num_blocks", None)
+    def num_blocks(self) -> int:
+        """The host pool's slots."""
+        return self.primary.num_blocks
 
     def num_reserved(self) -> int:
         """Host-pool slots reserved for promotions not yet completed."""
@@ -159,9 +153,9 @@ class TieredManager(OffloadingManager):
         for t, tier in enumerate(self.tiers):
             rest = []
             for i, c in zip(todo, tier.lookup([keys_l[i] for i in todo]).tolist(), strict=True):
-                if c == TIER_HIT:
+                if c == LOOKUP_HIT:
                     source[i] = t
-                elif c == TIER_RETRY:
+                elif c == LOOKUP_RETRY:
                     cl[i] = LOOKUP_PENDING
                     probing.append(i)
                 else:
@@ -286,14 +280,14 @@ class TieredManager(OffloadingManager):
         self._polled = False
         return done
 
-    def get_stats(self) -> Any:
-        return self.primary.get_stats()  # type: ignore[attr-defined]
+    def get_stats(self) -> OffloadingStats:
+        return self.primary.get_stats()
 
     def reset_cache(self) -> None:
         """Drain the tiers' jobs, then reset the primary (the tiers keep their values)."""
         self.drain()
         self._jobs.promoted.clear()
-        self.primary.reset_cache()  # type: ignore[attr-defined]
+        self.primary.reset_cache()
 
     def close(self) -> None:
         """Drain, then close every tier (idempotent). The host records must outlive this call."""
@@ -313,11 +307,6 @@ class TieredManager(OffloadingManager):
         if tag not in self._logged:
             self._logged.add(tag)
             logger.warning(fmt, *args)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("primary", "tiers"):
-            raise AttributeError(name)
-        return getattr(self.primary, name)
 
     def __repr__(self) -> str:
         return f"TieredManager({self.primary!r}, tiers=[{', '.join(t.name for t in self.tiers)}])"

@@ -4,7 +4,7 @@ the leaf modules ``kvoffload.errors`` and ``kvoffload.checks``."""
 
 from kvoffload.core.base import *  # noqa: F401,F403
 from kvoffload.core.base import __all__ as _base_all
-from kvoffload.core.lookup_result import *  # noqa: F401,F403
-from kvoffload.core.lookup_result import __all__ as _lookup_all
+from kvoffload.core.lookup_code import *  # noqa: F401,F403
+from kvoffload.core.lookup_code import __all__ as _lookup_all
 
 __all__ = [*_base_all, *_lookup_all]

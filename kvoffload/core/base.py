@@ -21,7 +21,7 @@ from typing import Any, NewType
 import numpy as np
 
 from kvoffload.checks import check_int, id_array
-from kvoffload.core.lookup_result import lookup_code
+from kvoffload.core.lookup_code import lookup_code
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError
 
 logger = logging.getLogger(__name__)
@@ -181,11 +181,12 @@ class BlockIDsLoadStoreSpec(LoadStoreSpec, ABC):
     """A spec given by block ids on its medium, kept as a 1-D ``np.int64`` array.
 
     Specs are immutable once built: their arrays are private read-only copies, and an attribute,
-    once set, cannot be replaced or deleted (:class:`~kvoffload.errors.ReadOnlyError`), so what
-    the constructor checked is what a transfer worker reads.
+    once set, cannot be replaced or deleted (:class:`~kvoffload.errors.ReadOnlyError`). The
+    constructor converts (integers only); the ids' ranges (non-negative, below the medium's size)
+    are checked once, by the transfer worker that receives the spec.
 
     Args:
-        block_ids: non-negative integer block ids (any iterable or integer numpy array).
+        block_ids: integer block ids (any iterable or integer numpy array).
     """
 
     def __init__(self, block_ids: Iterable[int] | np.ndarray) -> None:
@@ -316,7 +317,7 @@ class OffloadingManager(ABC):
         """Look up many keys at once; equivalent to calling :meth:`lookup` on each, in order.
 
         Returns:
-            ``np.int8`` array, one code per key: :data:`~kvoffload.core.lookup_result.LOOKUP_HIT`,
+            ``np.int8`` array, one code per key: :data:`~kvoffload.core.lookup_code.LOOKUP_HIT`,
             ``LOOKUP_MISS`` or ``LOOKUP_PENDING``. Implementations override this with array code.
         """
         keys = validate_keys(keys, allow_duplicates=True)

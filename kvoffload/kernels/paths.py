@@ -148,13 +148,15 @@ class DataPath:
     # ------------------------------------------------------------------ entry points
     def pack(self, host: torch.Tensor, block_ids: Any, group_ids: Any, host_offsets: Any) -> str:
         """GPU pages -> host records (arguments as :meth:`KernelBackend.pack`); returns the path taken."""
-        return self._run(validate_job(self.table, host, block_ids, group_ids, host_offsets, to_host=True), True)
+        return self.run(validate_job(self.table, host, block_ids, group_ids, host_offsets, to_host=True), True)
 
     def unpack(self, host: torch.Tensor, block_ids: Any, group_ids: Any, host_offsets: Any) -> str:
         """Host records -> GPU pages (arguments as :meth:`KernelBackend.unpack`); returns the path taken."""
-        return self._run(validate_job(self.table, host, block_ids, group_ids, host_offsets, to_host=False), False)
+        return self.run(validate_job(self.table, host, block_ids, group_ids, host_offsets, to_host=False), False)
 
-    def _run(self, job: CopyJob, to_host: bool) -> str:
+    def run(self, job: CopyJob, to_host: bool) -> str:
+        """Run ``job``, which its caller checked (:func:`~kvoffload.kernels.job.validate_job`, or
+        the transfer worker's job mapping): nothing is checked again. Returns the path taken."""
         path = self.choose(to_host, job.total_bytes)
         self._log_choice(to_host, path, job)
         if job.total_bytes == 0:

@@ -20,22 +20,7 @@ from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.jobs import TransferJob
 from kvoffload.scheduler.state import FREED, LoadOffer, RequestOffloadState
 
-__all__ = ["build_store_job", "build_load_job", "load_targets", "trusted_gpu_spec"]
-
-
-def trusted_gpu_spec(block_ids: np.ndarray, group_sizes: np.ndarray, block_indices: np.ndarray) -> GPULoadStoreSpec:
-    """A :class:`GPULoadStoreSpec` from arrays that are valid by construction, without re-checking them.
-
-    The scheduler builds these arrays itself (1-D ``np.int64``, non-negative GPU block ids taken
-    from validated block tables, ``group_sizes`` summing to ``len(block_ids)``, one
-    ``block_indices`` entry per group); skipping the constructor's per-element checks keeps the
-    per-step cost down (a test checks the result equals the checked constructor's).
-    """
-    spec = GPULoadStoreSpec.__new__(GPULoadStoreSpec)
-    for arr in (block_ids, group_sizes, block_indices):
-        arr.setflags(write=False)  # specs are immutable (BlockIDsLoadStoreSpec)
-    spec.__dict__.update(block_ids=block_ids, group_sizes=group_sizes, block_indices=block_indices)
-    return spec
+__all__ = ["build_store_job", "build_load_job", "load_targets"]
 
 
 def build_store_job(
@@ -118,7 +103,7 @@ def build_store_job(
         sizes.append(len(gpu_ids) - n0)
         first_idx.append(int(offs[0]) if offs.size else 0)
         offsets.append(offs)
-    gpu_spec = trusted_gpu_spec(
+    gpu_spec = GPULoadStoreSpec(
         np.array(gpu_ids, dtype=np.int64), np.array(sizes, dtype=np.int64), np.array(first_idx, dtype=np.int64)
     )
     return TransferJob(job_id, st.req_id, True, (gpu_spec, out.store_spec), to_store, tuple(offsets))

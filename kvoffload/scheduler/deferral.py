@@ -24,22 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-__all__ = ["DeferredLookups", "manager_hook", "request_signature"]
+__all__ = ["DeferredLookups", "request_signature"]
 
 Signature = tuple[int, int, int, Any]
-
-
-def manager_hook(manager: Any, name: str) -> Any:
-    """The method ``name`` of ``manager`` or of the first manager down its ``backing`` chain that
-    has one (a :class:`~kvoffload.cache.tiered.TieredManager` under a reuse filter), else None."""
-    seen: set[int] = set()
-    while manager is not None and id(manager) not in seen:
-        seen.add(id(manager))
-        hook = getattr(type(manager), name, None)
-        if callable(hook):
-            return getattr(manager, name)
-        manager = getattr(manager, "backing", None)
-    return None
 
 
 def request_signature(request: Any, num_computed_tokens: int, num_tokens: int) -> Signature:

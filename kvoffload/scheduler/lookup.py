@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvoffload.checks import check_int
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.core.base import OffloadKey, ReqContext
-from kvoffload.core.lookup_result import LOOKUP_PENDING, lookup_code
+from kvoffload.core.lookup_code import LOOKUP_PENDING, lookup_code
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
 from kvoffload.scheduler.lookup import LookupCodes
 from kvoffload.scheduler.state import RequestOffloadState

@@ -57,7 +57,7 @@ from kvoffload.scheduler.admission import AdmissionLookup
 from kvoffload.scheduler.building import build_load_job, build_store_job, load_targets
 from kvoffload.scheduler.completion import JobCompletion, unmark_loading
 from kvoffload.scheduler.config import OffloadingSchedulerConfig
-from kvoffload.scheduler.deferral import DeferredLookups, manager_hook
+from kvoffload.scheduler.deferral import DeferredLookups
 from kvoffload.scheduler.flush import FlushTracker
 from kvoffload.scheduler.jobs import FinishedJob, JobRecord, ScheduledRequest, SchedulerStepOutput, TransferJob
 from kvoffload.scheduler.state import FREED, RequestOffloadState
@@ -100,8 +100,9 @@ class OffloadingScheduler:
         self._pending_loads: list[TransferJob] = []
         self._loading_keys: dict[bytes, int] = {}
         self._flush = FlushTracker(config.pool_of_group)
-        self._end_step = manager_hook(manager, "end_step")
-        take_resolved = manager_hook(manager, "take_resolved")
+        # the optional per-step hooks of a manager with tiers (TieredManager)
+        self._end_step = getattr(manager, "end_step", None)
+        take_resolved = getattr(manager, "take_resolved", None)
         self._deferred = DeferredLookups(take_resolved) if take_resolved is not None else None
         self._completion = JobCompletion(
             config.num_workers, manager, self._jobs, self._loading_keys, self._flush, self._states, self._deferred
@@ -220,8 +221,8 @@ class OffloadingScheduler:
             flush job ids (wait for them before writing any GPU block this step), the load jobs
             built since the last call, and the store jobs of the blocks that fill up this step.
 
-        Last, it calls the manager's ``end_step()`` when it has one (or a manager down its
-        ``backing`` chain has): a :class:`~kvoffload.cache.tiered.TieredManager` sends the step's
+        Last, it calls the manager's ``end_step()`` when it has one: a
+        :class:`~kvoffload.cache.tiered.TieredManager` sends the step's
         tier probes, promotions and writes there, once per step.
         """
         num_groups = len(self._groups)

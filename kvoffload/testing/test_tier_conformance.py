@@ -17,10 +17,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.testing.redis_server import redis_binaries_problem
 from kvoffload.testing.tier_harness import HARNESSES, TierHarness, harness_class
-from kvoffload.tiers import TIER_HIT, TIER_MISS, TIER_RETRY, Tier, TierNamespace
+from kvoffload.tiers import Tier, TierNamespace
 
 __all__ = ["pytest_generate_tests", "parametrize_harnesses", "harness_names"]
 
@@ -118,7 +119,7 @@ def settle(tier: Tier, ks: list[bytes], timeout: float = 20.0) -> np.ndarray:
     while True:
         codes = tier.lookup(ks)
         tier.end_step()
-        if not (codes == TIER_RETRY).any():
+        if not (codes == LOOKUP_RETRY).any():
             return codes
         assert time.monotonic() < deadline, "lookups still RETRY after the timeout"
         tier.drain(timeout=1.0)
@@ -154,15 +155,15 @@ def test_lookup_verdicts_retry_then_hit_or_miss(store: _Opener) -> None:
     ks = keys(4)
     t = store(src, lookup_ttl_steps=2)
     run(t, "store", 1, ks[:2], [0, 1])
-    assert (t.lookup(ks[:2]) == TIER_HIT).all()  # a finished store is a known hit
+    assert (t.lookup(ks[:2]) == LOOKUP_HIT).all()  # a finished store is a known hit
     codes = t.lookup(ks[2:])
-    assert (codes == TIER_RETRY).all()  # unknown: queued for the step's probe
-    assert (settle(t, ks) == [TIER_HIT, TIER_HIT, TIER_MISS, TIER_MISS]).all()
+    assert (codes == LOOKUP_RETRY).all()  # unknown: queued for the step's probe
+    assert (settle(t, ks) == [LOOKUP_HIT, LOOKUP_HIT, LOOKUP_MISS, LOOKUP_MISS]).all()
     other = store(records(4, 4))  # another engine stores ks[2]: seen once the miss expires
     run(other, "store", 2, ks[2:3], [0])
     t.end_step()
     t.end_step()
-    assert (settle(t, ks[2:]) == [TIER_HIT, TIER_MISS]).all()
+    assert (settle(t, ks[2:]) == [LOOKUP_HIT, LOOKUP_MISS]).all()
 
 
 def test_probe_answered_within_the_step_it_was_sent(store: _Opener) -> None:
@@ -171,20 +172,20 @@ def test_probe_answered_within_the_step_it_was_sent(store: _Opener) -> None:
     t = store(records(4, 22), probe_wait=1.0)
     run(t, "store", 1, keys(1), [0])
     other = keys(3, b"pw")
-    assert (t.lookup(other) == TIER_RETRY).all()
+    assert (t.lookup(other) == LOOKUP_RETRY).all()
     t.end_step()
-    assert (t.lookup(other) == TIER_MISS).all()  # answered: no further step or drain needed
+    assert (t.lookup(other) == LOOKUP_MISS).all()  # answered: no further step or drain needed
     if not store.harness.can_stall:
         return
     s = store(records(4, 23), probe_wait=0.05)
     settle(s, keys(1, b"warm"))
     store.harness.stall()
     late = keys(2, b"late")
-    assert (s.lookup(late) == TIER_RETRY).all()
+    assert (s.lookup(late) == LOOKUP_RETRY).all()
     s.end_step()  # returns after probe_wait without the answer
-    assert (s.lookup(late) == TIER_RETRY).all()
+    assert (s.lookup(late) == LOOKUP_RETRY).all()
     store.harness.resume()
-    assert (settle(s, late) != TIER_RETRY).all()
+    assert (settle(s, late) != LOOKUP_RETRY).all()
 
 
 def test_one_round_trip_per_step_whatever_the_keys(store: _Opener) -> None:
@@ -197,7 +198,7 @@ def test_one_round_trip_per_step_whatever_the_keys(store: _Opener) -> None:
             t.lookup(ks[part : part + max(1, n // 3)])
         t.end_step()
         assert t.drain(timeout=30.0)
-        assert (t.lookup(ks) == TIER_MISS).all()
+        assert (t.lookup(ks) == LOOKUP_MISS).all()
         assert t.stats().lookup_round_trips - before == 1, n
     before = t.stats().lookup_round_trips
     t.end_step()  # nothing queued: no probe
@@ -215,7 +216,7 @@ def test_partial_success_per_key(store: _Opener) -> None:
     np.testing.assert_array_equal(src[[3, 5]], src[[0, 2]])
     st = t.stats()
     assert (st.read_failures, st.absent, st.rejected_values) == (1, 1, 0)  # absent: not a rejection
-    assert t.lookup(ks[1:2])[0] == TIER_MISS  # the failed load is a known miss
+    assert t.lookup(ks[1:2])[0] == LOOKUP_MISS  # the failed load is a known miss
 
 
 def test_namespace_rejection(store: _Opener) -> None:
@@ -223,7 +224,7 @@ def test_namespace_rejection(store: _Opener) -> None:
     a = store(records(4, 7), OTHER_NS)
     run(a, "store", 1, ks, [0, 1])
     b = store(records(4, 8))
-    assert (settle(b, ks) == TIER_MISS).all()  # another namespace's values are not seen
+    assert (settle(b, ks) == LOOKUP_MISS).all()  # another namespace's values are not seen
     foreign = store.harness.read_raw(a, ks[0])
     assert foreign is not None
     store.harness.write_raw(b, ks[0], foreign)  # ...nor used when found under this namespace's name

@@ -18,7 +18,7 @@ from kvoffload.tiers.registry import (
     register_tier,
     tier_schemes,
 )
-from kvoffload.tiers.types import TIER_HIT, TIER_MISS, TIER_RETRY, TierJobResult, TierStats
+from kvoffload.tiers.types import TierJobResult, TierStats
 
 __all__ = [
     "Tier",
@@ -33,9 +33,6 @@ __all__ = [
     "TierNamespace",
     "RECORD_FORMAT_VERSION",
     "RecordCodec",
-    "TIER_HIT",
-    "TIER_MISS",
-    "TIER_RETRY",
     "TierJobResult",
     "TierStats",
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "check_slots",
     "check_tier_options",
     "tier_options_from_query",
+    "redact_query",
 ]
 
 #: Longest key a tier accepts (a block hash plus a group index is ~36 bytes).
@@ -92,6 +93,11 @@ def check_tier_options(
         raise InvalidArgumentError(f"backoff_max ({backoff_max}) must be >= backoff_initial ({backoff_initial})")
 
 
+def redact_query(spec: str) -> str:
+    """``spec`` with the values of its ``password=`` and ``integrity_key=`` options masked."""
+    return re.sub(r"((?:password|integrity_key)=)[^&]*", r"\1***", spec)
+
+
 _QUERY_INTS = ("io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
 _QUERY_FLOATS = ("backoff_initial", "backoff_max", "probe_wait")
 
@@ -103,7 +109,7 @@ def tier_options_from_query(spec: str, pairs: list[tuple[str, str]]) -> tuple[di
     ``integrity_key`` may repeat (the first signs, all are accepted); ``integrity_key_file``
     names a file of keys, one per line (the first signs), read now.
     """
-    spec = re.sub(r"((?:password|integrity_key)=)[^&]*", r"\1***", spec)  # errors never show secrets
+    spec = redact_query(spec)  # errors never show secrets
     opts: dict[str, Any] = {}
     keys: list[str] = []
     rest = []

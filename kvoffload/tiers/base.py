@@ -5,7 +5,7 @@ record array and a store (Redis, a directory...). Every method is called from on
 and returns without waiting on the store; the bytes move on the tier's own threads:
 
 * :meth:`Tier.lookup` answers per key from verdicts already known and queues the rest, which
-  answer :data:`TIER_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
+  answer :data:`LOOKUP_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
   queued keys as **one** probe batch (one pipelined round trip) to the tier's lookup thread.
 * :meth:`Tier.submit_store` / :meth:`Tier.submit_load` start jobs that copy records to / from the
   store; :meth:`Tier.get_finished` reports them with per-key success. The lookup thread hands
@@ -152,10 +152,10 @@ class Tier(ABC):
 
     # ------------------------------------------------------------------ engine-thread API
     def lookup(self, keys: Sequence[bytes]) -> np.ndarray:
-        """Per key :data:`TIER_HIT` / :data:`TIER_MISS` / :data:`TIER_RETRY` (``np.int8``), never blocking.
+        """Per key :data:`LOOKUP_HIT` / :data:`LOOKUP_MISS` / :data:`LOOKUP_RETRY` (``np.int8``), never blocking.
 
         A key without a fresh verdict is queued for the next :meth:`end_step` and answers
-        ``TIER_RETRY`` until its probe has returned; while the tier is in back-off new keys miss.
+        ``LOOKUP_RETRY`` until its probe has returned; while the tier is in back-off new keys miss.
         """
         keys = check_keys(keys, "keys")
         self._apply_probe_results()
@@ -189,7 +189,7 @@ class Tier(ABC):
 
     def take_answered(self) -> list[bytes]:
         """The keys whose probe has returned since the last call (their verdicts are applied first),
-        so a caller can tell when a ``TIER_RETRY`` may have changed. Keys are recorded from the
+        so a caller can tell when a ``LOOKUP_RETRY`` may have changed. Keys are recorded from the
         first call on."""
         self._apply_probe_results()
         return self._verdicts.take_answered()
@@ -223,7 +223,7 @@ class Tier(ABC):
     def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the values of ``keys`` into the records in ``slots``, asynchronously.
 
-        A key that is absent, rejected (corrupt or foreign, then deleted) or unreachable is a
+        A key that is absent, rejected (counted by kind; see :class:`TierStats`) or unreachable is a
         failed key; its slot's bytes are then unspecified and must not be used.
         """
         job_id, keys, slots = self._check_job(job_id, keys, slots)

@@ -167,7 +167,7 @@ class _Reader:
                         self.read_into(d)
                     self.skip(2)
                     return n
-                head = self.bulk(min(n, HEAD_BYTES)) if n <= HEAD_BYTES else self._head_then_skip(n)
+                head = self.bulk(n) if n <= HEAD_BYTES else self._head_then_skip(n)
                 return Mismatch(n, head)
             data = self.bulk(n)
             if t == b"!":
@@ -217,18 +217,32 @@ def pipeline(
     ``asking[i]`` sends ``ASKING`` before command ``i`` (its ``+OK`` is consumed). A bulk reply
     of command ``i`` goes into ``dests[i]`` when that is not None (see :meth:`_Reader.reply`).
     Per command: its reply (``None`` for an absent value, a :class:`Redirect`, a
-    ``ResponseError``...). Connection errors and timeouts propagate; the connection is then
-    closed, so a half-read reply never reaches the next user.
+    ``ResponseError``...). A connection error is tried once more on a new connection (a pooled
+    one may have been closed by a restarted server); then connection errors and timeouts
+    propagate (``redis.ConnectionError`` / ``redis.TimeoutError``), the connection closed, so a
+    half-read reply never reaches the next user.
     """
     chunks: list[bytes | memoryview] = []
     for cmd, ask in zip(commands, asking, strict=True):
         if ask:
             chunks.append(_ASKING)
         chunks.extend(cmd)
+    chunks = _coalesce(chunks)
+    try:
+        return _exchange(pool, chunks, asking, dests)
+    except redis.TimeoutError:
+        raise
+    except redis.ConnectionError:  # a pooled connection the server closed (restart, idle timeout):
+        return _exchange(pool, chunks, asking, dests)  # once more on a new one; every command is idempotent
+
+
+def _exchange(
+    pool: Any, chunks: list[bytes | memoryview], asking: Sequence[bool], dests: Sequence[Dest | None] | None
+) -> list[Any]:
     conn = pool.get_connection()
     ok = False
     try:
-        conn.send_packed_command(_coalesce(chunks))
+        conn.send_packed_command(chunks)
         reader = _Reader(conn._sock)
         out = []
         for i, ask in enumerate(asking):
@@ -237,6 +251,8 @@ def pipeline(
             out.append(reader.reply(dests[i] if dests is not None else None))
         ok = True
         return out
+    except TimeoutError as exc:
+        raise redis.TimeoutError(f"reading replies: {exc!r}") from exc
     except OSError as exc:
         raise redis.ConnectionError(f"reading replies: {exc!r}") from exc
     finally:

@@ -16,7 +16,6 @@ redirected after :data:`MAX_REDIRECTS` rounds answers its last :class:`Redirect`
 from __future__ import annotations
 
 import enum
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -57,9 +56,7 @@ FAILED = Unreached.FAILED
 
 
 def _timed_out(exc: BaseException) -> bool:
-    return isinstance(exc, (redis.TimeoutError, TimeoutError, socket.timeout)) or isinstance(
-        exc.__cause__, (TimeoutError, socket.timeout)
-    )
+    return isinstance(exc, (redis.TimeoutError, TimeoutError))
 
 
 class RedisNodes:

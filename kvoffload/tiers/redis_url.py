@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.tiers.args import tier_options_from_query
+from kvoffload.tiers.args import redact_query, tier_options_from_query
 
 __all__ = ["RedisConfig", "parse_redis_url"]
 
@@ -68,7 +67,7 @@ def _bad(url: str, what: str) -> InvalidArgumentError:
 
 def _redact(url: str) -> str:
     """``url`` without its secrets (the userinfo, ``password=`` and ``integrity_key=`` values)."""
-    url = re.sub(r"((?:password|integrity_key)=)[^&]*", r"\1***", url)
+    url = redact_query(url)
     if "@" not in url:
         return url
     head, _, tail = url.rpartition("@")

@@ -1,16 +1,12 @@
-"""Value types shared by every tier: lookup codes, per-job results, per-tier statistics."""
+"""Value types shared by every tier: per-job results, per-tier statistics (lookup answers are
+:class:`~kvoffload.core.lookup_code.LookupCode` values)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TIER_MISS", "TIER_HIT", "TIER_RETRY", "TierJobResult", "TierStats"]
-
-#: Codes returned by :meth:`kvoffload.tiers.Tier.lookup` (``np.int8``, one per key).
-TIER_MISS = 0
-TIER_HIT = 1
-TIER_RETRY = 2
+__all__ = ["TierJobResult", "TierStats"]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from kvoffload.tiers.types import TIER_HIT, TIER_MISS, TIER_RETRY, TierJobResult
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_RETRY
+from kvoffload.tiers.types import TierJobResult
 
 __all__ = ["Verdicts"]
 
@@ -37,12 +38,12 @@ class Verdicts:
             if v is not None and step - v[1] < ttl:
                 out[i] = v[0]
             elif key in self._in_flight or key in self._queued:
-                out[i] = TIER_RETRY
+                out[i] = LOOKUP_RETRY
             elif down:
-                out[i] = TIER_MISS
+                out[i] = LOOKUP_MISS
             else:
                 self._queued[key] = None
-                out[i] = TIER_RETRY
+                out[i] = LOOKUP_RETRY
         return out
 
     def take_batch(self) -> list[bytes]:
@@ -63,12 +64,12 @@ class Verdicts:
         for i, key in enumerate(batch):
             self._in_flight.discard(key)
             hit = found is not None and found[i]
-            self._known[key] = (TIER_HIT if hit else TIER_MISS, self._step)
+            self._known[key] = (LOOKUP_HIT if hit else LOOKUP_MISS, self._step)
 
     def finished(self, res: TierJobResult) -> None:
         """A stored key is a hit, a key that failed to load a miss."""
         is_store = res.kind == "store"
-        code = TIER_HIT if is_store else TIER_MISS
+        code = LOOKUP_HIT if is_store else LOOKUP_MISS
         for key, ok in zip(res.keys, res.ok, strict=True):
             if ok == is_store:
                 self._known[key] = (code, self._step)

@@ -62,12 +62,14 @@ class JobArrays:
         block_ids: ``int64[N]`` GPU block ids.
         group_ids: ``int32[N]`` KV-cache group of each block.
         host_offsets: ``int64[N]`` byte offset of each block's record in the host pool.
+        record_bytes: ``int64[N]`` bytes of each block's record.
         transfer_size: bytes moved (sum of the records' bytes).
     """
 
     block_ids: np.ndarray
     group_ids: np.ndarray
     host_offsets: np.ndarray
+    record_bytes: np.ndarray
     transfer_size: int
 
     def __len__(self) -> int:
@@ -81,7 +83,8 @@ def slots_per_group(group_sizes: np.ndarray, block_indices: np.ndarray, factors:
 
 
 def map_job(gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, geom: GroupGeometry, *, store: bool) -> JobArrays:
-    """Validate a job and build its per-block arrays.
+    """Validate a job and build its per-block arrays: the worker's one check of a job's ids (the
+    specs' constructors only convert them), so the kernels take the result without checking again.
 
     Args:
         gpu_spec: the GPU side (block ids by group, group sizes, block indices).
@@ -106,6 +109,15 @@ def map_job(gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, geom: GroupG
         raise InvalidArgumentError(f"GPU spec: group_sizes has {sizes.size} entries, the KV cache has {G} groups")
     gpu_ids = np.asarray(gpu_spec.block_ids, dtype=np.int64)
     cpu_ids = np.asarray(cpu_spec.block_ids, dtype=np.int64)
+    for what, arr in (
+        ("GPU spec: block_ids", gpu_ids),
+        ("GPU spec: group_sizes", sizes),
+        ("GPU spec: block_indices", indices),
+        ("CPU spec: block_ids", cpu_ids),
+    ):
+        if arr.size and int(arr.min()) < 0:
+            i = int(np.argmax(arr < 0))
+            raise InvalidArgumentError(f"{what}[{i}] must be non-negative, got {int(arr[i])}")
     f = geom.factors
     n_slots = slots_per_group(sizes, indices, f)
     if int(n_slots.sum()) != cpu_ids.size:
@@ -151,5 +163,6 @@ def map_job(gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, geom: GroupG
         block_ids=np.ascontiguousarray(gpu_ids, dtype=np.int64),
         group_ids=grp.astype(np.int32),
         host_offsets=np.ascontiguousarray(host_offsets, dtype=np.int64),
+        record_bytes=rec,
         transfer_size=int(rec.sum()),
     )

@@ -53,6 +53,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import launch_config
 from kvoffload.kernels.device import check_not_capturing
+from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.paths import DataPath
 from kvoffload.transfer import worker_args
@@ -290,8 +291,21 @@ class TransferWorker:
         return True
 
     def _launch(self, arrays: JobArrays, store: bool) -> None:
-        fn = self.paths.pack if store else self.paths.unpack
-        fn(self.host_pool.buffer, arrays.block_ids, arrays.group_ids, arrays.host_offsets)
+        if self._cuda and not self.host_pool.pinned:  # the kernels cannot reach it: the checked entry refuses
+            fn = self.paths.pack if store else self.paths.unpack
+            fn(self.host_pool.buffer, arrays.block_ids, arrays.group_ids, arrays.host_offsets)
+            return
+        # map_job checked the job (this worker's one check): the kernels take it as it is
+        job = CopyJob(
+            self.table,
+            self.host_pool.buffer,
+            arrays.block_ids,
+            arrays.group_ids.astype(np.int64),
+            arrays.host_offsets,
+            arrays.record_bytes,
+            arrays.transfer_size,
+        )
+        self.paths.run(job, store)
 
     def _run_sync(self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str]) -> None:
         t0 = time.perf_counter()

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.reuse import FilteredReuseManager
 from kvoffload.core.base import (
     ReqContext,
     get_offload_block_hash,
@@ -25,12 +24,7 @@ from kvoffload.core.base import (
 )
 from kvoffload.errors import InvalidTypeError
 from tests.cache.test_manager_errors import snapshot
-
-CTX = ReqContext(req_id="r")
-#: group-0 keys end in four NUL bytes, which numpy's fixed-width bytes dtype strips
-K0 = [make_offload_key(b"hash%04d" % i, 0) for i in range(40)]
-#: group-1 keys survive a numpy round trip unchanged
-K1 = [make_offload_key(b"hash%04d" % i, 1) for i in range(40)]
+from tests.keys import CTX, K0, K1
 
 
 def busy_manager() -> CPUOffloadingManager:
@@ -126,7 +120,9 @@ def test_a_bytes_subclass_is_never_stored() -> None:
     assert len(m) == 0
 
 
-def reuse_state(f: FilteredReuseManager) -> object:
+def reuse_state(m: CPUOffloadingManager) -> object:
+    f = m.reuse
+    assert f is not None
     return (list(f.counts.items()), [(r, sorted(s)) for r, s in f._by_request.items()], f._num_pairs, f._skipped)
 
 
@@ -141,12 +137,12 @@ def reuse_state(f: FilteredReuseManager) -> object:
     ],
 )
 def test_reuse_filter_rejects_numpy_keys_without_counting(call) -> None:
-    f = FilteredReuseManager(CPUOffloadingManager(8), store_threshold=1)
+    f = CPUOffloadingManager(8, store_threshold=1)
     f.lookup(K0[0], CTX)
     before = reuse_state(f)
     with pytest.raises(InvalidTypeError, match="key"):
         call(f)
-    assert reuse_state(f) == before and len(f.backing) == 0  # type: ignore[arg-type]
+    assert reuse_state(f) == before and len(f) == 0
 
 
 # ------------------------------------------------------------------ req_context
@@ -185,10 +181,9 @@ def test_req_context_subclass_and_engine_context_are_accepted() -> None:
     class MyContext(ReqContext):
         pass
 
-    m = CPUOffloadingManager(4)
+    f = m = CPUOffloadingManager(4, store_threshold=1)
     assert m.prepare_store(K0[:2], MyContext("x")) is not None
     assert m.lookup(K0[0], MyContext("x")) is None
-    f = FilteredReuseManager(m, store_threshold=1)
     assert f.lookup(K0[2], EngineContext("y")) is False
     out = f.prepare_store([K0[2], K0[3]], EngineContext("y"))  # K0[3] counted once by request "y" here
     assert out is not None and out.keys_to_store == [K0[2], K0[3]]
@@ -222,12 +217,11 @@ REUSE_CALLS = {
 @pytest.mark.parametrize("ctx", BAD_CONTEXTS)
 @pytest.mark.parametrize("method", sorted(REUSE_CALLS))
 def test_reuse_filter_rejects_a_req_context_that_is_not_one(method: str, ctx: object) -> None:
-    backing = CPUOffloadingManager(8)
-    f = FilteredReuseManager(backing, store_threshold=1)
+    f = CPUOffloadingManager(8, store_threshold=1)
     f.lookup(K0[0], CTX)
     f.prepare_store([K0[0]], CTX)
     f.complete_store([K0[0]], CTX)
-    before, mb = reuse_state(f), snapshot(backing)
+    before, mb = reuse_state(f), snapshot(f)
     with pytest.raises(InvalidTypeError, match="req_context"):
         REUSE_CALLS[method](f, ctx)
-    assert reuse_state(f) == before and snapshot(backing) == mb
+    assert reuse_state(f) == before and snapshot(f) == mb

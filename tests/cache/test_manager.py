@@ -5,18 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, ReqContext, make_offload_key
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
-
-CTX = ReqContext(req_id="r")
-
-
-def k(i: int) -> bytes:
-    return make_offload_key(str(i).encode(), 0)
-
-
-def ks(*ids: int) -> list[bytes]:
-    return [k(i) for i in ids]
+from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from tests.keys import CTX, k, ks
 
 
 def slots(spec: object) -> list[int]:

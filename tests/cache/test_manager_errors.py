@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.core.base import ReqContext, make_offload_key
 from kvoffload.errors import (
     BackendUnavailableError,
     InvalidArgumentError,
@@ -14,9 +13,9 @@ from kvoffload.errors import (
     KeyStateError,
     KVOffloadError,
 )
+from tests.keys import CTX, K0, POLICIES
 
-CTX = ReqContext(req_id="bad")
-K = [make_offload_key(b"k%d" % i, 0) for i in range(12)]
+K = K0[:12]
 
 
 def snapshot(m: CPUOffloadingManager) -> object:
@@ -34,7 +33,7 @@ def snapshot(m: CPUOffloadingManager) -> object:
     )
 
 
-@pytest.fixture(params=["lru", "arc", "s3fifo"])
+@pytest.fixture(params=POLICIES)
 def busy(request: pytest.FixtureRequest) -> CPUOffloadingManager:
     """A full pool of 6: K0..K2 ready (K1 pinned), K3..K4 pending, K5 ready; events on."""
     m = CPUOffloadingManager(6, cache_policy=request.param, enable_events=True)

@@ -28,14 +28,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvoffload.cache.keytable import FREE, PENDING
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.core.base import ReqContext, make_offload_key
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.base import make_offload_key
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import KeyStateError
+from tests.cache.test_manager_reference import POLICIES as REFERENCE_MODELS
 from tests.cache.test_manager_reference import RefError, RefManager
+from tests.keys import CTX, POLICIES
 
-CTX = ReqContext(req_id="prop")
 UNIVERSE = [make_offload_key(b"h%02d" % i, i % 2) for i in range(40)]
-POLICY_NAMES = ["lru", "arc", "s3fifo"]
+POLICY_NAMES = POLICIES
 
 
 def real_order(m: CPUOffloadingManager) -> object:
@@ -246,6 +247,11 @@ def _small_paths(monkeypatch: pytest.MonkeyPatch, small_batch: int, scan_budget:
 
     monkeypatch.setattr(manager_mod, "SMALL_BATCH", small_batch)
     monkeypatch.setattr(order_mod, "SCAN_BUDGET", scan_budget)
+
+
+def test_every_registered_policy_has_a_reference_model() -> None:
+    """The fuzz tests below run every registered policy against its independent reference."""
+    assert set(POLICY_NAMES) <= set(REFERENCE_MODELS), "add the policy's model to test_manager_reference.py"
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)

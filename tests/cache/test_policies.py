@@ -12,17 +12,8 @@ from kvoffload.cache.policies.arc import ARCPolicy
 from kvoffload.cache.policies.lru import LRUPolicy
 from kvoffload.cache.policies.order import SlotOrder
 from kvoffload.cache.policies.s3fifo import S3FIFOPolicy
-from kvoffload.core.base import ReqContext, make_offload_key
-
-CTX = ReqContext(req_id="p")
-
-
-def k(i: int) -> bytes:
-    return make_offload_key(str(i).encode(), 0)
-
-
-def ks(*ids: int) -> list[bytes]:
-    return [k(i) for i in ids]
+from kvoffload.core.base import make_offload_key
+from tests.keys import CTX, k, ks
 
 
 def store(m: CPUOffloadingManager, *ids: int) -> list[bytes]:
@@ -58,7 +49,7 @@ class FIFOPolicy(CachePolicy):
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         got = self.q.take(n, self.table.ref, protected, self.table.prot_mark)
         if len(got) < n:
-            self.q.restore(got)
+            self.q.on_evictable(got)
             return None
         self.q.discard(got)
         return got

@@ -12,6 +12,7 @@ from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class, register_policy
 from kvoffload.cache.policies.lru import LRUPolicy
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from tests.keys import POLICIES
 
 
 # ------------------------------------------------------------------ policy registry
@@ -37,7 +38,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> dict:
     return reg
 
 
-@pytest.mark.parametrize("name", ["lru", "arc", "s3fifo"])
+@pytest.mark.parametrize("name", POLICIES)
 def test_register_policy_does_not_silently_replace_a_builtin(registry: dict, name: str) -> None:
     builtin = get_policy_class(name)
     with pytest.raises(InvalidArgumentError, match=rf"'{name}'.*replace=True"):

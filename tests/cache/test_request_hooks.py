@@ -1,4 +1,5 @@
-"""Request hooks (vLLM's request-scoped recency), four-valued lookups, per-offer reuse counting."""
+"""Request hooks (vLLM's request-scoped recency, ``record_requests=True``), four-valued lookups,
+per-offer reuse counting."""
 
 from __future__ import annotations
 
@@ -11,28 +12,24 @@ import pytest
 
 import kvoffload
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.request_hooks import RequestHooksManager, apply_request_access
-from kvoffload.cache.reuse import FilteredReuseManager
-from kvoffload.core.base import ReqContext, make_offload_key
-from kvoffload.core.lookup_result import (
+from kvoffload.core.base import ReqContext
+from kvoffload.core.lookup_code import (
     LOOKUP_HIT,
     LOOKUP_MISS,
     LOOKUP_PENDING,
-    LookupResult,
+    LOOKUP_RETRY,
+    LookupCode,
     lookup_code,
 )
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidArgumentError
+from tests.keys import POLICIES, ctx, k
 
 
-def k(i: int, g: int = 0) -> bytes:
-    return make_offload_key(i.to_bytes(8, "big"), g)
+def hooked(num_blocks: int, cache_policy: str = "lru") -> CPUOffloadingManager:
+    return CPUOffloadingManager(num_blocks, cache_policy, record_requests=True)
 
 
-def ctx(rid: str) -> ReqContext:
-    return ReqContext(req_id=rid)
-
-
-def store(m: RequestHooksManager, keys: list[bytes], rid: str) -> None:
+def store(m: CPUOffloadingManager, keys: list[bytes], rid: str) -> None:
     out = m.prepare_store(keys, ctx(rid))
     assert out is not None
     m.complete_store(out.keys_to_store, ctx(rid))
@@ -49,17 +46,17 @@ def lru_order(core: CPUOffloadingManager) -> list[bytes]:
     return evicted
 
 
-def test_lookup_result_values() -> None:
-    assert [int(v) for v in LookupResult] == [LOOKUP_MISS, LOOKUP_HIT, LOOKUP_PENDING, 3]
-    assert lookup_code(True) is LookupResult.HIT
-    assert lookup_code(False) is LookupResult.MISS
-    assert lookup_code(None) is LookupResult.HIT_PENDING
-    m = RequestHooksManager(CPUOffloadingManager(4))
+def test_lookup_code_values() -> None:
+    assert [int(v) for v in LookupCode] == [LOOKUP_MISS, LOOKUP_HIT, LOOKUP_PENDING, LOOKUP_RETRY]
+    assert lookup_code(True) is LookupCode.HIT
+    assert lookup_code(False) is LookupCode.MISS
+    assert lookup_code(None) is LookupCode.PENDING
+    m = hooked(4)
     m.prepare_store([k(1)], ctx("a"))
-    assert m.lookup_result(k(1), ctx("a")) is LookupResult.HIT_PENDING
+    assert lookup_code(m.lookup(k(1), ctx("a"))) is LookupCode.PENDING
     m.complete_store([k(1)], ctx("a"))
-    assert m.lookup_result(k(1), ctx("a")) is LookupResult.HIT
-    assert m.lookup_result(k(2), ctx("a")) is LookupResult.MISS
+    assert lookup_code(m.lookup(k(1), ctx("a"))) is LookupCode.HIT
+    assert lookup_code(m.lookup(k(2), ctx("a"))) is LookupCode.MISS
 
 
 def test_peek_counts_nothing() -> None:
@@ -73,8 +70,7 @@ def test_peek_counts_nothing() -> None:
 
 
 def test_lru_recency_applied_at_request_end_head_most_recent() -> None:
-    core = CPUOffloadingManager(8)
-    m = RequestHooksManager(core)
+    core = m = hooked(8)
     m.on_new_request(ctx("a"))
     store(m, [k(1), k(2), k(3)], "a")
     m.on_new_request(ctx("b"))
@@ -93,8 +89,7 @@ def test_lru_recency_applied_at_request_end_head_most_recent() -> None:
 
 
 def test_key_position_orders_keys() -> None:
-    core = CPUOffloadingManager(8)
-    m = RequestHooksManager(core)
+    core = m = hooked(8)
     m.on_new_request(ctx("a"))
     store(m, [k(3)], "a")  # stored out of prefix order (e.g. a sliding-window backfill)
     store(m, [k(1), k(2)], "a")
@@ -104,8 +99,7 @@ def test_key_position_orders_keys() -> None:
 
 
 def test_arc_inserted_only_stays_in_t1_reused_moves_to_t2() -> None:
-    core = CPUOffloadingManager(8, cache_policy="arc")
-    m = RequestHooksManager(core)
+    core = m = hooked(8, "arc")
     m.on_new_request(ctx("a"))
     store(m, [k(1), k(2)], "a")
     m.on_request_finished(ctx("a"))
@@ -127,8 +121,7 @@ def test_arc_inserted_only_stays_in_t1_reused_moves_to_t2() -> None:
 
 
 def test_arc_adapts_on_ghost_hit_at_store_time_once_per_request() -> None:
-    core = CPUOffloadingManager(2, cache_policy="arc")
-    m = RequestHooksManager(core)
+    core = m = hooked(2, "arc")
     store(m, [k(1), k(2)], "a")
     store(m, [k(3), k(4)], "b")  # evicts 1, 2 from T1 into B1
     pol = core.policy
@@ -143,7 +136,7 @@ def test_arc_adapts_on_ghost_hit_at_store_time_once_per_request() -> None:
 
 
 def test_hooks_on_lru_ignore_anonymous_and_reset() -> None:
-    m = RequestHooksManager(CPUOffloadingManager(4))
+    m = hooked(4)
     store(m, [k(1)], "")
     assert m.num_tracked_requests == 0
     m.on_new_request(ctx("a"))
@@ -153,28 +146,30 @@ def test_hooks_on_lru_ignore_anonymous_and_reset() -> None:
     assert m.num_tracked_requests == 0 and m.lookup(k(2), ctx("a")) is False
 
 
-def test_hooks_need_a_core_with_the_hooks() -> None:
-    with pytest.raises(InvalidTypeError):
-        RequestHooksManager("nope")  # type: ignore[arg-type]
-    with pytest.raises(InvalidTypeError):
-        RequestHooksManager(CPUOffloadingManager(2), core=object())
+def test_without_record_requests_nothing_is_recorded() -> None:
+    m = CPUOffloadingManager(4, "arc")
+    m.on_new_request(ctx("a"))
+    store(m, [k(1)], "a")
+    assert m.num_tracked_requests == 0
+    m.on_request_finished(ctx("a"))  # nothing recorded: nothing applied
+    assert m.policy.ordered_slots() == ([0], [])
 
 
 def test_reuse_count_on_offer_matches_vllm() -> None:
-    core = CPUOffloadingManager(8)
-    f = FilteredReuseManager(core, store_threshold=2, max_tracker_size=3, count_on="offer")
-    assert f.lookup(k(1), ctx("a")) is False and not f.counts  # lookups count nothing
+    f = CPUOffloadingManager(8, store_threshold=2, max_tracker_size=3, count_on="offer")
+    assert f.reuse is not None
+    assert f.lookup(k(1), ctx("a")) is False and not f.reuse.counts  # lookups count nothing
     out = f.prepare_store([k(1), k(2)], ReqContext())  # anonymous offers count too
     assert out is not None and out.keys_to_store == []
     out = f.prepare_store([k(1), k(2)], ctx("b"))
     assert out is not None and out.keys_to_store == [k(1), k(2)]
     # full tracker: keys of the current offer are never evicted to make room
-    f.counts.clear()
+    f.reuse.counts.clear()
     f.prepare_store([k(5), k(6), k(7)], ctx("c"))
     f.prepare_store([k(5), k(6), k(7), k(8)], ctx("c"))
-    assert dict(f.counts) == {k(5): 2, k(6): 2, k(7): 2}
+    assert dict(f.reuse.counts) == {k(5): 2, k(6): 2, k(7): 2}
     with pytest.raises(InvalidArgumentError):
-        FilteredReuseManager(core, count_on="sometimes")
+        CPUOffloadingManager(8, store_threshold=2, count_on="sometimes")
 
 
 def test_import_kvoffload_never_imports_vllm() -> None:
@@ -191,9 +186,11 @@ def test_import_kvoffload_never_imports_vllm() -> None:
             assert not any(n == "vllm" or n.startswith("vllm.") for n in names), f
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
-def test_apply_request_access_small_and_array_paths_agree(policy: str) -> None:
+@pytest.mark.parametrize("policy", POLICIES)
+def test_on_request_finished_list_and_array_forms_agree(policy: str) -> None:
     import random
+
+    import numpy as np
 
     rng = random.Random(3)
     cores = [CPUOffloadingManager(16, cache_policy=policy) for _ in range(2)]
@@ -206,17 +203,22 @@ def test_apply_request_access_small_and_array_paths_agree(policy: str) -> None:
             out = core.prepare_store(uniq, ctx(f"s{step}"))
             if out is not None:
                 core.complete_store(out.keys_to_store, ctx(f"s{step}"))
-            # list: scalar path; tuple: array path
-            batch = list(keys) if i == 0 else tuple(keys)
-            apply_request_access(core, batch, ctx(f"s{step}"), inserted - reused, reused)  # type: ignore[arg-type]
+            slots = [core.table.index.get(x, -1) for x in keys]
+            ins, reu = [x in inserted - reused for x in keys], [x in reused for x in keys]
+            if i == 0 and core.policy.takes_lists:  # the small-call form
+                core.policy.on_request_finished(keys, slots, ins, reu)
+            else:
+                core.policy.on_request_finished(
+                    keys, np.array(slots, dtype=np.int64), np.array(ins, dtype=bool), np.array(reu, dtype=bool)
+                )
         a, b = cores
         assert a.peek(list(a.table.index)).tolist() == b.peek(list(a.table.index)).tolist()
         assert sorted(a.table.index) == sorted(b.table.index)
-    if policy == "arc":
-        assert cores[0].policy.ordered_slots() == cores[1].policy.ordered_slots()
+        if hasattr(a.policy, "ordered_slots"):
+            assert a.policy.ordered_slots() == b.policy.ordered_slots()
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_discard_removes_only_ready_unpinned_keys(policy: str) -> None:
     core = CPUOffloadingManager(4, cache_policy=policy, enable_events=True)
     c = ctx("a")

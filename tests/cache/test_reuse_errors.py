@@ -1,4 +1,4 @@
-"""The reuse filter counts nothing when its backing manager raises, and still counts after a
+"""The reuse filter counts nothing when the manager's call raises, and still counts after a
 successful call."""
 
 from __future__ import annotations
@@ -6,48 +6,18 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.reuse import FilteredReuseManager
 from kvoffload.core.base import (
     ReqContext,
-    make_offload_key,
 )
 from kvoffload.errors import KeyStateError
 from tests.cache.test_keys_and_contexts import REUSE_CALLS, reuse_state
-
-CTX = ReqContext(req_id="r")
-#: group-0 keys end in four NUL bytes, which numpy's fixed-width bytes dtype strips
-K0 = [make_offload_key(b"hash%04d" % i, 0) for i in range(40)]
+from tests.keys import CTX, K0
 
 
-# ------------------------------------------------------------------ reuse filter atomicity
-class Refusing(CPUOffloadingManager):
-    """A backing manager that refuses every call after its own checks (e.g. it was shut down)."""
-
-    def lookup(self, key, req_context):  # type: ignore[override]
-        raise KeyStateError("refused")
-
-    def lookup_batch(self, keys, req_context):  # type: ignore[override]
-        raise KeyStateError("refused")
-
-    def prepare_store(self, keys, req_context):  # type: ignore[override]
-        raise KeyStateError("refused")
-
-
-@pytest.mark.parametrize("method", ["lookup", "lookup_batch", "prepare_store"])
-def test_reuse_filter_counts_nothing_when_the_backing_raises(method: str) -> None:
-    f = FilteredReuseManager(Refusing(8), store_threshold=2, max_tracker_size=3)
-    f.counts.update({K0[0]: 1, K0[1]: 1, K0[2]: 1})  # a full tracker: counting would evict
-    before = reuse_state(f)
-    with pytest.raises(KeyStateError, match="refused"):
-        REUSE_CALLS[method](f, ReqContext("other"))
-    assert reuse_state(f) == before
-
-
-def test_reuse_filter_counts_nothing_when_the_real_backing_is_shut_down() -> None:
-    backing = CPUOffloadingManager(8)
-    f = FilteredReuseManager(backing, store_threshold=2)
+def test_reuse_filter_counts_nothing_when_the_manager_is_shut_down() -> None:
+    f = CPUOffloadingManager(8, store_threshold=2)
     f.lookup(K0[0], CTX)
-    backing.shutdown()
+    f.shutdown()
     before = reuse_state(f)
     for method in ("lookup", "lookup_batch", "prepare_store"):
         with pytest.raises(KeyStateError):
@@ -56,13 +26,11 @@ def test_reuse_filter_counts_nothing_when_the_real_backing_is_shut_down() -> Non
 
 
 def test_reuse_filter_still_counts_and_filters_after_a_successful_call() -> None:
-    # the counting moved after the delegation: check the semantics did not change
-    backing = CPUOffloadingManager(8)
-    f = FilteredReuseManager(backing, store_threshold=2)
+    f = CPUOffloadingManager(8, store_threshold=2)
     assert f.lookup(K0[0], ReqContext("a")) is False
     out = f.prepare_store(K0[:2], ReqContext("a"))  # K0[0] counted once (lookup), K0[1] counted now
     assert out is not None and out.keys_to_store == []
     f.lookup_batch(K0[:2], ReqContext("b"))
     out = f.prepare_store(K0[:3], ReqContext("b"))  # K0[0]: 2, K0[1]: 2, K0[2]: 1
     assert out is not None and out.keys_to_store == K0[:2]
-    assert f.counts == {K0[0]: 2, K0[1]: 2, K0[2]: 1}
+    assert f.reuse is not None and f.reuse.counts == {K0[0]: 2, K0[1]: 2, K0[2]: 1}

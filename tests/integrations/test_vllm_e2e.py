@@ -93,7 +93,7 @@ def test_offload_then_reload(policy: str, factor: int) -> None:
     assert e.worker.counts["loads"] == 1  # the whole hit prefix in one job
     assert e.worker.counts["failed_stores"] == e.worker.counts["failed_loads"] == 0
     assert len(e.manager.core) == full_chunks
-    assert e.manager.hooks.num_tracked_requests == 0
+    assert e.manager.core.num_tracked_requests == 0
 
 
 def test_plain_offloading_connector() -> None:

@@ -126,7 +126,7 @@ def test_spec_reads_vllms_keys() -> None:
     )
     assert s.num_chunks == 10 and s.eviction_policy == "arc"
     m = s.get_manager()
-    assert m is s.get_manager() and m.core.cache_policy == "arc" and m._filter.max_tracker_size == 7
+    assert m is s.get_manager() and m.core.cache_policy == "arc" and m.core.reuse.max_tracker_size == 7
     s2 = KVOffloadSpec(_spec_config({"cpu_bytes_to_use": 8192, "cache_policy_module_path": "my.mod"}, world=2))
     assert s2.num_chunks == 2 and (s2.eviction_policy, s2.cache_policy_module_path) == ("lru", "my.mod")
     assert s2.get_manager().core.cache_policy == "lru"  # a registered name comes first, as in vLLM

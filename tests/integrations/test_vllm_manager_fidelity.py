@@ -151,3 +151,26 @@ def test_arc_falls_back_to_t1_when_t2_has_no_victim(policy: str) -> None:
     ours, theirs = evicted(p.store([k("e")], "e"))
     assert theirs == [k("b")]
     assert ours == theirs
+
+
+def test_filter_comes_first_as_in_vllm() -> None:
+    """The reuse filter decides before anything else, as in vLLM's manager: ARC adapts only on
+    ghost hits among the keys past the filter, a failed store's allocation size counts only
+    those keys, and ``reset_cache`` keeps the filter's counts."""
+    p = Pair(2, cache_policy="arc", store_threshold=2, max_tracker_size=4)
+    for keys in ([k("a"), k("b")], [k("a"), k("b")], [k("c"), k("d")], [k("c"), k("d")]):
+        p.store(keys, "warm")  # a, b stored, then evicted into B1 by c, d
+    assert list(p.theirs._policy.b1) == [k("a"), k("b")]
+    p.store([k("x")], "r1")  # the tracker (4 keys) forgets a
+    p.store([k("a")], "r2")  # a ghost hit, but filtered (counted once): no adaptation
+    assert p.ours.core.policy.target_t1_size == p.theirs._policy.target_t1_size == 0.0
+    p.store([k("y")], "r3")  # y counted once
+    p.stat(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE)  # drain
+    p.both(lambda m, c: m.prepare_load([k("c"), k("d")], c), "pin")  # every chunk pinned
+    ours, theirs = p.both(lambda m, c: m.prepare_store([k("y"), k("z")], c), "r4")  # z filtered, y: no room
+    assert ours is None and theirs is None
+    assert p.stat(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE) == ([1], [1])
+    p.both(lambda m, c: m.complete_load([k("c"), k("d")], c), "pin")
+    p.both(lambda m, c: m.reset_cache())
+    assert p.ours.core.reuse is not None and dict(p.ours.core.reuse.counts) == dict(p.theirs.counts)
+    assert len(p.theirs.counts) == 4

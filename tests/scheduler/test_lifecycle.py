@@ -318,24 +318,3 @@ def test_config_validation() -> None:
     c = OffloadingSchedulerConfig.from_block_sizes([16, 32], [2, 1], [None, 4], num_workers=2)
     assert c.effective_hash_block_size == 16 and c.has_sliding_window
     assert [(g.offloaded_block_size, g.block_size_factor) for g in c.groups] == [(32, 2), (32, 1)]
-
-
-def test_trusted_gpu_spec_equals_the_checked_constructor() -> None:
-    import numpy as np
-
-    from kvoffload.scheduler.building import trusted_gpu_spec
-
-    rng = np.random.default_rng(0)
-    for _ in range(20):
-        sizes = rng.integers(0, 5, size=int(rng.integers(1, 4)))
-        ids = rng.integers(0, 1000, size=int(sizes.sum()))
-        idx = rng.integers(0, 50, size=sizes.size)
-        a = GPULoadStoreSpec(ids.tolist(), sizes.tolist(), idx.tolist())
-        b = trusted_gpu_spec(ids.astype(np.int64), sizes.astype(np.int64), idx.astype(np.int64))
-        assert type(a) is type(b) and vars(a).keys() == vars(b).keys()
-        for name in vars(a):
-            x, y = getattr(a, name), getattr(b, name)
-            assert x.dtype == y.dtype and np.array_equal(x, y), name
-        assert repr(a) == repr(b) and len(a) == len(b)
-        for g in range(sizes.size):
-            assert np.array_equal(a.group_block_ids(g), b.group_block_ids(g))

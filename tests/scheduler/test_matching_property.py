@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS
 from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
 from kvoffload.scheduler.matching import find_loadable_tokens
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.core.base import make_offload_key
-from kvoffload.core.lookup_result import LOOKUP_MISS
+from kvoffload.core.lookup_code import LOOKUP_MISS
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.request import SimRequest

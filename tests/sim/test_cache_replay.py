@@ -19,9 +19,8 @@ from kvoffload.sim.engine import Engine
 from kvoffload.sim.mooncake import read_mooncake_trace
 from kvoffload.sim.null_worker import NullTransferWorker
 from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_infinite
+from tests.keys import POLICIES
 from tests.sim.mooncake_traces import random_mooncake, write_mooncake
-
-POLICIES = ["lru", "arc", "s3fifo"]
 
 
 def _trace(tmp_path: Path, n: int, seed: int, trace_block: int = 64, block: int = 32, **kw: int) -> BlockTrace:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.core.base import ReqContext
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
 
 class ModelViolation(AssertionError):

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvoffload.core.lookup_code import LOOKUP_RETRY
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
-from kvoffload.tiers import TIER_RETRY, Tier, TierNamespace
+from kvoffload.tiers import Tier, TierNamespace
 from tests.redis_support import require_redis as _require_redis
 from tests.redis_support import server_of_its_own
 
@@ -70,7 +71,7 @@ def settle(tier: Tier, keys: list[bytes], timeout: float = 10.0) -> np.ndarray:
     while True:
         codes = tier.lookup(keys)
         tier.end_step()
-        if not (codes == TIER_RETRY).any():
+        if not (codes == LOOKUP_RETRY).any():
             return codes
         assert time.monotonic() < deadline, "lookups still RETRY after the timeout"
         tier.drain(timeout=1.0)

@@ -12,7 +12,8 @@ import sys
 
 import numpy as np
 
-from kvoffload.tiers import TIER_HIT, open_tier
+from kvoffload.core.lookup_code import LOOKUP_HIT
+from kvoffload.tiers import open_tier
 from tests.tiers.conftest import NS, make_keys, make_records, run_job, settle
 
 RB = 96 << 10
@@ -28,7 +29,7 @@ def main(role: str, spec: str, n: int, seed: int) -> dict[str, int]:
     dst = np.zeros_like(src)
     with open_tier(spec, dst, NS) as t:
         codes = settle(t, keys)
-        hits = [i for i in range(n) if codes[i] == TIER_HIT]
+        hits = [i for i in range(n) if codes[i] == LOOKUP_HIT]
         ok = run_job(t, "load", 2, [keys[i] for i in hits], hits)
     loaded = [i for i, good in zip(hits, ok, strict=True) if good]
     verified = sum(bool((dst[i] == src[i]).all()) for i in loaded)

@@ -3,7 +3,8 @@ and its replica promoted, a graceful ``CLUSTER FAILOVER``, thousands of slots re
 two engines run, a slot left half-migrated (``ASK``).
 
 Two engine processes (:mod:`tests.tiers.cluster_engine`) share the cluster through each event;
-every loaded byte is checked. Each test asserts that nothing wrong was loaded, that kvoffload
+every loaded byte is checked. Each test asserts that nothing wrong was loaded, that no host-pool
+slot was left pinned or reserved, that kvoffload
 deleted nothing (its counter, and the servers' own command statistics: no ``EVAL``, its only
 way to delete, reached any node), that no engine stopped, and that the stores made after the event landed and
 load back exactly.
@@ -67,7 +68,10 @@ def _through_event(cl: RedisCluster3, tmp: Path, event: Callable[[], None], afte
         for out in outs
     ]
     try:
-        time.sleep(2.0)  # both engines store and load
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{out}.ready").exists() for out in outs):  # both engines stored and loaded
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "an engine did not start"
+            time.sleep(0.05)
         event()
         done = time.time()
         time.sleep(after)
@@ -85,7 +89,7 @@ def _check(name: str, cl: RedisCluster3, results: list[dict]) -> dict[str, int]:
     """The assertions every event shares; the counters summed over the engines (reported)."""
     after_keys: set[bytes] = set()
     for r in results:
-        assert r["wrong"] == 0 and r["verified"] == r["loaded"] > 0
+        assert r["wrong"] == 0 and r["verified"] == r["loaded"] > 0 and r["leaked"] == 0
         st = r["stats"]
         assert st["corrupt"] == st["rejected_values"] == st["deleted_values"] == 0, st
         late = [(t, ok) for t, ok in r["steps"] if t > r["event_done"] + SETTLED]

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvoffload.tiers import TIER_HIT, TIER_MISS, DiskTier, open_tier
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS
+from kvoffload.tiers import DiskTier, open_tier
 from kvoffload.tiers.disk_io import probe_o_direct, temp_name
 from tests.tiers.conftest import NS, make_keys, make_records, run_job, settle
 
@@ -55,7 +56,7 @@ def test_roundtrip_restart_keeps_cache(tmp_path: Path, o_direct: bool) -> None:
     keys = make_keys(6)
     with DiskTier(src, NS, tmp_path, o_direct=o_direct) as a:
         assert a.o_direct is o_direct
-        assert (settle(a, keys) == TIER_MISS).all()
+        assert (settle(a, keys) == LOOKUP_MISS).all()
         assert run_job(a, "store", 1, keys, [0, 1, 2, 3, 4, 5]) == (True,) * 6
         assert run_job(a, "store", 2, keys[:2], [7, 7]) == (True, True)
         assert a.stats().writes_skipped == 2
@@ -64,7 +65,7 @@ def test_roundtrip_restart_keeps_cache(tmp_path: Path, o_direct: bool) -> None:
     dst = np.zeros_like(src)
     with DiskTier(dst, NS, tmp_path, o_direct=o_direct) as b:  # a restart: index from the scan
         assert len(b.index) == 6
-        assert (settle(b, keys) == TIER_HIT).all()
+        assert (settle(b, keys) == LOOKUP_HIT).all()
         assert run_job(b, "load", 3, keys, [5, 4, 3, 2, 1, 0]) == (True,) * 6
         np.testing.assert_array_equal(dst[[5, 4, 3, 2, 1, 0]], src[:6])
         assert not dst[6:].any()

@@ -12,8 +12,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from kvoffload.core.lookup_code import LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
-from kvoffload.tiers import TIER_MISS, TIER_RETRY, RecordCodec, RedisTier, TierNamespace, TierStats
+from kvoffload.tiers import RecordCodec, RedisTier, TierNamespace, TierStats
 from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job, settle
 from tests.tiers.proxy import TurnCountingProxy
 
@@ -69,7 +70,7 @@ def test_resp_version_in_use(redis_url: str, redis_server: RedisServer, protocol
     with RedisTier(recs, NS, redis_url, protocol=protocol, name="resp-probe") as t:
         assert run_job(t, "store", 1, [KEY], [0]) == (True,)
         assert run_job(t, "load", 2, [KEY], [1]) == (True,)
-        assert settle(t, make_keys(2, b"none")).tolist() == [TIER_MISS, TIER_MISS]
+        assert settle(t, make_keys(2, b"none")).tolist() == [LOOKUP_MISS, LOOKUP_MISS]
         ours = [c for c in redis_server.cli("client", "list").splitlines() if "cmd=client" not in c]  # not redis-cli
         assert ours and all(f" resp={protocol}" in c + " " for c in ours)
         assert_only(t.stats())
@@ -120,7 +121,7 @@ def test_unreachable_store_counts_dropped_writes(own_redis: RedisServer) -> None
     recs = make_records(4, RB, seed=36)
     with RedisTier(recs, NS, own_redis.url, backoff_initial=30.0, backoff_max=30.0) as t:
         own_redis.stop()
-        assert settle(t, make_keys(1, b"probe"))[0] == TIER_MISS  # refused: the tier backs off
+        assert settle(t, make_keys(1, b"probe"))[0] == LOOKUP_MISS  # refused: the tier backs off
         t.submit_store(1, make_keys(3), [0, 1, 2])
         (res,) = t.get_finished()
         assert res.ok == (False,) * 3
@@ -192,7 +193,7 @@ def test_dead_master_drops_its_keys_only_other_shards_serve(cluster_partial: Red
         assert 0 < sum(on_dead) < n
         # lookups: the dead node's keys miss (its node fails, then backs off), the others hit
         assert t.contains(keys) == [not d for d in on_dead]
-        assert (t.lookup(make_keys(2, b"new")) == TIER_RETRY).all()  # the tier itself is not in back-off
+        assert (t.lookup(make_keys(2, b"new")) == LOOKUP_RETRY).all()  # the tier itself is not in back-off
         # stores: the dead node's writes drop (its back-off), the other shards store
         ok = run_job(t, "store", 2, fresh, list(range(n, 2 * n)))
         dropped = [owner[k] == dead_id for k in fresh]

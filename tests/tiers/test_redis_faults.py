@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import redis
 
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.testing.redis_server import RedisServer
-from kvoffload.tiers import TIER_HIT, TIER_MISS, TIER_RETRY, RecordCodec, RedisTier, TierNamespace
+from kvoffload.tiers import RecordCodec, RedisTier, TierNamespace
 from tests.tiers.conftest import NS, make_keys, make_records, run_job, settle
 from tests.tiers.proxy import TurnCountingProxy
 
@@ -36,7 +37,7 @@ def test_sigkill_mid_run_then_restart_tier_used_again(own_redis: RedisServer) ->
         keys = make_keys(8)
         with RedisTier(src, NS, proxy.url, **FAST) as t:
             assert run_job(t, "store", 1, keys, list(range(8))) == (True,) * 8
-            assert (settle(t, keys) == TIER_HIT).all()
+            assert (settle(t, keys) == LOOKUP_HIT).all()
             # a load in flight when the server dies: held at the proxy, then the server is killed
             proxy.stall()
             before = src[8:].copy()
@@ -52,7 +53,7 @@ def test_sigkill_mid_run_then_restart_tier_used_again(own_redis: RedisServer) ->
             failed_in_flight = res.ok.count(False)
             # while down: lookups of new keys miss at once, stores are dropped, loads fail
             fresh = make_keys(3, b"fresh")
-            assert (t.lookup(fresh) == TIER_MISS).all()
+            assert (t.lookup(fresh) == LOOKUP_MISS).all()
             t.submit_store(3, fresh, [0, 1, 2])
             (res,) = t.get_finished()  # dropped at submission: reported without waiting
             assert res.ok == (False,) * 3
@@ -81,12 +82,12 @@ def test_stalled_server_drops_writes_and_never_blocks_the_engine(redis_url: str,
             t.submit_store(2, make_keys(2, b"b"), [2, 3])  # queue full: dropped at once
             done = t.get_finished()
             assert [(r.job_id, r.ok) for r in done] == [(2, (False, False))]
-            assert (t.lookup(make_keys(4, b"c")) == TIER_RETRY).all()  # answered at once, probe pending
+            assert (t.lookup(make_keys(4, b"c")) == LOOKUP_RETRY).all()  # answered at once, probe pending
             t.end_step()
             assert t.drain(timeout=10)  # job 1 times out at the stalled server
             (r1,) = t.get_finished()
             assert r1.job_id == 1 and r1.ok == (False, False)
-            assert (t.lookup(make_keys(4, b"c")) == TIER_MISS).all()
+            assert (t.lookup(make_keys(4, b"c")) == LOOKUP_MISS).all()
             assert t.stats().dropped_writes == 2
             proxy.resume()
             _wait_recovered(t, b"probe")
@@ -120,7 +121,7 @@ def test_bad_values_are_counted_misses_deleted_never_loaded(redis_url: str, case
         value = _values(t.codec, key, recs[0])[case]
         r = redis.Redis.from_url(redis_url)
         r.set(t.store_key(key), value)
-        assert settle(t, [key])[0] == TIER_HIT  # present; only the load can tell
+        assert settle(t, [key])[0] == LOOKUP_HIT  # present; only the load can tell
         before = recs.copy()
         assert run_job(t, "load", 1, [key], [1]) == (False,)
         # the failed slot's bytes are unspecified (contract §8: the load lands there and is checked
@@ -128,7 +129,7 @@ def test_bad_values_are_counted_misses_deleted_never_loaded(redis_url: str, case
         np.testing.assert_array_equal(recs[[0, 2, 3]], before[[0, 2, 3]])
         assert t.stats().rejected_values == 1
         assert r.exists(t.store_key(key)) == 0  # deleted
-        assert t.lookup([key])[0] == TIER_MISS
+        assert t.lookup([key])[0] == LOOKUP_MISS
 
 
 def test_integrity_key_rejects_unsigned_and_foreign_macs(redis_url: str) -> None:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import redis
 
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.testing.redis_server import RedisServer
-from kvoffload.tiers import TIER_HIT, TIER_MISS, TIER_RETRY, RedisTier
+from kvoffload.tiers import RedisTier
 from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job, settle
 from tests.tiers.proxy import TurnCountingProxy
 
@@ -21,7 +22,7 @@ def test_store_lookup_load_roundtrip_bytes_exact(redis_url: str) -> None:
     src = make_records(8, RB, seed=1)
     keys = make_keys(5)
     with RedisTier(src, NS, redis_url) as a:
-        assert (settle(a, keys) == TIER_MISS).all()
+        assert (settle(a, keys) == LOOKUP_MISS).all()
         assert run_job(a, "store", 1, keys, [3, 0, 7, 1, 5]) == (True,) * 5
         st = a.stats()
         assert (st.blocks_written, st.bytes_written, st.writes_skipped) == (5, 5 * RB, 0)
@@ -47,11 +48,11 @@ def test_lookup_retry_then_verdict_and_no_blocking(redis_url: str) -> None:
         run_job(t, "store", 1, keys[:1], [0])
         t.get_finished()
         codes = t.lookup(keys[1:])  # never probed: queued, RETRY
-        assert (codes == TIER_RETRY).all()
-        assert (t.lookup(keys[1:]) == TIER_RETRY).all()  # still queued, not sent twice
+        assert (codes == LOOKUP_RETRY).all()
+        assert (t.lookup(keys[1:]) == LOOKUP_RETRY).all()  # still queued, not sent twice
         t.end_step()
         t.drain()
-        assert (t.lookup(keys[1:]) == TIER_MISS).all()
+        assert (t.lookup(keys[1:]) == LOOKUP_MISS).all()
         assert t.stats().lookup_round_trips == 1
         # another client stores keys[1]: the cached miss holds until the verdict expires (2 steps)
         other = RedisTier(recs, NS, redis_url)
@@ -59,7 +60,7 @@ def test_lookup_retry_then_verdict_and_no_blocking(redis_url: str) -> None:
         other.close()
         t.end_step()
         t.end_step()
-        assert settle(t, keys[1:2])[0] == TIER_HIT
+        assert settle(t, keys[1:2])[0] == LOOKUP_HIT
 
 
 def test_one_round_trip_per_lookup_batch_whatever_its_size(redis_url: str, redis_server: RedisServer) -> None:
@@ -71,7 +72,7 @@ def test_one_round_trip_per_lookup_batch_whatever_its_size(redis_url: str, redis
             for n, tag in ((1, b"a"), (10, b"b"), (300, b"c")):
                 before_turns, before_rt = proxy.turns, t.stats().lookup_round_trips
                 codes = settle(t, make_keys(n, tag))
-                assert (codes == TIER_MISS).all()
+                assert (codes == LOOKUP_MISS).all()
                 assert proxy.turns - before_turns == 1, n
                 assert t.stats().lookup_round_trips - before_rt == 1
     finally:
@@ -83,7 +84,7 @@ def test_deleted_or_evicted_between_lookup_and_load_fails_that_key_only(redis_ur
     keys = make_keys(3)
     with RedisTier(recs, NS, redis_url) as t:
         run_job(t, "store", 1, keys, [0, 1, 2])
-        assert (settle(t, keys) == TIER_HIT).all()
+        assert (settle(t, keys) == LOOKUP_HIT).all()
         redis.Redis.from_url(redis_url).delete(t.store_key(keys[1]))  # another client deletes it
         before = recs[4].copy()
         ok = run_job(t, "load", 2, keys, [3, 4, 5])
@@ -91,7 +92,7 @@ def test_deleted_or_evicted_between_lookup_and_load_fails_that_key_only(redis_ur
         np.testing.assert_array_equal(recs[[3, 5]], recs[[0, 2]])
         np.testing.assert_array_equal(recs[4], before)  # an absent value writes nothing
         assert t.stats().read_failures == 1
-        assert t.lookup(keys[1:2])[0] == TIER_MISS  # the failed load became a cached miss
+        assert t.lookup(keys[1:2])[0] == LOOKUP_MISS  # the failed load became a cached miss
 
 
 def test_allkeys_lru_eviction_leaves_no_partial_value(tmp_path) -> None:
@@ -125,11 +126,11 @@ def test_unix_socket_and_acl_user(redis_server: RedisServer) -> None:
     with RedisTier(recs, NS, f"redis://kvuser:s3cret-pw@127.0.0.1:{redis_server.port}") as t:
         assert run_job(t, "store", 1, key, [0]) == (True,)
     with RedisTier(recs, NS, f"unix://{redis_server.socket_path}") as u:
-        assert settle(u, key)[0] == TIER_HIT
+        assert settle(u, key)[0] == LOOKUP_HIT
         assert run_job(u, "load", 2, key, [1]) == (True,)
     np.testing.assert_array_equal(recs[1], recs[0])
     with RedisTier(recs, NS, redis_server.url, username="kvuser", password="wrong") as bad:
-        assert settle(bad, key)[0] == TIER_MISS  # authentication fails: an outage, never an exception
+        assert settle(bad, key)[0] == LOOKUP_MISS  # authentication fails: an outage, never an exception
         assert bad.stats().lookups == 0
 
 
@@ -187,11 +188,11 @@ def test_rediss_tls_roundtrip(tmp_path) -> None:
         keys = make_keys(2)
         with RedisTier(src, NS, f"{srv.url}?ssl_ca_certs={srv.ca_file}") as t:
             assert run_job(t, "store", 1, keys, [0, 1]) == (True, True)
-            assert (settle(t, keys) == TIER_HIT).all()
+            assert (settle(t, keys) == LOOKUP_HIT).all()
             assert run_job(t, "load", 2, keys, [3, 2]) == (True, True)
         np.testing.assert_array_equal(src[[3, 2]], src[[0, 1]])
         with RedisTier(src, NS, srv.url, ssl_cert_reqs="required") as untrusted:  # no CA: the handshake fails
-            assert settle(untrusted, keys)[0] == TIER_MISS and untrusted.stats().lookups == 0
+            assert settle(untrusted, keys)[0] == LOOKUP_MISS and untrusted.stats().lookups == 0
         assert srv.cli("dbsize").strip() == "2"
     finally:
         srv.stop()

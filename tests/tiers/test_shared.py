@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import redis
 
+from kvoffload.core.lookup_code import LOOKUP_HIT
 from kvoffload.testing.redis_server import RedisCluster3
-from kvoffload.tiers import TIER_HIT, RedisTier
+from kvoffload.tiers import RedisTier
 from tests.tiers.conftest import NS, make_keys, make_records, run_job, settle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,7 @@ def test_cluster_roundtrip_lookups_and_bad_value(redis_cluster: RedisCluster3) -
     with RedisTier(src, NS, redis_cluster.url) as t:
         assert t.config.cluster
         assert run_job(t, "store", 1, keys, list(range(40))) == (True,) * 40
-        assert (settle(t, keys) == TIER_HIT).all()
+        assert (settle(t, keys) == LOOKUP_HIT).all()
         dst = np.zeros_like(src)
         with RedisTier(dst, NS, redis_cluster.url) as u:
             assert run_job(u, "load", 2, keys, list(range(40))) == (True,) * 40

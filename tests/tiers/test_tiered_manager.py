@@ -11,15 +11,15 @@ import redis
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.tiered import TieredManager
 from kvoffload.core.base import ReqContext
-from kvoffload.core.lookup_result import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers import RedisTier
-from tests.tiers.conftest import NS, make_keys, make_records
+from tests.keys import CTX
+from tests.tiers.conftest import NS, make_keys, make_records, run_job
 from tests.tiers.proxy import TurnCountingProxy
 
 RB = 4096 + 24
-CTX = ReqContext("r")
 
 
 def _store(m: TieredManager, keys: list[bytes], records: np.ndarray, src: np.ndarray) -> None:
@@ -199,7 +199,7 @@ def test_bad_arguments_are_typed_errors(redis_url: str) -> None:
         TieredManager(CPUOffloadingManager(2), [])
     with pytest.raises(InvalidTypeError, match=r"tiers\[0\]"):
         TieredManager(CPUOffloadingManager(2), ["redis://x"])  # type: ignore[list-item]
-    with pytest.raises(InvalidTypeError, match="primary must have"):
+    with pytest.raises(InvalidTypeError, match="primary must be a CPUOffloadingManager"):
         TieredManager(object(), [])  # type: ignore[arg-type]
     t = RedisTier(rec, NS, redis_url)
     with pytest.raises(InvalidArgumentError, match="twice"):
@@ -214,7 +214,7 @@ def test_the_readme_acl_is_enough(redis_server: RedisServer) -> None:
     redis_server.cli("flushall")
     redis_server.cli(
         "acl", "setuser", "kvoffload", "reset", "on", ">readme-pw", "~kvo:*", "-@all",
-        "+get", "+set", "+exists", "+del", "+ping", "+hello",
+        "+get", "+set", "+exists", "+eval", "+strlen", "+getrange", "+del", "+ping", "+hello",
     )  # fmt: skip
     assert "kvoffload" in redis_server.cli("acl", "users")
     url = f"redis://kvoffload:readme-pw@127.0.0.1:{redis_server.port}"
@@ -233,4 +233,9 @@ def test_the_readme_acl_is_enough(redis_server: RedisServer) -> None:
     b.complete_load(keys, CTX)
     _no_leak(b)
     b.close()
+    with RedisTier(rec_b, NS, url) as t:  # a corrupt value is deleted (compare-and-delete, a script)
+        redis.Redis(port=redis_server.port).set(t.store_key(keys[0]), b"garbage")
+        assert run_job(t, "load", 1, keys[:1], [0]) == (False,)
+        st = t.stats()
+        assert (st.corrupt, st.deleted_values, st.errors) == (1, 1, 0)
     redis_server.cli("acl", "deluser", "kvoffload")

@@ -113,6 +113,15 @@ def test_empty_job() -> None:
         (GPULoadStoreSpec([1, 8], [2], [0]), CPULoadStoreSpec([0]), True, "block id 8"),  # gpu block
         (GPULoadStoreSpec([1, 2, 3, 4], [4], [0]), CPULoadStoreSpec([3, 3]), True, "same slot"),
         (GPULoadStoreSpec([1, 1], [2], [0]), CPULoadStoreSpec([3]), False, "same GPU block"),
+        # the worker's one check of the ids (the spec constructors only convert them)
+        (GPULoadStoreSpec([1, -2], [2], [0]), CPULoadStoreSpec([0]), True, r"GPU spec: block_ids\[1\] must be non-neg"),
+        (GPULoadStoreSpec([1, 2], [2], [-1]), CPULoadStoreSpec([0]), True, r"block_indices\[0\] must be non-neg"),
+        (
+            GPULoadStoreSpec([1, 2], [2], [0]),
+            CPULoadStoreSpec([-3]),
+            False,
+            r"CPU spec: block_ids\[0\] must be non-neg",
+        ),
     ],
 )
 def test_bad_specs(gpu: GPULoadStoreSpec, cpu: CPULoadStoreSpec, store: bool, match: str) -> None:

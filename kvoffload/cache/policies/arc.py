@@ -6,11 +6,12 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
 from kvoffload.cache.keytable import SlotTable
-from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.policies.base import CachePolicy, Slots
 from kvoffload.cache.policies.lru import first_occurrences
 from kvoffload.cache.policies.order import SlotOrder
 
@@ -46,6 +47,7 @@ class ARCPolicy(CachePolicy):
     """
 
     name = "arc"
+    takes_lists = True
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         super().__init__(capacity, table)
@@ -60,17 +62,19 @@ class ARCPolicy(CachePolicy):
         self.b2: OrderedDict[bytes, None] = OrderedDict()
         self.target_t1_size: float = 0.0
 
-    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
+    def insert(self, slots: Slots, keys: Sequence[bytes]) -> None:
         self.t1.push_back(slots)
         for ghost in (self.b1, self.b2):
             if ghost:
                 deque(map(ghost.pop, keys, repeat(None)), maxlen=0)
 
-    def remove(self, slots: np.ndarray) -> None:
+    def remove(self, slots: Slots) -> None:
         self.t1.discard(slots)
         self.t2.discard(slots)
 
-    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
+    def touch(self, keys: Sequence[bytes], slots: Slots, unique: bool = False) -> None:
+        if isinstance(slots, list):
+            slots = np.array(slots, dtype=np.int64)
         present_mask = slots >= 0
         present = slots[present_mask]
         if len(present):
@@ -103,73 +107,72 @@ class ARCPolicy(CachePolicy):
         if self.b1 or self.b2:
             self._ghost_hits(list(reversed(keys)))
 
-    def on_request_finished(
-        self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
-    ) -> None:
+    def on_request_finished(self, keys: Sequence[bytes], slots: Slots, inserted_only: Slots, reused: Slots) -> None:
         """vLLM's request-scoped ARC: a block the request only stored is refreshed in its own list
         (a store is not a second access, so T1 stays T1); a ready block it reused moves from T1
         to T2 or is refreshed in T2; other keys are left alone. Ghost lists are not consulted
         here (that happens at store time, :meth:`on_store_miss`)."""
-        present = slots >= 0
+        if slots.__class__ is list:
+            seen: set[int] = set()
+            member = self._member_mv
+            stay, promote, to_t2 = [], [], []
+            # last key first, each slot at its first occurrence only: walk forward, prepend in reverse
+            for s, ins, reu in zip(slots, inserted_only, reused, strict=True):
+                if s < 0 or s in seen:
+                    continue
+                seen.add(s)
+                if member[s] == _T1:
+                    if ins:
+                        stay.append(s)
+                    elif reu:
+                        promote.append(s)
+                        to_t2.append(s)
+                elif ins or reu:
+                    to_t2.append(s)
+            self.t1.discard(promote)
+            stay.reverse()
+            to_t2.reverse()
+            self.t1.push_back(stay, members=True)
+            self.t2.push_back(to_t2)
+            return
+        present = slots >= 0  # type: ignore[operator]
         if not present.any():
             return
         idx = present.nonzero()[0]
-        sl = slots[idx]
+        sl = slots[idx]  # type: ignore[call-overload]
         _, first = np.unique(sl, return_index=True)
         if len(first) != len(sl):  # keep each slot's first occurrence
             idx = idx[np.sort(first)]
         idx = idx[::-1]
-        rp = slots[idx]
-        ins, reu = inserted_only[idx], reused[idx] & ~inserted_only[idx]
+        rp = slots[idx]  # type: ignore[call-overload]
+        ins, reu = inserted_only[idx], reused[idx] & ~inserted_only[idx]  # type: ignore[call-overload]
         in_t1 = self.member[rp] == _T1
-        promote = in_t1 & reu
-        if promote.any():
-            self.t1.discard(rp[promote])
+        promote_m = in_t1 & reu
+        if promote_m.any():
+            self.t1.discard(rp[promote_m])
         self.t1.push_back(rp[in_t1 & ins], members=True)
-        self.t2.push_back(rp[promote | (~in_t1 & (ins | reu))])
+        self.t2.push_back(rp[promote_m | (~in_t1 & (ins | reu))])
 
-    def on_request_finished_list(
-        self, keys: Sequence[bytes], slots: list[int], inserted_only: list[bool], reused: list[bool]
-    ) -> None:
-        """:meth:`on_request_finished` for a few keys, without numpy."""
-        seen: set[int] = set()
-        member = self._member_mv
-        stay, promote, to_t2 = [], [], []
-        # last key first, each slot at its first occurrence only: walk forward, prepend in reverse
-        for s, ins, reu in zip(slots, inserted_only, reused, strict=True):
-            if s < 0 or s in seen:
-                continue
-            seen.add(s)
-            if member[s] == _T1:
-                if ins:
-                    stay.append(s)
-                elif reu:
-                    promote.append(s)
-                    to_t2.append(s)
-            elif ins or reu:
-                to_t2.append(s)
-        if promote:
-            self.t1.discard_list(promote)
-        stay.reverse()
-        to_t2.reverse()
-        self.t1.push_back_list(stay, members=True)
-        self.t2.push_back_list(to_t2)
-
-    def on_evictable(self, slots: np.ndarray) -> None:
+    def on_evictable(self, slots: Slots) -> None:
+        if slots.__class__ is list:
+            if not slots:
+                return
+            lowest = min(map(self._pos_mv.__getitem__, slots))  # nothing parked in a list whose scan is below it
+            for lst in (self.t1, self.t2):
+                if lowest < lst.scan_position:
+                    lst.on_evictable(slots)
+            return
         self.t1.on_evictable(slots)
         self.t2.on_evictable(slots)
 
-    def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        got = self._pick(n, protected, scalar=False)
+    def evict(self, n: int, protected: Slots) -> Any:
+        scalar = protected.__class__ is list
+        got = self._pick(n, protected, scalar)
         if got is None:
             return None
-        return got[0] if len(got) == 1 else np.concatenate(got)
-
-    def evict_list(self, n: int, protected: list[int]) -> list[int] | None:
-        got = self._pick(n, protected, scalar=True)
-        if got is None:
-            return None
-        return got[0] if len(got) == 1 else [s for g in got for s in g]
+        if len(got) == 1:
+            return got[0]  # type: ignore[no-any-return]
+        return [s for g in got for s in g] if scalar else np.concatenate(got)
 
     def _pick(self, n: int, protected: np.ndarray | list[int], scalar: bool) -> list | None:  # type: ignore[type-arg]
         """Choose ``n`` victims (T1 while at or above target, else T2, then T1), forget them, record
@@ -195,10 +198,7 @@ class ARCPolicy(CachePolicy):
             rem -= len(got)  # type: ignore[arg-type]
         if rem > 0:
             for got, lst in picks:
-                if scalar:
-                    lst.on_evictable_list(got)  # type: ignore[arg-type]
-                else:
-                    lst.restore(got)  # type: ignore[arg-type]
+                lst.on_evictable(got)  # type: ignore[arg-type]
             return None
         keys = self.table.keys
         out = []
@@ -206,13 +206,8 @@ class ARCPolicy(CachePolicy):
             if len(got) == 0:  # type: ignore[arg-type]
                 continue
             out.append(got)
-            victims: list[int]
-            if scalar:
-                lst.discard_list(got)  # type: ignore[arg-type]
-                victims = got  # type: ignore[assignment]
-            else:
-                lst.discard(got)  # type: ignore[arg-type]
-                victims = got.tolist()  # type: ignore[attr-defined]
+            lst.discard(got)  # type: ignore[arg-type]
+            victims: list[int] = got if scalar else got.tolist()  # type: ignore[assignment,attr-defined]
             ghost = self.b1 if lst is self.t1 else self.b2
             ghost.update(zip([keys[s] for s in victims], repeat(None)))  # type: ignore[misc]
         for ghost in (self.b1, self.b2):
@@ -222,29 +217,7 @@ class ARCPolicy(CachePolicy):
 
     def _take(self, lst: SlotOrder, k: int, protected: np.ndarray | list[int], scalar: bool) -> object:
         t = self.table
-        if scalar:
-            return lst.take_list(k, t.ref_buf, protected, t.prot_mark)  # type: ignore[arg-type]
-        return lst.take(k, t.ref, protected, t.prot_mark)  # type: ignore[arg-type]
-
-    # scalar forms for small batches (see CachePolicy); touch uses the array form
-    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
-        self.t1.push_back_list(slots)
-        for ghost in (self.b1, self.b2):
-            if ghost:
-                for key in keys:
-                    ghost.pop(key, None)
-
-    def remove_list(self, slots: list[int]) -> None:
-        self.t1.discard_list(slots)
-        self.t2.discard_list(slots)
-
-    def on_evictable_list(self, slots: list[int]) -> None:
-        if not slots:
-            return
-        lowest = min(map(self._pos_mv.__getitem__, slots))  # nothing parked in a list whose scan is below it
-        for lst in (self.t1, self.t2):
-            if lowest < lst.scan_position:
-                lst.on_evictable_list(slots)
+        return lst.take(k, t.ref_buf if scalar else t.ref, protected, t.prot_mark)
 
     def clear(self) -> None:
         self.member[:] = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Union
 
 import numpy as np
 
@@ -22,26 +23,41 @@ from kvoffload.registry import Registry
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CachePolicy", "POLICIES", "register_policy", "get_policy_class", "available_policies"]
+__all__ = ["CachePolicy", "Slots", "POLICIES", "register_policy", "get_policy_class", "available_policies"]
+
+
+#: what the methods of a policy that ``takes_lists`` accept: an ``int64`` array or a list of ints
+Slots = Union[np.ndarray, list]  # noqa: UP007
 
 
 class CachePolicy(ABC):
     """Ordering and victim selection over the slots of a :class:`SlotTable`.
 
-    The manager calls, with ``int64`` slot arrays:
+    The contract: one method per operation. The manager calls, with ``slots`` an ``int64`` numpy
+    array (see ``takes_lists`` for the one exception):
 
     * :meth:`insert` for blocks that just became pending (in call order),
     * :meth:`remove` for pending blocks whose store failed,
     * :meth:`touch` with the keys of a ``touch`` call and their slots (``-1`` = absent),
-    * :meth:`on_evictable` when ready blocks reach ref count 0 (store completed, or last
-      load completed),
     * :meth:`evict` to pick victims, and :meth:`clear` on reset.
+
+    Optional (defaults given here): :meth:`on_evictable` (ready blocks reached ref count 0: store
+    completed, or last load completed), :meth:`on_store_miss` (absent keys offered for storing),
+    :meth:`on_request_finished` (request-scoped recency; default: :meth:`touch`),
+    :meth:`metadata_nbytes`.
 
     A block is *evictable* iff ``table.ref[s] == 0``. ``evict`` must pick only evictable
     slots not in ``protected`` (also marked 1 in ``table.prot_mark`` during the call); it
     either returns exactly ``n`` slots (and forgets them) or returns None and leaves every
     observable decision unchanged. The manager only calls ``evict`` when at least ``n``
     evictable, unprotected blocks exist.
+
+    Small calls: a policy whose class sets ``takes_lists = True`` is also handed plain Python
+    lists (``list[int]`` slots, ``list[bool]`` flags, ``protected`` a list, and ``evict`` then
+    answers a list) for calls on a few keys (the manager's ``SMALL_BATCH``), and switches on the
+    argument's type inside the method (a numpy call costs about a microsecond whatever its size);
+    it annotates its arguments :data:`Slots`. A new policy need not: with ``takes_lists = False``
+    (the default) it only ever sees arrays.
 
     Args:
         capacity: number of slots (``table.num_blocks``).
@@ -50,6 +66,8 @@ class CachePolicy(ABC):
 
     #: Registry name (informational).
     name: str = ""
+    #: whether the methods also take plain lists for small calls (see the class docstring)
+    takes_lists: bool = False
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         self.capacity = capacity
@@ -74,8 +92,8 @@ class CachePolicy(ABC):
         """``slots`` just became evictable (ref count 0)."""
 
     def on_store_miss(self, keys: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
-        """``keys`` (absent) are about to be offered for storing. Request-scoped engines (vLLM)
-        never call ``touch``: this is where a policy with history (ARC's ghost lists) learns."""
+        """``keys`` (absent, past the reuse filter) are about to be stored. Request-scoped engines
+        (vLLM) never call ``touch``: this is where a policy with history (ARC's ghost lists) learns."""
 
     def on_request_finished(
         self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
@@ -83,7 +101,7 @@ class CachePolicy(ABC):
         """One finished request's accesses, applied at once (request-scoped engines).
 
         ``keys`` head first (the first ends up most recent), ``slots[i]`` its slot or -1;
-        ``inserted_only[i]`` / ``reused[i]`` (bool arrays): the request only stored the key /
+        ``inserted_only[i]`` / ``reused[i]`` (bools): the request only stored the key /
         read a ready copy of it. The default treats every key as touched.
         """
         self.touch(keys, slots)
@@ -99,40 +117,6 @@ class CachePolicy(ABC):
     def metadata_nbytes(self) -> int:
         """Bytes held by the policy's arrays (for memory reports)."""
         return 0
-
-    # ------------------------------------------------------------------ small batches
-    # The manager handles calls on a few keys (``SMALL_BATCH``) without numpy: slots come
-    # as Python lists of ints. These defaults convert to arrays and call the methods above,
-    # so a policy only has to implement the array forms; the built-in ones override them
-    # with scalar code (a numpy call costs ~1 us whatever its size).
-    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
-        """:meth:`insert` with ``slots`` as a list."""
-        self.insert(np.array(slots, dtype=np.int64), keys)
-
-    def remove_list(self, slots: list[int]) -> None:
-        """:meth:`remove` with ``slots`` as a list."""
-        self.remove(np.array(slots, dtype=np.int64))
-
-    def touch_list(self, keys: Sequence[bytes], slots: list[int]) -> None:
-        """:meth:`touch` with ``slots`` as a list (``-1`` = absent; keys may repeat)."""
-        self.touch(keys, np.array(slots, dtype=np.int64), unique=False)
-
-    def on_request_finished_list(
-        self, keys: Sequence[bytes], slots: list[int], inserted_only: list[bool], reused: list[bool]
-    ) -> None:
-        """:meth:`on_request_finished` with lists."""
-        self.on_request_finished(
-            keys, np.array(slots, dtype=np.int64), np.array(inserted_only, dtype=bool), np.array(reused, dtype=bool)
-        )
-
-    def on_evictable_list(self, slots: list[int]) -> None:
-        """:meth:`on_evictable` with ``slots`` as a list."""
-        self.on_evictable(np.array(slots, dtype=np.int64))
-
-    def evict_list(self, n: int, protected: list[int]) -> list[int] | None:
-        """:meth:`evict` with ``protected`` and the result as lists."""
-        got = self.evict(n, np.array(protected, dtype=np.int64) if protected else np.zeros(0, dtype=np.int64))
-        return None if got is None else got.tolist()
 
 
 #: the cache policies by name (built-ins imported on first use)

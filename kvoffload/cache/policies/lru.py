@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from kvoffload.cache.keytable import SlotTable
-from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.policies.base import CachePolicy, Slots
 from kvoffload.cache.policies.order import SlotOrder
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class LRUPolicy(CachePolicy):
     """
 
     name = "lru"
+    takes_lists = True
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         super().__init__(capacity, table)
@@ -51,54 +53,36 @@ class LRUPolicy(CachePolicy):
         self.pos = np.zeros(capacity, dtype=np.int64)
         self.order = SlotOrder(1, self.member, self.pos, capacity)
 
-    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
+    def insert(self, slots: Slots, keys: Sequence[bytes]) -> None:
         self.order.push_back(slots, fresh=True)
 
-    def remove(self, slots: np.ndarray) -> None:
+    def remove(self, slots: Slots) -> None:
         self.order.discard(slots)
 
-    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
+    def touch(self, keys: Sequence[bytes], slots: Slots, unique: bool = False) -> None:
+        if isinstance(slots, list):
+            seen: set[int] = set()
+            few = [s for s in slots if s >= 0 and not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
+            few.reverse()
+            self.order.push_back(few, members=True)
+            return
         present = slots[slots >= 0]
         if len(present):
             if not unique:
                 present = first_occurrences(present)
             self.order.push_back(present[::-1], members=True)
 
-    def on_evictable(self, slots: np.ndarray) -> None:
+    def on_evictable(self, slots: Slots) -> None:
         self.order.on_evictable(slots)
 
-    def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        victims = self.order.take(n, self.table.ref, protected, self.table.prot_mark)
+    def evict(self, n: int, protected: Slots) -> Any:
+        t = self.table
+        victims = self.order.take(n, t.ref_buf if protected.__class__ is list else t.ref, protected, t.prot_mark)
         if len(victims) < n:
-            self.order.restore(victims)
+            self.order.on_evictable(victims)
             return None
-        self.order.discard_taken(victims)
-        return victims
-
-    # scalar forms for small batches (see CachePolicy)
-    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
-        self.order.push_back_list(slots)
-
-    def remove_list(self, slots: list[int]) -> None:
-        self.order.discard_list(slots)
-
-    def touch_list(self, keys: Sequence[bytes], slots: list[int]) -> None:
-        seen: set[int] = set()
-        present = [s for s in slots if s >= 0 and not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
-        if present:
-            present.reverse()
-            self.order.push_back_list(present, members=True)
-
-    def on_evictable_list(self, slots: list[int]) -> None:
-        self.order.on_evictable_list(slots)
-
-    def evict_list(self, n: int, protected: list[int]) -> list[int] | None:
-        victims = self.order.take_list(n, self.table.ref_buf, protected, self.table.prot_mark)
-        if len(victims) < n:
-            self.order.on_evictable_list(victims)
-            return None
-        self.order.discard_list(victims)
-        return victims
+        self.order.discard(victims)
+        return victims  # type: ignore[no-any-return]
 
     def clear(self) -> None:
         self.member[:] = 0

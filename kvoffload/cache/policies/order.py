@@ -35,6 +35,7 @@ from __future__ import annotations
 import heapq
 import logging
 from array import array
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["SlotOrder"]
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
-#: :meth:`SlotOrder.take_list` scans at most ``SCAN_BUDGET + 4 * k`` log entries one by one,
+#: :meth:`SlotOrder.take` (small calls) scans at most ``SCAN_BUDGET + 4 * k`` log entries one by one,
 #: then goes on with the vectorised :meth:`SlotOrder.take`.
 SCAN_BUDGET = 64
 
@@ -95,115 +96,97 @@ class SlotOrder:
         """Boolean mask: which of ``slots`` are in this list."""
         return self.member[slots] == self.lid
 
-    def push_back(self, slots: np.ndarray, members: bool = False, fresh: bool = False) -> None:
+    def push_back(self, slots: np.ndarray | list[int], members: bool = False, fresh: bool = False) -> None:
         """Append distinct ``slots`` at the newest end, in order (the last one is the newest).
 
         Slots already in this list move; slots in another list must have been discarded
         from it first. ``members=True`` promises that every slot is already in this list,
-        ``fresh=True`` that none is in any list (blocks just allocated).
+        ``fresh=True`` that none is in any list (blocks just allocated). Here and below, a
+        ``list`` of slots takes per-slot memoryview steps (~50 ns each; a numpy call costs ~1 us
+        whatever its size), an array numpy operations.
         """
         k = len(slots)
         if k == 0:
+            return
+        if self.tail + k > len(self.buf):
+            self._compact(k)
+        t = self.tail
+        if slots.__class__ is list:
+            member, pos, buf, lid = self._mm, self._pm, self._bm, self.lid
+            p = self.base + t
+            for s in slots:
+                if not members and member[s] != lid:
+                    member[s] = lid
+                    self.size += 1
+                buf[t] = s
+                pos[s] = p
+                t += 1
+                p += 1
+            self.tail = t
             return
         if fresh:
             self.size += k
         elif not members:
             self.size += int(np.count_nonzero(self.member[slots] != self.lid))
-        if self.tail + k > len(self.buf):
-            self._compact(k)
-        t = self.tail
         self.buf[t : t + k] = slots
         self.pos[slots] = np.arange(self.base + t, self.base + t + k, dtype=np.int64)
         if not members:
             self.member[slots] = self.lid
         self.tail = t + k
 
-    def discard(self, slots: np.ndarray) -> None:
-        """Remove ``slots`` that are in this list (others are ignored)."""
+    def discard(self, slots: np.ndarray | list[int]) -> None:
+        """Remove distinct ``slots`` that are in this list (others are ignored)."""
+        if slots.__class__ is list:
+            member, lid = self._mm, self.lid
+            for s in slots:
+                if member[s] == lid:
+                    member[s] = 0
+                    self.size -= 1
+            return
         if len(slots) == 0:
             return
         mine = self.member[slots] == self.lid
         n = int(np.count_nonzero(mine))
         if n:
-            self.member[slots[mine]] = 0
+            self.member[slots[mine]] = 0  # type: ignore[index]
             self.size -= n
 
-    def discard_taken(self, slots: np.ndarray) -> None:
-        """Remove ``slots`` just returned by :meth:`take` (all in this list)."""
-        if len(slots):
-            self.member[slots] = 0
-            self.size -= len(slots)
-
-    def on_evictable(self, slots: np.ndarray) -> None:
+    def on_evictable(self, slots: np.ndarray | list[int]) -> None:
         """``slots`` just became evictable (ready with ref 0): re-queue the parked ones."""
         if len(slots) == 0:
             return
-        p = self.pos[slots]
         limit = self.base + self.head
-        if int(p.min()) >= limit:
-            return  # nothing parked (the common case: blocks pushed since the last scan)
-        parked = (self.member[slots] == self.lid) & (p < limit)
-        if parked.any():
-            for s, ps in zip(slots[parked].tolist(), p[parked].tolist(), strict=True):
-                if self._pushed.get(s) != ps:
-                    self._pushed[s] = ps
-                    heapq.heappush(self._heap, (ps, s))
-
-    # ------------------------------------------------------------------ scalar forms
-    # The ``*_list`` methods do what their numpy namesakes do, for a few slots given as a
-    # Python list, with per-slot memoryview operations (no numpy call: a numpy call costs
-    # ~1 us whatever its size, a scalar step ~50 ns).
-    def push_back_list(self, slots: list[int], members: bool = False) -> None:
-        """:meth:`push_back` for a list of distinct slots."""
-        k = len(slots)
-        if k == 0:
-            return
-        if self.tail + k > len(self.buf):
-            self._compact(k)
-        member, pos, buf, lid = self._mm, self._pm, self._bm, self.lid
-        t = self.tail
-        p = self.base + t
-        added = 0
-        for s in slots:
-            if not members and member[s] != lid:
-                member[s] = lid
-                added += 1
-            buf[t] = s
-            pos[s] = p
-            t += 1
-            p += 1
-        self.tail = t
-        self.size += added
-
-    def discard_list(self, slots: list[int]) -> None:
-        """:meth:`discard` for a list of distinct slots."""
-        member, lid = self._mm, self.lid
-        n = 0
-        for s in slots:
-            if member[s] == lid:
-                member[s] = 0
-                n += 1
-        self.size -= n
-
-    def on_evictable_list(self, slots: list[int]) -> None:
-        """:meth:`on_evictable` for a list of slots."""
-        member, pos, lid = self._mm, self._pm, self.lid
-        limit = self.base + self.head
-        if not slots or min(map(pos.__getitem__, slots)) >= limit:
-            return  # nothing parked (the common case), found with one C-level pass
-        for s in slots:
-            ps = pos[s]
-            if ps < limit and member[s] == lid and self._pushed.get(s) != ps:
+        if slots.__class__ is list:
+            pos = self._pm
+            if min(map(pos.__getitem__, slots)) >= limit:
+                return  # nothing parked (the common case), found with one C-level pass
+            parked = [(s, pos[s]) for s in slots if pos[s] < limit and self._mm[s] == self.lid]
+        else:
+            p = self.pos[slots]
+            if int(p.min()) >= limit:
+                return  # nothing parked (the common case: blocks pushed since the last scan)
+            mask = (self.member[slots] == self.lid) & (p < limit)
+            parked = list(zip(slots[mask].tolist(), p[mask].tolist(), strict=True))  # type: ignore[index]
+        for s, ps in parked:
+            if self._pushed.get(s) != ps:
                 self._pushed[s] = ps
                 heapq.heappush(self._heap, (ps, s))
 
-    def take_list(self, k: int, ref: np.ndarray | array, protected: list[int], prot_mark: np.ndarray) -> list[int]:
-        """:meth:`take` returning a list, scanning entry by entry for small ``k``.
+    def take(self, k: int, ref: np.ndarray | array, protected: Any, prot_mark: np.ndarray) -> Any:
+        """The next (up to) ``k`` evictable slots in list order, oldest first.
 
-        ``ref`` is the state array (numpy, or any buffer of ``int32`` such as ``array('i')``);
-        ``protected`` slots are marked 1 in ``prot_mark``. After a bounded number of scalar
-        steps the rest of the scan continues with the vectorised :meth:`take`.
+        Evictable: ``ref[s] == 0`` (ready, not pinned) and ``s`` not in ``protected``
+        (``prot_mark[s] == 1`` exactly for the slots of ``protected``).
+        The returned slots stay in the list but are parked; the caller must either
+        :meth:`discard` them (evicted) or give them back with :meth:`on_evictable`. Calls may be repeated to
+        continue the same scan. Observable order never changes.
+
+        ``protected`` a ``list`` (a small call): the answer is a list, found entry by entry for
+        a bounded number of steps (then the vectorised scan goes on); ``ref`` may then be any
+        ``int32`` buffer (``array('i')``). Else ``int64`` arrays in and out.
         """
+        if protected.__class__ is not list:
+            return self._take_array(k, ref, protected, prot_mark)  # type: ignore[arg-type]
         if k <= 0:
             return []
         ref_s = ref.data if isinstance(ref, np.ndarray) else ref
@@ -245,7 +228,7 @@ class SlotOrder:
         if len(out) < k and self.head < self.tail:
             ref_np = ref if ref.__class__ is np.ndarray else np.frombuffer(ref, dtype=np.int32)
             prot_np = np.array(protected, dtype=np.int64) if protected else _EMPTY_I64
-            out.extend(self.take(k - len(out), ref_np, prot_np, prot_mark).tolist())
+            out.extend(self._take_array(k - len(out), ref_np, prot_np, prot_mark).tolist())
         return out
 
     def ordered(self) -> list[int]:
@@ -258,15 +241,8 @@ class SlotOrder:
         return parked.tolist() + cur.tolist()
 
     # ------------------------------------------------------------------ eviction scan
-    def take(self, k: int, ref: np.ndarray, protected: np.ndarray, prot_mark: np.ndarray) -> np.ndarray:
-        """The next (up to) ``k`` evictable slots in list order, oldest first.
-
-        Evictable: ``ref[s] == 0`` (ready, not pinned) and ``s`` not in ``protected``
-        (``prot_mark[s] == 1`` exactly for the slots of ``protected``).
-        The returned slots stay in the list but are parked; the caller must either
-        :meth:`discard` them (evicted) or :meth:`restore` them. Calls may be repeated to
-        continue the same scan. Observable order never changes.
-        """
+    def _take_array(self, k: int, ref: np.ndarray, protected: np.ndarray, prot_mark: np.ndarray) -> np.ndarray:
+        """:meth:`take` with arrays."""
         if k <= 0:
             return _EMPTY_I64
         out: list[int] = []
@@ -324,10 +300,6 @@ class SlotOrder:
         if len(chunks) == 2 and not out:
             return chunks[1]
         return np.concatenate(chunks)
-
-    def restore(self, slots: np.ndarray) -> None:
-        """Give back slots returned by :meth:`take` that were not evicted."""
-        self.on_evictable(slots)
 
     # ------------------------------------------------------------------ internals
     def _compact(self, extra: int) -> None:

@@ -37,11 +37,12 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from kvoffload.cache.keytable import SlotTable
-from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.policies.base import CachePolicy, Slots
 from kvoffload.cache.policies.order import SlotOrder
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class S3FIFOPolicy(CachePolicy):
     """Small FIFO + main FIFO with lazy promotion and a ghost queue (see the module docstring)."""
 
     name = "s3fifo"
+    takes_lists = True
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         super().__init__(capacity, table)
@@ -69,36 +71,59 @@ class S3FIFOPolicy(CachePolicy):
         self.ghost: OrderedDict[bytes, None] = OrderedDict()
         self.small_target = max(1, capacity // 10)
 
-    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
-        self.freq[slots] = 0
+    def insert(self, slots: Slots, keys: Sequence[bytes]) -> None:
         ghost = self.ghost
+        if slots.__class__ is list:
+            freq = self._freq_mv
+            for s in slots:
+                freq[s] = 0
+            if not ghost or not any(k in ghost for k in keys):
+                self.small.push_back(slots)
+                return
+            hit_l = [k in ghost for k in keys]
+            for k, h in zip(keys, hit_l, strict=True):
+                if h:
+                    del ghost[k]
+            self.small.push_back([s for s, h in zip(slots, hit_l, strict=True) if not h])
+            self.main.push_back([s for s, h in zip(slots, hit_l, strict=True) if h])
+            return
+        self.freq[slots] = 0
         if ghost:
             hit = np.fromiter((k in ghost for k in keys), dtype=bool, count=len(keys))
             if hit.any():
                 for i in hit.nonzero()[0].tolist():
                     del ghost[keys[i]]
-                self.small.push_back(slots[~hit])
-                self.main.push_back(slots[hit])
+                self.small.push_back(slots[~hit])  # type: ignore[call-overload]
+                self.main.push_back(slots[hit])  # type: ignore[call-overload]
                 return
         self.small.push_back(slots)
 
-    def remove(self, slots: np.ndarray) -> None:
+    def remove(self, slots: Slots) -> None:
         self.small.discard(slots)
         self.main.discard(slots)
 
-    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
-        present = slots[slots >= 0]
+    def touch(self, keys: Sequence[bytes], slots: Slots, unique: bool = False) -> None:
+        if slots.__class__ is list:
+            freq = self._freq_mv
+            for s in set(slots):
+                if s >= 0 and freq[s] < _MAX_FREQ:
+                    freq[s] += 1
+            return
+        present = slots[slots >= 0]  # type: ignore[call-overload,operator]
         if len(present):
             if not unique:
                 present = np.unique(present)
             f = self.freq[present]
             self.freq[present] = np.minimum(f + 1, _MAX_FREQ)
 
-    def on_evictable(self, slots: np.ndarray) -> None:
+    def on_evictable(self, slots: Slots) -> None:
         self.small.on_evictable(slots)
         self.main.on_evictable(slots)
 
-    def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
+    def evict(self, n: int, protected: Slots) -> Any:
+        if protected.__class__ is list:  # small calls evict with the array form too
+            got = self.evict(n, np.array(protected, dtype=np.int64))
+            return None if got is None else got.tolist()  # type: ignore[union-attr]
         ref, freq = self.table.ref, self.freq
         small, main = self.small, self.main
         victims: list[np.ndarray] = []
@@ -121,7 +146,7 @@ class S3FIFOPolicy(CachePolicy):
                     # only here because M had nothing evictable: the first promotion gives
                     # M a candidate, and the next step goes back to M
                     cut = int(np.argmax(hit)) + 1
-                    small.restore(got[cut:])
+                    small.on_evictable(got[cut:])
                     got, hit = got[:cut], hit[:cut]
                 promoted = got[hit]
                 dead = got[~hit]
@@ -157,42 +182,6 @@ class S3FIFOPolicy(CachePolicy):
         for _ in range(len(self.ghost) - self.capacity):
             self.ghost.popitem(last=False)
         return victims[0] if len(victims) == 1 else np.concatenate(victims)
-
-    # scalar forms for small batches (see CachePolicy); eviction uses the array form
-    def insert_list(self, slots: list[int], keys: Sequence[bytes]) -> None:
-        freq = self._freq_mv
-        for s in slots:
-            freq[s] = 0
-        ghost = self.ghost
-        if ghost and any(k in ghost for k in keys):
-            small: list[int] = []
-            main: list[int] = []
-            for s, k in zip(slots, keys, strict=True):
-                if k in ghost:
-                    del ghost[k]
-                    main.append(s)
-                else:
-                    small.append(s)
-            self.small.push_back_list(small)
-            self.main.push_back_list(main)
-            return
-        self.small.push_back_list(slots)
-
-    def remove_list(self, slots: list[int]) -> None:
-        self.small.discard_list(slots)
-        self.main.discard_list(slots)
-
-    def touch_list(self, keys: Sequence[bytes], slots: list[int]) -> None:
-        freq = self._freq_mv
-        for s in set(slots):
-            if s >= 0:
-                f = freq[s]
-                if f < _MAX_FREQ:
-                    freq[s] = f + 1
-
-    def on_evictable_list(self, slots: list[int]) -> None:
-        self.small.on_evictable_list(slots)
-        self.main.on_evictable_list(slots)
 
     def clear(self) -> None:
         self.member[:] = 0

@@ -1,20 +1,12 @@
-"""vLLM's ``OffloadingManager`` contract (0.32 / 0.33) backed by kvoffload's manager stack.
-
-Stack: :class:`~kvoffload.cache.request_hooks.RequestHooksManager` (vLLM's request hooks)
-over an optional :class:`~kvoffload.cache.reuse.FilteredReuseManager` (``count_on="offer"``,
-as vLLM counts) over :class:`~kvoffload.cache.manager.CPUOffloadingManager`.
+"""vLLM's ``OffloadingManager`` contract (0.32 / 0.33) backed by one kvoffload
+:class:`~kvoffload.cache.manager.CPUOffloadingManager` (request recording on, the reuse filter
+counting store offers as vLLM does), converted to vLLM's types here.
 
 Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in the README):
 
-* keys repeated inside one call are reduced to their first occurrence (kvoffload's core rejects
-  repeats; vLLM's manager tolerates them) -- once, at this door: each call's keys are checked,
-  de-duplicated and resolved to slots once (``CPUOffloadingManager.key_batch``) and that batch is
-  handed through the request recording and the reuse filter to the core;
-* ARC adapts its target on ghost hits among all absent keys a request offers for storing, also
-  those the reuse filter then drops (vLLM: only keys past the filter);
-* the allocation-size histogram of a ``prepare_store`` that fails counts the absent keys offered
-  (vLLM: the absent keys past the filter);
-* ``reset_cache`` also forgets the reuse filter's counts (vLLM's manager keeps them);
+* keys repeated inside one call are reduced to their first occurrence (kvoffload's manager
+  rejects repeats; vLLM's manager tolerates them) -- once, at this door: each call's keys are
+  checked, de-duplicated and resolved to slots once (``CPUOffloadingManager.key_batch``);
 * a vLLM ``CachePolicy`` runs through :class:`~kvoffload.integrations.vllm.policy.VLLMPolicyAdapter`
   (see there for what it sees differently);
 * ``lock`` is a no-op context (the manager has no thread of its own) and ``on_reset_flushed``
@@ -44,16 +36,21 @@ from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.request_hooks import RequestHooksManager
-from kvoffload.cache.reuse import FilteredReuseManager
-from kvoffload.core.base import OffloadingManager as CoreManager
-from kvoffload.core.lookup_result import LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, lookup_code
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVOffloadManager"]
+__all__ = ["KVOffloadManager", "VLLM_LOOKUP"]
 
+#: kvoffload's :class:`~kvoffload.core.lookup_code.LookupCode` as vLLM's ``LookupResult`` (indexed by code):
+#: the one conversion, used by the manager's lookups and the secondary tiers'
+VLLM_LOOKUP: tuple[LookupResult, ...] = (
+    LookupResult.MISS,
+    LookupResult.HIT,
+    LookupResult.HIT_PENDING,
+    LookupResult.RETRY,
+)
 #: what :meth:`KVOffloadManager.on_new_request` answers for every request (vLLM's default policy)
 _CHUNK_LEVEL = RequestOffloadingContext()
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
@@ -88,18 +85,21 @@ class KVOffloadManager(OffloadingManager):
     ) -> None:
         self.medium: Medium = Medium.CPU  # vLLM's managers name their medium (vLLM code reads it)
         policy = resolve_cache_policy(cache_policy, cache_policy_module_path)
-        self.core = CPUOffloadingManager(num_blocks, cache_policy=policy, enable_events=enable_events)
+        self.core = CPUOffloadingManager(
+            num_blocks,
+            cache_policy=policy,
+            enable_events=enable_events,
+            store_threshold=store_threshold if store_threshold >= 2 else None,
+            max_tracker_size=max_tracker_size,
+            count_on="offer",
+            record_requests=True,
+        )
         self.core.trust_context_class(ReqContext)  # vLLM's contexts: their req_id checked, no general check
-        stack: CoreManager = self.core
         self.store_threshold = store_threshold
-        self._filter: FilteredReuseManager | None = None
-        if store_threshold >= 2:
-            stack = self._filter = FilteredReuseManager(self.core, store_threshold, max_tracker_size, count_on="offer")
-        self.hooks = RequestHooksManager(stack, core=self.core)
         if type(self).lookup is KVOffloadManager.lookup:  # not overridden by a subclass
             # one closure call per lookup, answering vLLM's LookupResult (vLLM's contexts pass unchecked)
             self.lookup = self.core.lookup_function(  # type: ignore[method-assign,assignment]
-                (LookupResult.HIT, LookupResult.MISS, LookupResult.HIT_PENDING), ReqContext
+                (VLLM_LOOKUP[LOOKUP_HIT], VLLM_LOOKUP[LOOKUP_MISS], VLLM_LOOKUP[LOOKUP_PENDING]), ReqContext
             )
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._alloc_sizes: list[int] = []
@@ -122,47 +122,38 @@ class KVOffloadManager(OffloadingManager):
         """Start the request's record (created by its first recorded call); every request gets
         vLLM's default offloading (chunk level), one shared context (vLLM only reads it), so
         this call allocates nothing."""
-        self.hooks.on_new_request(req_context)  # type: ignore[arg-type]
+        self.core.on_new_request(req_context)  # type: ignore[arg-type]
         return _CHUNK_LEVEL
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         position = getattr(req_context, "get_offload_key_position", None)
-        self.hooks.on_request_finished(req_context, key_position=position)  # type: ignore[arg-type]
+        self.core.on_request_finished(req_context, key_position=position)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """The key's state as vLLM's ``LookupResult`` (replaced per instance by an equivalent closure)."""
-        r = self.core.lookup(key, req_context)  # type: ignore[arg-type]
-        if r:
-            return LookupResult.HIT
-        return LookupResult.MISS if r is False else LookupResult.HIT_PENDING
+        return VLLM_LOOKUP[lookup_code(self.core.lookup(key, req_context))]  # type: ignore[arg-type]
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> Any:
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        spec = self.hooks.prepare_load(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
+        spec = self.core.prepare_load(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
         return CPULoadStoreSpec(spec.block_ids)  # type: ignore[attr-defined]
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.hooks.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
+        self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        # completions go straight to the core: the request recording and the reuse filter
-        # above it record nothing for them
         self.core.complete_load(list(keys), req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        batch = self.core.key_batch(keys)  # checked, de-duplicated and resolved once, for every layer
-        plan = self.hooks.store_plan(batch, req_context)  # type: ignore[arg-type]
-        if plan is None:  # a failed store changed no slot: the batch still tells the absent keys
-            n_absent = len(batch.presence()[0])
-            if n_absent:
-                self._alloc_sizes.append(n_absent)
-            return None
-        if plan.keys:
+        plan = self.core.store_plan(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
+        if plan.keys:  # the keys past the filter that it allocates, or tried to (vLLM's histogram)
             self._alloc_sizes.append(len(plan.keys))
+        if plan.slots is None:
+            return None
         return PrepareStoreOutput(
             keys_to_store=plan.keys,
             store_spec=CPULoadStoreSpec(plan.slots),
@@ -170,12 +161,12 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = list(keys)  # straight to the core, as complete_load
+        keys = list(keys)
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
         batch = self.core.key_batch(keys)
-        removed = [k for k, c in zip(batch, self.core.peek_list(batch), strict=True) if c == LOOKUP_PENDING]
+        removed = [k for k, c in zip(batch, self.core.peek(batch).tolist(), strict=True) if c == LOOKUP_PENDING]
         self.core.complete_store(batch, req_context, False)  # type: ignore[arg-type]
         if removed:
             self._drain_core_events()
@@ -186,7 +177,7 @@ class KVOffloadManager(OffloadingManager):
     # ------------------------------------------------------------------ events, stats, reset
     def _drain_core_events(self) -> None:
         assert self._events is not None
-        for ev in self.hooks.take_events():
+        for ev in self.core.take_events():
             self._events.append(OffloadingEvent(keys=list(ev.keys), medium=self.medium, removed=ev.removed))
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -208,9 +199,7 @@ class KVOffloadManager(OffloadingManager):
         allocation-size histogram and, with a reuse filter, the skipped-store counter."""
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 
-        skipped = 0
-        if self._filter is not None:  # keys the filter dropped (not those already stored)
-            skipped = self._filter.take_skipped()
+        skipped = self.core.take_filtered()  # keys the filter dropped (not those already stored)
         t = self.core.table
         stats = OffloadingConnectorStats()
         n = self.core.num_blocks
@@ -222,14 +211,14 @@ class KVOffloadManager(OffloadingManager):
         for size in self._alloc_sizes:
             stats.observe_histogram(CPUOffloadingMetrics.CPU_ALLOCATION_SIZE, size)
         self._alloc_sizes.clear()
-        if self._filter is not None:
+        if self.core.reuse is not None:
             stats.increase_counter(CPUOffloadingMetrics.STORES_SKIPPED, skipped)
         return stats
 
     def reset_cache(self) -> None:
         """Drop every chunk; what is not reported yet (events, allocation sizes, skipped stores)
         is kept for the next :meth:`take_events` / :meth:`get_stats`, as vLLM's manager keeps it."""
-        self.hooks.reset_cache()
+        self.core.reset_cache()
 
     def has_pending_work(self) -> bool:
         return False
@@ -238,5 +227,5 @@ class KVOffloadManager(OffloadingManager):
         return None
 
     def shutdown(self) -> None:
-        self.hooks.shutdown()
+        self.core.shutdown()
         self.__dict__.pop("lookup", None)  # back to the method, which now raises

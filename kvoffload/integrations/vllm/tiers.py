@@ -13,8 +13,9 @@ scheduler process and never blocks it:
 * ``submit_store`` / ``submit_load`` start a tier job over the job's primary chunk ids;
   ``get_finished_jobs`` reports it (a promotion that failed part-way names its
   ``successful_keys``); ``drain_jobs`` waits for every job; ``shutdown`` closes the tier;
-* ``get_stats`` reports the tier's own counters (rejected values, dropped writes, errors, probe
-  round trips) under the metric names of :meth:`build_metric_definitions`;
+* ``get_stats`` reports the tier's own counters (values absent, rejected by namespace, by
+  integrity, corrupt, deleted; redirected, timed-out, dropped writes, errors, probe round trips)
+  under the metric names of :meth:`build_metric_definitions`;
 * with ``enable_kv_events`` (and vLLM's KV events on) ``take_events`` announces stored blocks.
 
 Use from vLLM's own ``TieringOffloadingSpec`` (or kvoffload's ``KVOffloadSpec``)::
@@ -29,7 +30,8 @@ Keys (besides vLLM's own ``type``, ``module_path``, ``backpressure``): ``url`` (
 ``locality`` (``LOCAL`` / ``REMOTE``; default: the tier class's), ``enable_kv_events``,
 ``namespace_tag``, ``hash_algo``; every other key is an option of the tier's constructor
 (``probe_wait`` defaults to 0 here: vLLM's scheduler never waits on a tier)
-(``integrity_key``, ``io_threads``…; Redis: ``cluster``, ``password``…; disk: ``max_bytes``,
+(``integrity_key``: a secret or a list, the first signs; ``io_threads``…; Redis: ``cluster``,
+``password``, ``protocol``…; disk: ``max_bytes``,
 ``o_direct``), an unknown one a typed error at start. The aliases keep older configurations
 working: ``KVOffloadRedisTier`` (``url`` of a Redis), ``KVOffloadDiskTier`` (``root_dir``).
 See the README's "Use it from vLLM".
@@ -60,20 +62,48 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.integrations.vllm.manager import VLLM_LOOKUP
 from kvoffload.integrations.vllm.tier_namespace import namespace_from_offloading_spec
-from kvoffload.tiers import TIER_HIT, TIER_MISS, RedisTier, Tier, TierSpec, TierStats, check_tier_spec
+from kvoffload.tiers import RedisTier, Tier, TierSpec, TierStats, check_tier_spec
 from kvoffload.tiers.registry import resolve_tier
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["KVOffloadTier", "KVOffloadRedisTier", "KVOffloadDiskTier", "TIER_METRICS"]
 
-_CODES = {TIER_HIT: LookupResult.HIT, TIER_MISS: LookupResult.MISS}
 #: metric name -> (TierStats field, documentation); counters labeled by ``tier``.
 TIER_METRICS: dict[str, tuple[str, str]] = {
     "vllm:kv_offload_kvoffload_tier_rejected_values": (
         "rejected_values",
-        "Values a kvoffload tier found corrupt or foreign (wrong namespace, checksum, MAC) and deleted.",
+        "Values a kvoffload tier read and refused (the sum of the namespace, integrity and corrupt counters).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_rejected_namespace": (
+        "rejected_namespace",
+        "Values of another namespace or format version found under a kvoffload tier's keys (deleted).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_rejected_integrity": (
+        "rejected_integrity",
+        "Values whose MAC none of a kvoffload tier's integrity keys verifies (forged, unsigned, retired key; kept).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_corrupt": (
+        "corrupt",
+        "Values a kvoffload tier found damaged or foreign (magic, key, length, checksum; deleted).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_deleted_values": (
+        "deleted_values",
+        "Refused values a kvoffload tier deleted (still the value it read).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_absent": (
+        "absent",
+        "Loads of values a kvoffload tier's store no longer held (evicted, deleted, restarted).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_redirected": (
+        "redirected",
+        "Redis Cluster commands a kvoffload tier sent again after MOVED or ASK.",
+    ),
+    "vllm:kv_offload_kvoffload_tier_timed_out": (
+        "timed_out",
+        "Keys whose command to a kvoffload tier's store timed out.",
     ),
     "vllm:kv_offload_kvoffload_tier_dropped_writes": (
         "dropped_writes",
@@ -124,9 +154,6 @@ class KVOffloadTier(SecondaryTierManager):
     ) -> None:
         # vLLM's scheduler must never wait on a tier: probes are answered by the next step's lookups
         options.setdefault("probe_wait", 0.0)
-        key = options.get("integrity_key")
-        if isinstance(key, str):
-            options["integrity_key"] = key.encode()
         where = f"secondary tier {tier_type!r}"
         spec = self._tier_spec(where, options)
         try:
@@ -176,7 +203,7 @@ class KVOffloadTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return _CODES.get(int(self.tier.lookup([key])[0]), LookupResult.RETRY)
+        return VLLM_LOOKUP[int(self.tier.lookup([key])[0])]
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self.tier.end_step()

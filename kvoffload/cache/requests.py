@@ -1,0 +1,94 @@
+"""Request recording of :class:`~kvoffload.cache.manager.CPUOffloadingManager` (vLLM's request hooks):
+a part the manager holds, which remembers what each running request did to the cache.
+
+vLLM's scheduler (0.32+) never calls ``touch``. It tells the manager when a request starts
+(``on_new_request``) and ends (``on_request_finished``); in between, the manager records which
+blocks the request stored and which ready blocks it read, and applies that recency (and, for
+ARC, frequency) in one go at the end -- so blocks of a long request do not age while it runs
+and a block a request merely stored is not mistaken for a block used twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from operator import itemgetter
+
+from kvoffload.core.base import OffloadKey
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Access", "RequestLog"]
+
+#: a key's last 4 bytes: its big-endian KV-cache group index (see core.base.make_offload_key)
+_GROUP_SUFFIX = itemgetter(slice(-4, None))
+
+
+class Access:
+    """What one request did, in first-seen order: the keys it stored or read, those it inserted,
+    those it reused (read ready), and the absent keys it offered (the policy saw them once)."""
+
+    __slots__ = ("keys", "inserted", "reused", "store_misses")
+
+    def __init__(self) -> None:
+        self.keys: dict[bytes, None] = {}
+        self.inserted: set[bytes] = set()
+        self.reused: set[bytes] = set()
+        self.store_misses: set[bytes] = set()
+
+    def record(self, keys: Iterable[bytes], reused: Iterable[bytes] = ()) -> None:
+        """``keys`` were stored or read; ``reused`` of them were read ready (unless inserted here)."""
+        self.keys.update(dict.fromkeys(keys))
+        self.reused.update(set(reused).difference(self.inserted))
+
+
+class RequestLog:
+    """Per ``req_id``, its :class:`Access` (requests with an empty ``req_id`` are not recorded)."""
+
+    def __init__(self) -> None:
+        self._requests: dict[str, Access] = {}
+
+    def __len__(self) -> int:
+        """Requests with recorded accesses, not finished yet."""
+        return len(self._requests)
+
+    def start(self, req_id: str) -> None:
+        """A request (re)starts: an id seen again starts afresh (the record itself is created by
+        the request's first recorded call)."""
+        self._requests.pop(req_id, None)
+
+    def get(self, req_id: str) -> Access | None:
+        """The record of ``req_id`` (created on first use); None for an anonymous request."""
+        if not req_id:
+            return None
+        st = self._requests.get(req_id)
+        if st is None:
+            st = self._requests[req_id] = Access()
+        return st
+
+    def finish(
+        self, req_id: str, key_position: Callable[[OffloadKey], int | None] | None
+    ) -> tuple[list[OffloadKey], set[bytes], set[bytes]] | None:
+        """Forget the request's record; return its keys head first, the inserted-only and the
+        reused keys (None: nothing recorded).
+
+        Head first: by token position (``key_position``) when known for every key, ties (blocks
+        of several groups ending at one position) and unknown positions by group, then first-seen
+        order (recorded keys were checked; their big-endian group suffix orders as its bytes do).
+        """
+        st = self._requests.pop(req_id, None)
+        if st is None or not st.keys:
+            return None
+        keys: list[OffloadKey] = list(st.keys)  # type: ignore[arg-type]
+        pos = list(map(key_position, keys)) if key_position is not None else [None]
+        if None in pos:
+            keys.sort(key=_GROUP_SUFFIX)
+        elif pos != sorted(set(pos)):  # type: ignore[type-var]  # not recorded head first already
+            where = dict(zip(keys, pos, strict=True))
+            if len(set(pos)) < len(pos):
+                keys.sort(key=_GROUP_SUFFIX)
+            keys.sort(key=where.__getitem__)  # type: ignore[arg-type]
+        return keys, st.inserted - st.reused, st.reused
+
+    def clear(self) -> None:
+        self._requests.clear()
