@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -429,15 +430,14 @@ class CPUOffloadingManager(OffloadingManager):
         if type(self._policy).on_request_finished is CachePolicy.on_request_finished:
             self.touch(keys, req_context)
             return
-        batch = self._table.key_batch(keys, dedup=False, limit=REQUEST_SCALAR_LIMIT, distinct=True)
-        if self._lists and len(batch) <= REQUEST_SCALAR_LIMIT:
-            ins, reu = [k in inserted_only for k in batch], [k in reused for k in batch]
-            self._policy.on_request_finished(batch, batch.slots, ins, reu)  # type: ignore[arg-type]  # takes_lists
-            return
-        n = len(batch)
-        ins_a = np.fromiter((k in inserted_only for k in batch), dtype=bool, count=n)
-        reu_a = np.fromiter((k in reused for k in batch), dtype=bool, count=n)
-        self._policy.on_request_finished(batch, np.array(batch.slots, dtype=np.int64), ins_a, reu_a)
+        slots = list(map(self._index.get, keys, repeat(-1)))  # recorded keys: checked, distinct
+        ins = [k in inserted_only for k in keys] if inserted_only else [False] * len(keys)
+        reu = [k in reused for k in keys] if reused else [False] * len(keys)
+        if self._lists and len(keys) <= REQUEST_SCALAR_LIMIT:
+            self._policy.on_request_finished(keys, slots, ins, reu)  # type: ignore[arg-type]  # takes_lists
+        else:
+            arrays = np.array(slots, dtype=np.int64), np.array(ins, dtype=bool), np.array(reu, dtype=bool)
+            self._policy.on_request_finished(keys, *arrays)
 
     # ------------------------------------------------------------------ events, stats, lifecycle
     def take_events(self) -> list[OffloadingEvent]:

@@ -39,7 +39,8 @@ class Access:
     def record(self, keys: Iterable[bytes], reused: Iterable[bytes] = ()) -> None:
         """``keys`` were stored or read; ``reused`` of them were read ready (unless inserted here)."""
         self.keys.update(dict.fromkeys(keys))
-        self.reused.update(set(reused).difference(self.inserted))
+        if reused:
+            self.reused.update(set(reused).difference(self.inserted))
 
 
 class RequestLog:
