@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench bench-micro lint clean
+.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench bench-micro lint docs clean
 
 install: $(STAMP)
 
@@ -106,5 +106,17 @@ lint: $(LINT_STAMP)
 	$(PY) -m ruff format --check kvoffload tests bench
 	$(PY) -m mypy kvoffload
 
+# The documentation site (docs/ + mkdocs.yml) into site/, with --strict: a broken link or anchor, a
+# page left out of the nav or an API object the docstrings' reference cannot find fails the build.
+# Installs the `docs` extra (MkDocs, mkdocstrings) into .venv first; not part of the runtime install.
+DOCS_STAMP := $(VENV)/.kvoffload-docs-tools
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[test,bench,docs]" $(EDITABLE)
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick bench-micro.json
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick bench-micro.json site

@@ -1,6 +1,7 @@
 """docs/contract.md §1 import direction, checked on the source: kernels -> the leaf modules (errors, checks,
 registry) only; core -> leaves only; cache -> core;
-transfer -> core, kernels; cache and transfer never import each other; scheduler -> core, cache; nothing
+transfer -> core, kernels; cache and transfer never import each other; scheduler -> core only (it is handed a
+manager); nothing
 inside the library imports sim, app, testing or integrations; cache, core and the leaves never import torch; tiers
 -> leaves, core only, never torch."""
 
@@ -23,7 +24,7 @@ FORBIDDEN = {
     "core": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
     "cache": {"kernels", "transfer", "scheduler"} | TOP_LAYER,
     "transfer": {"cache", "scheduler"} | TOP_LAYER,
-    "scheduler": {"kernels", "transfer"} | TOP_LAYER,
+    "scheduler": {"kernels", "transfer", "cache"} | TOP_LAYER,
 }
 
 

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from kvoffload.app.logs import add_log_level_option, configure_logging
 from kvoffload.errors import KVOffloadError
 from kvoffload.sim.sweep import DTYPE_BYTES, MODEL_SHAPES
 
@@ -42,6 +43,17 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
+def _warmup_fraction(text: str) -> float:
+    """An argparse type: a number in [0, 1), else a one-line error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
 def _capacity_list(text: str) -> list[tuple[float, str]]:
     from kvoffload.app.simulate import parse_capacity
 
@@ -52,6 +64,27 @@ def _tier_capacity_list(text: str) -> list[tuple[float, str]]:
     from kvoffload.app.simulate import parse_tier_capacity
 
     return [parse_tier_capacity(part) for part in text.split(",") if part.strip()]
+
+
+def _positive_int_list(text: str) -> list[int]:
+    items = [part.strip() for part in text.split(",") if part.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return [_positive_int(part) for part in items]
+
+
+def _name_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -143,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--capacities",
         type=_capacity_list,
         default=None,
-        help="comma-separated CPU-tier capacities: offloaded blocks (e.g. 256) or host memory (e.g. 2GiB, 512MiB); "
-        "default: 1/16 to 2x the prompts' working set",
+        help="comma-separated CPU-tier capacities: offloaded blocks (e.g. 256), host memory (e.g. 2GiB, 512MiB, "
+        "1.5GB) or tokens (e.g. 3Mtok, 500Ktok); default: 1/16 to 2x the prompts' working set (engine replay) "
+        "or 1/256 to 2x of it (cache-level replay)",
     )
     p_sim.add_argument(
         "--tier-capacity",
@@ -155,12 +189,54 @@ def build_parser() -> argparse.ArgumentParser:
         "none); comma-separated or repeated: every host capacity is replayed with each, and without one "
         "(cache-level replay only)",
     )
+    p_sim.add_argument(
+        "--trace-block-view",
+        type=_warmup_fraction,
+        default=None,
+        metavar="WARMUP",
+        help="also print the infinite cache counted as trace-analysis tools count it: the trace's own blocks (512 "
+        "tokens in a Mooncake trace), no cap at prompt - 1, over the whole trace and over the requests after the "
+        "first WARMUP share of them (e.g. 0.5)",
+    )
+    fleet = p_sim.add_argument_group("fleet (cache-level replay across replicas behind a router)")
+    fleet.add_argument(
+        "--replicas",
+        type=_positive_int_list,
+        default=None,
+        help="comma-separated replica counts (e.g. 1,4,8): replay across that many engines, each with its own host "
+        "pool of every --capacities (per replica), over one shared --tier-capacity tier; fleet.csv/json/png",
+    )
+    fleet.add_argument(
+        "--routing",
+        type=_name_list,
+        default=None,
+        help="comma-separated routings compared in one report: random, round-robin, least-loaded, session, prefix "
+        "(default random,least-loaded,session,prefix)",
+    )
+    fleet.add_argument(
+        "--load-window",
+        type=_positive_float,
+        default=None,
+        help="least-loaded's load: prompt tokens routed to a replica over this many seconds of trace time (60)",
+    )
+    fleet.add_argument(
+        "--prefill-tokens-per-s",
+        type=_positive_float,
+        default=None,
+        help="prefill throughput per GPU for the GPU-seconds saved (default 25000 for --model 8b, 2800 for 70b)",
+    )
     shape = p_sim.add_argument_group("model shape (turns blocks into bytes)")
     shape.add_argument(
         "--model",
         choices=sorted(MODEL_SHAPES),
         default="8b",
         help="named shape (default 8b: 32 layers, 8 KV heads, head dim 128, bf16); the flags below override its fields",
+    )
+    shape.add_argument(
+        "--model-config",
+        default=None,
+        metavar="CONFIG_JSON",
+        help="a Hugging Face config.json on disk (GQA, MLA, sliding-window hybrids) instead of --model",
     )
     shape.add_argument("--layers", type=_positive_int, default=None)
     shape.add_argument("--kv-heads", type=_positive_int, default=None)
@@ -182,12 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--only", default=None, help="comma-separated subset of transfer,manager,scheduler")
     p_bench.add_argument("--out", default=None, help="results JSON path (default bench/results/<slug>.json)")
     p_bench.set_defaults(func=_cmd_bench)
+    for p in (p_info, p_demo, p_sim, p_bench):
+        add_log_level_option(p)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvoffload`` console script."""
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
     try:
         return int(args.func(args))
     except KVOffloadError as exc:

@@ -1,7 +1,8 @@
 """``make demo-shared``: two engine replicas, in two processes, share one Redis tier.
 
-Starts a local ``redis-server`` on a free port (:mod:`kvoffload.testing.redis_server`), runs
-``kvoffload demo --tier redis://127.0.0.1:<port>`` twice, one process after the other (replica 1
+Starts a local ``redis-server`` on a free port (:mod:`kvoffload.testing.redis_server`), writes a
+random integrity key to a file (mode 600), runs ``kvoffload demo --tier
+redis://127.0.0.1:<port>?integrity_key_file=<file>`` twice, one process after the other (replica 1
 computes and writes its KV through to Redis; replica 2 starts with an empty GPU cache and host
 pool), and prints how much replica 2 loaded from what replica 1 computed. The demo's KV is a
 function of the tokens, their positions and the seed (:mod:`kvoffload.sim.kvcache`), so replica 2
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -25,20 +27,31 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvoffload.app.logs import add_log_level_option, configure_logging
 from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem
 
 __all__ = ["run_replica", "main"]
 
 
 def run_replica(url: str, json_path: Path, extra: Sequence[str] = ()) -> tuple[dict[str, Any], float]:
-    """Run ``kvoffload demo --tier url`` in a new process; its ``--json`` summary and wall seconds."""
+    """Run ``kvoffload demo --tier url`` in a new process (its log lines pass through to stderr);
+    its ``--json`` summary and wall seconds."""
     cmd = [sys.executable, "-m", "kvoffload", "demo", "--tier", url, "--no-progress", "--json", str(json_path)]
     t0 = time.perf_counter()
-    proc = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([*cmd, *extra], stdout=subprocess.PIPE, text=True, timeout=900)
     secs = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... exited {proc.returncode}:\n{proc.stdout}")
     return json.loads(json_path.read_text()), secs
+
+
+def _key_file(work: Path) -> Path:
+    """A new random integrity key in ``work/integrity.key`` (mode 600), for both replicas."""
+    path = work / "integrity.key"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return path
 
 
 def _line(name: str, summary: dict[str, Any], secs: float) -> str:
@@ -55,21 +68,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="demo-shared", description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=None, help="conversations per replica (demo default)")
     parser.add_argument("--keep", default=None, help="directory for the Redis files and both JSON summaries")
+    add_log_level_option(parser)
     args = parser.parse_args(argv)
+    configure_logging(args.log_level)
     problem = redis_binaries_problem()
     if problem is not None:
         print(f"demo-shared: needs Debian's redis-server: {problem}", file=sys.stderr)
         return 2
-    extra = [] if args.conversations is None else ["--conversations", str(args.conversations)]
+    extra = ["--log-level", args.log_level]
+    extra += [] if args.conversations is None else ["--conversations", str(args.conversations)]
     with tempfile.TemporaryDirectory(prefix="kvoffload-shared-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         server = RedisServer(work / "redis", maxmemory="2gb").start()
         try:
             print(f"redis-server on {server.url} (maxmemory 2gb, allkeys-lru, no persistence)", flush=True)
-            one, t1 = run_replica(server.url, work / "replica1.json", extra)
+            key_file = _key_file(work)
+            print(f"both replicas sign and check every value with the integrity key in {key_file}", flush=True)
+            url = f"{server.url}?integrity_key_file={key_file}"
+            one, t1 = run_replica(url, work / "replica1.json", extra)
             print(_line("replica 1", one, t1), flush=True)
-            two, t2 = run_replica(server.url, work / "replica2.json", extra)
+            two, t2 = run_replica(url, work / "replica2.json", extra)
             print(_line("replica 2", two, t2), flush=True)
             keys = int(server.cli("dbsize").strip() or 0)
         finally:
@@ -88,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{s2['prompt_tokens']:,} (replica 1: {one['stats']['prefill_loaded_tokens']:,}); computed "
         f"{s2['prefill_computed_tokens']:,} (replica 1: {one['stats']['prefill_computed_tokens']:,})"
     )
-    ok = s2["verification_failures"] == 0 and one["stats"]["verification_failures"] == 0
+    rejected = [r["tiers"][0]["tier_stats"]["rejected_values"] for r in (one, two)]
+    print(f"values refused by the integrity or format checks: {rejected[0]} (replica 1), {rejected[1]} (replica 2)")
+    ok = s2["verification_failures"] == 0 and one["stats"]["verification_failures"] == 0 and rejected == [0, 0]
     print(
         f"verified: all {s2['verified_blocks']:,} GPU blocks written by replica 2's loads hold exactly the KV computed "
         "for them"

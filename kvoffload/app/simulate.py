@@ -37,6 +37,7 @@ from kvoffload.cache.policies.base import available_policies, get_policy_class
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens
 from kvoffload.sim.engine import Engine
+from kvoffload.sim.model_config import ConfigShape, read_model_config
 from kvoffload.sim.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
     MooncakeRequest,
@@ -57,6 +58,7 @@ from kvoffload.sim.sweep import (
     log_capacities,
     working_set_blocks,
 )
+from kvoffload.sim.trace_block_view import trace_block_view
 from kvoffload.sim.workload import TraceRequest, read_trace
 
 __all__ = [
@@ -226,7 +228,14 @@ def simulate(
     return points
 
 
-def _shape(args: argparse.Namespace) -> ModelShape:
+def _shape(args: argparse.Namespace) -> ModelShape | ConfigShape:
+    if getattr(args, "model_config", None):
+        given = [f for f in ("layers", "kv_heads", "head_dim") if getattr(args, f)]
+        if given:
+            raise InvalidArgumentError(
+                f"--model-config gives the shape: drop --{given[0].replace('_', '-')} (only --dtype overrides it)"
+            )
+        return read_model_config(args.model_config, args.dtype)
     base = MODEL_SHAPES[args.model]
     return ModelShape(
         args.layers or base.layers,
@@ -268,7 +277,7 @@ def _prompt_tokens(items: list[Any]) -> int:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """CLI entry: validate every flag and the trace, simulate, write PNG/CSV/JSON, print the report."""
-    from kvoffload.app.simulate_cache import block_trace_of, run_cache_sweep
+    from kvoffload.app.simulate_cache import block_trace_of, run_cache_sweep, trace_blocks
     from kvoffload.app.simulate_report import SweepReport
 
     policies = available_policies() if not args.policies else [p.strip() for p in args.policies.split(",") if p]
@@ -291,9 +300,14 @@ def run_simulate(args: argparse.Namespace) -> int:
         overrides["conversations"] = args.conversations
     settings = replace(DemoSettings(), **overrides)
     items, source, trace_block = _read_workload(args, settings)
+    raw_items = items
     tier_items = [t for group in (getattr(args, "tier_capacity", None) or []) for t in group]
     tiers = sorted({0, *(_to_blocks(v, u, block_bytes, args.block_size, "--tier-capacity") for v, u in tier_items)})
     replay = args.replay
+    if getattr(args, "replicas", None):
+        from kvoffload.app.simulate_fleet import run_fleet
+
+        return run_fleet(args, items, source, shape, trace_block, tiers, _out_dir, jobs)
     if len(tiers) > 1 and replay == "engine":
         raise InvalidArgumentError("--tier-capacity needs the cache-level replay (--replay cache or auto)")
     if replay == "auto":
@@ -312,11 +326,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         capacities = sorted({_to_blocks(v, unit, block_bytes, args.block_size) for v, unit in args.capacities})
     else:
         capacities = default_capacities(ws) if replay == "engine" else log_capacities(ws)
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
+    out = _out_dir(args.out)
     report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes, replay, tiers)
     print(report.header(), flush=True)
     if replay == "engine":
@@ -330,7 +340,18 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
         swept = run_cache_sweep(btrace, policies, capacities, jobs, block_bytes, tier_capacities=tiers)
         print(report.finish(swept.points, out, swept))
+    if args.trace_block_view is not None:
+        print(report.trace_block_line(trace_block_view(trace_blocks(raw_items), args.trace_block_view), trace_block))
     return 0
+
+
+def _out_dir(path: str) -> Path:
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidArgumentError(f"--out {out} cannot be created: {exc}") from None
+    return out
 
 
 def _check_fits(items: list[TraceRequest], settings: DemoSettings, path: str) -> None:

@@ -20,24 +20,30 @@ from kvoffload.sim.request import hash_blocks
 from kvoffload.sim.sweep import HASH_BLOCK_TOKENS, SimPoint
 from kvoffload.sim.workload import TraceRequest
 
-__all__ = ["CacheSweepPoints", "block_trace_of", "run_cache_sweep", "to_point"]
+__all__ = ["CacheSweepPoints", "block_trace_of", "run_cache_sweep", "to_point", "trace_blocks"]
 
 
 def block_trace_of(items: list[Any], block_tokens: int, trace_block_tokens: int) -> BlockTrace:
     """The block keys of ``items``: Mooncake requests, :class:`TraceRequest` s or chat turns."""
     if items and isinstance(items[0], MooncakeRequest):
         return BlockTrace.from_mooncake(items, trace_block_tokens, block_tokens)
-    hashes: list[list[bytes]] = []
-    tokens: list[int] = []
+    tokens = [it.num_tokens if isinstance(it, TraceRequest) else len(it.prompt_token_ids) for it in items]
+    return BlockTrace.from_block_hashes(trace_blocks(items), tokens, block_tokens)
+
+
+def trace_blocks(items: list[Any]) -> list[list[Any]]:
+    """Per request, the ids of its trace blocks, head first: a Mooncake request's ``hash_ids``, a
+    kvoffload trace request's 16-token block hashes (given, or hashed from its tokens), a chat turn's."""
+    out: list[list[Any]] = []
     for it in items:
-        if isinstance(it, TraceRequest):
-            hs = list(it.block_hashes or ()) if it.token_ids is None else hash_blocks(it.token_ids, HASH_BLOCK_TOKENS)
-            tokens.append(it.num_tokens)
+        if isinstance(it, MooncakeRequest):
+            out.append(list(it.hash_ids))
+        elif isinstance(it, TraceRequest):
+            tokens = it.token_ids
+            out.append(list(it.block_hashes or ()) if tokens is None else hash_blocks(tokens, HASH_BLOCK_TOKENS))
         else:
-            hs = hash_blocks(it.prompt_token_ids, HASH_BLOCK_TOKENS)
-            tokens.append(len(it.prompt_token_ids))
-        hashes.append(hs)
-    return BlockTrace.from_block_hashes(hashes, tokens, block_tokens)
+            out.append(hash_blocks(it.prompt_token_ids, HASH_BLOCK_TOKENS))
+    return out
 
 
 def to_point(r: ReplayResult, block_tokens: int, block_bytes: int) -> SimPoint:

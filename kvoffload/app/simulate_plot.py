@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from kvoffload.app.simulate_cache import CacheSweepPoints
     from kvoffload.app.simulate_report import SweepReport
 
-__all__ = ["plot_hit_rates"]
+__all__ = ["fit_title", "plot_hit_rates", "title_lines"]
 
 
 def _by_policy_and_tier(points: list[SimPoint]) -> dict[tuple[str, int], list[SimPoint]]:
@@ -20,6 +20,37 @@ def _by_policy_and_tier(points: list[SimPoint]) -> dict[tuple[str, int], list[Si
     for p in sorted(points, key=lambda p: (p.policy, p.tier_blocks, p.cpu_blocks)):
         out.setdefault((p.policy, p.tier_blocks), []).append(p)
     return out
+
+
+#: characters per title line that fit the 8-inch figure at the title's font size, and at most this many lines
+TITLE_WIDTH, TITLE_LINES = 80, 3
+
+
+def title_lines(text: str, width: int = TITLE_WIDTH, max_lines: int = TITLE_LINES) -> str:
+    """``text`` wrapped into at most ``max_lines`` lines of at most ``width`` characters (a long path
+    is cut anywhere); a text too long for them keeps its start and its end around ``...``."""
+    import textwrap
+
+    room = width * max_lines
+    while True:
+        head = room // 3
+        short = text if len(text) <= room else f"{text[:head]}...{text[len(text) - (room - head - 3) :]}"
+        lines = textwrap.wrap(short, width, break_long_words=True, break_on_hyphens=False)
+        if len(lines) <= max_lines:
+            return "\n".join(lines)
+        room -= width // 4  # breaks at spaces left some lines short: cut a little more
+
+
+def fit_title(fig: Any, text: str, fontsize: float = 11, smallest: float = 6) -> Any:
+    """``text`` as ``fig``'s title, its font made smaller (down to ``smallest``) until the title fits
+    the figure's width; lays the figure out (``tight_layout``) around it. Returns the title."""
+    title = fig.suptitle(text, fontsize=fontsize)
+    while True:
+        fig.tight_layout()
+        box = title.get_window_extent(fig.canvas.get_renderer())
+        if (fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1) or title.get_fontsize() <= smallest:
+            return title
+        title.set_fontsize(max(smallest, title.get_fontsize() * fig.bbox.width / box.width - 0.5))
 
 
 def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
@@ -107,13 +138,12 @@ def plot_hit_rates(
 
     top = ax.secondary_xaxis("top", functions=(to_blocks, to_gib))
     top.set_xlabel(f"offloaded blocks of {report.block_tokens} tokens ({size_label(report.block_bytes)} each)")
-    fig.suptitle(f"How much host memory? {report.source}", fontsize=11)
     if not log_x:
         ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend(title="eviction policy", loc="lower right", fontsize=8 if tiered else None)
-    fig.tight_layout()
+    fit_title(fig, title_lines(f"How much host memory? {report.source}"))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.app.units import gib, size_label
+from kvoffload.sim.model_config import ConfigShape
 from kvoffload.sim.sweep import ModelShape, SimPoint, largest_run
 
 if TYPE_CHECKING:
     from kvoffload.app.simulate_cache import CacheSweepPoints
+    from kvoffload.sim.trace_block_view import TraceBlockView
 
 __all__ = ["SweepReport"]
 
@@ -33,7 +35,7 @@ class SweepReport:
     def __init__(
         self,
         source: str,
-        shape: ModelShape,
+        shape: ModelShape | ConfigShape,
         settings: DemoSettings,
         policies: list[str],
         capacities: list[int],
@@ -133,6 +135,7 @@ class SweepReport:
                 row(cap, "  ".join(f"{by[(p, cap)].cpu_hit_rate:>{w}.1%}" for p, w in zip(cols, widths, strict=True)))
             )
         if ref is not None:
+            lines.append(self.infinite_definition())
             lines += ["each policy's share of Belady's optimum (its hit tokens / Belady's):", head(self.policies)]
             for cap in self.capacities:
                 best = by[("belady", cap)].cpu_hit_tokens
@@ -142,6 +145,24 @@ class SweepReport:
                 )
                 lines.append(row(cap, cells))
         return "\n".join(lines)
+
+    def infinite_definition(self) -> str:
+        """What the infinite column counts, and why trace-analysis tools report another figure."""
+        return (
+            f"(infinite, counted like every column: prompt tokens of the full {self.block_tokens}-token offloaded "
+            "blocks a request finds stored,\n at most its prompt - 1 tokens, over every request from the first; "
+            "tools that count the trace's own blocks over a\n steady-state window report another figure: "
+            "--trace-block-view WARMUP prints that one too)"
+        )
+
+    def trace_block_line(self, view: TraceBlockView, trace_block_tokens: int) -> str:
+        """The infinite cache counted in the trace's own blocks (``--trace-block-view``)."""
+        n = view.warmup_requests
+        return (
+            f"infinite cache in the trace's own blocks ({trace_block_tokens} tokens each, a partial last block "
+            f"counted whole, no cap at prompt - 1): {view.hit_rate:.1%} of trace blocks over every request; "
+            f"{view.window_hit_rate:.1%} over the requests after the first {n:,} (warm-up)"
+        )
 
     def tier_table(self, points: list[SimPoint]) -> str:
         """Per (host capacity, tier capacity), per policy: the shares of prompt tokens found in host
@@ -303,7 +324,15 @@ def _share(hit: int, best: int) -> str:
 
 
 def _tokens(n: int) -> str:
-    for unit, div in (("G", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= div:
-            return f"{n / div:.3g}{unit}"
-    return str(n)
+    """``n`` tokens in three significant digits at most, never in exponent notation: ``999,936``
+    is ``1M`` (not ``1e+03K``), ``1,500,000`` is ``1.5M``, ``2.5e12`` is ``2500G``."""
+    units = (("", 1), ("K", 10**3), ("M", 10**6), ("G", 10**9))
+    for i, (unit, div) in enumerate(units):
+        value = n / div
+        decimals = 2 if value < 10 else 1 if value < 100 else 0
+        text = f"{value:.{decimals}f}"
+        if "." in text:
+            text = text.rstrip("0").rstrip(".")
+        if float(text) < 1000 or i == len(units) - 1:
+            return f"{text}{unit}"
+    raise AssertionError("unreachable")

@@ -53,7 +53,7 @@ from kvoffload.core.lookup_code import LOOKUP_HIT
 from kvoffload.sim.block_trace import BlockTrace
 from kvoffload.sim.shared_tier import LRUTierModel
 
-__all__ = ["ReplayResult", "replay_cache"]
+__all__ = ["HostReplay", "ReplayResult", "replay_cache", "split_hit_tokens"]
 
 
 @dataclass
@@ -112,6 +112,83 @@ def hit_tokens_of(hits: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int
     return int(np.minimum(hits * block_tokens, prompt_tokens - 1).sum())
 
 
+def split_hit_tokens(
+    hits: np.ndarray, tier_hits: np.ndarray, last_from_tier: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int
+) -> tuple[int, int]:
+    """``(hit_tokens, tier_hit_tokens)`` of per-request hit blocks, tier blocks among them and
+    whether the last hit block came from the tier (the prompt's last token, never loaded, is
+    taken from the tier's share then)."""
+    excess = np.maximum(hits * block_tokens - (prompt_tokens - 1), 0)
+    return hit_tokens_of(hits, prompt_tokens, block_tokens), int(
+        (tier_hits * block_tokens - excess * last_from_tier).sum()
+    )
+
+
+class HostReplay:
+    """One host pool of the cache-level replay: a fresh ``CPUOffloadingManager(capacity, policy)``,
+    the calls the scheduler makes on it for each request (:meth:`serve`, module docstring) and
+    their totals (``stored``, ``evicted``, ``failed``, ``refused`` as in :class:`ReplayResult`)."""
+
+    def __init__(self, policy: str, capacity: int) -> None:
+        self.manager = CPUOffloadingManager(capacity, policy)
+        self.ctx = ReqContext("replay")
+        self.stored = self.evicted = self.failed = self.refused = 0
+
+    def cached_prefix(self, keys: list[OffloadKey]) -> int:
+        """The leading run of ``keys`` stored and ready here (``peek``: counts and changes nothing)."""
+        h = 0
+        for code in self.manager.peek(keys):
+            if code != LOOKUP_HIT:
+                break
+            h += 1
+        return h
+
+    def serve(
+        self, keys: list[OffloadKey], ids: np.ndarray, tier: LRUTierModel
+    ) -> tuple[int, list[int], np.ndarray | None]:
+        """One request (``keys`` and their dense ``ids``, head first, non-empty) over ``tier``.
+
+        Returns its hit blocks, the positions promoted from the tier, and the ids its store made
+        ready (written through to the tier), or None when nothing was stored.
+        """
+        m, ctx = self.manager, self.ctx
+        n = len(keys)
+        codes = m.lookup_batch(keys, ctx)
+        miss = np.flatnonzero(codes != LOOKUP_HIT)
+        hit = int(miss[0]) if len(miss) else n
+        promoted: list[int] = []
+        if hit < n and len(tier):
+            promoted, evicted_by_promotion = _promote(m, tier, keys, codes, ids, hit, ctx)
+            if evicted_by_promotion is None:
+                self.refused += 1
+            elif promoted:
+                self.evicted += evicted_by_promotion
+                codes = m.lookup_batch(keys, ctx)
+                miss = np.flatnonzero(codes != LOOKUP_HIT)
+                hit = int(miss[0]) if len(miss) else n
+        m.touch(keys, ctx)
+        if hit:
+            m.prepare_load(keys[:hit], ctx)
+            m.complete_load(keys[:hit], ctx)
+        out = m.prepare_store(keys[hit:], ctx) if hit < n else None
+        new_ids = None
+        if out is None:
+            self.failed += hit < n
+        else:
+            if out.keys_to_store:
+                m.complete_store(out.keys_to_store, ctx)
+                # keys_to_store are the offered keys that were absent, in order
+                new_ids = ids[hit:][codes[hit:] != LOOKUP_HIT]
+                if tier.capacity:
+                    tier.write(new_ids.tolist())  # write-through: SET NX
+            self.stored += len(out.keys_to_store)
+            self.evicted += len(out.evicted_keys)
+        return hit, promoted, new_ids
+
+    def shutdown(self) -> None:
+        self.manager.shutdown()
+
+
 def replay_cache(
     trace: BlockTrace,
     policy: str,
@@ -127,70 +204,40 @@ def replay_cache(
     t0 = time.perf_counter()
     tier = LRUTierModel(tier_capacity)
     lists = trace.key_lists() if key_lists is None else key_lists
-    m = CPUOffloadingManager(capacity, policy)
-    ctx = ReqContext("replay")
-    lookup_batch, touch, prepare_load, complete_load = m.lookup_batch, m.touch, m.prepare_load, m.complete_load
-    prepare_store, complete_store = m.prepare_store, m.complete_store
+    node = HostReplay(policy, capacity)
     hits = np.zeros(len(lists), dtype=np.int64)
     tier_hits = np.zeros(len(lists), dtype=np.int64)
     last_from_tier = np.zeros(len(lists), dtype=bool)
     ever_stored = np.zeros(trace.num_blocks, dtype=bool)
-    ids, starts = trace.ids, trace.starts
-    stored = evicted = failed = refused = 0
+    ids, starts = trace.ids, trace.starts.tolist()
+    serve = node.serve
     for r, keys in enumerate(lists):
-        n = len(keys)
-        if n == 0:
+        if not keys:
             continue
-        codes = lookup_batch(keys, ctx)
-        miss = np.flatnonzero(codes != LOOKUP_HIT)
-        hit = int(miss[0]) if len(miss) else n
-        promoted: list[int] = []
-        if hit < n and len(tier):
-            promoted, evicted_by_promotion = _promote(m, tier, keys, codes, ids, int(starts[r]), hit, ctx)
-            if evicted_by_promotion is None:
-                refused += 1
-            elif promoted:
-                evicted += evicted_by_promotion
-                codes = lookup_batch(keys, ctx)
-                miss = np.flatnonzero(codes != LOOKUP_HIT)
-                hit = int(miss[0]) if len(miss) else n
-        touch(keys, ctx)
-        if hit:
-            prepare_load(keys[:hit], ctx)
-            complete_load(keys[:hit], ctx)
-        out = prepare_store(keys[hit:], ctx) if hit < n else None
-        if out is None:
-            failed += hit < n
-        else:
-            if out.keys_to_store:
-                complete_store(out.keys_to_store, ctx)
-                # keys_to_store are the offered keys that were absent, in order
-                s = int(starts[r]) + hit
-                new_ids = ids[s : s + n - hit][codes[hit:] != LOOKUP_HIT]
-                ever_stored[new_ids] = True
-                tier.write(new_ids.tolist())  # write-through: SET NX
-            stored += len(out.keys_to_store)
-            evicted += len(out.evicted_keys)
+        s = starts[r]
+        hit, promoted, new_ids = serve(keys, ids[s : s + len(keys)], tier)
+        if new_ids is not None:
+            ever_stored[new_ids] = True
         hits[r] = hit
         if promoted:
             tier_hits[r] = sum(1 for i in promoted if i < hit)
             last_from_tier[r] = hit - 1 in promoted
-    m.shutdown()
+    node.shutdown()
     bt = trace.block_tokens
-    excess = np.maximum(hits * bt - (trace.prompt_tokens - 1), 0)  # the last token, never loaded
+    hit_tokens, tier_hit_tokens = split_hit_tokens(hits, tier_hits, last_from_tier, trace.prompt_tokens, bt)
     return ReplayResult(
         policy=policy,
         capacity=capacity,
         tier_capacity=tier_capacity,
         prompt_tokens=trace.total_prompt_tokens,
         hit_blocks=int(hits.sum()),
-        hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, bt),
+        hit_tokens=hit_tokens,
         tier_hit_blocks=int(tier_hits.sum()),
-        tier_hit_tokens=int((tier_hits * bt - excess * last_from_tier).sum()),
-        stored_blocks=stored,
-        evictions=evicted,
-        failed_stores=failed,
-        refused_promotions=refused,
+        tier_hit_tokens=tier_hit_tokens,
+        stored_blocks=node.stored,
+        evictions=node.evicted,
+        failed_stores=node.failed,
+        refused_promotions=node.refused,
         tier_evictions=tier.evictions,
         distinct_stored=int(ever_stored.sum()),
         per_request=hits,
@@ -205,11 +252,11 @@ def _promote(
     keys: list[OffloadKey],
     codes: np.ndarray,
     ids: np.ndarray,
-    start: int,
     first: int,
     ctx: ReqContext,
 ) -> tuple[list[int], int | None]:
-    """Promote the tier hits of one request into the host pool (module docstring).
+    """Promote the tier hits of one request (``ids``: its dense ids) into the host pool (module
+    docstring).
 
     ``first`` is the request's first host miss. Returns the promoted positions and the host
     evictions the promotion made, or ``([], None)`` when the host pool had no room (refused).
@@ -220,7 +267,7 @@ def _promote(
     i = first
     while i < n:
         if not host_hit[i]:
-            if not tier.contains(int(ids[start + i])):  # EXISTS: recency left alone
+            if not tier.contains(int(ids[i])):  # EXISTS: recency left alone
                 break
             positions.append(i)
         i += 1
@@ -234,5 +281,5 @@ def _promote(
         return [], None
     if out.keys_to_store:
         m.complete_store(out.keys_to_store, ctx)
-    tier.read(int(ids[start + p]) for p in positions)  # GET: most recent
+    tier.read(int(ids[p]) for p in positions)  # GET: most recent
     return positions, len(out.evicted_keys)

@@ -170,14 +170,18 @@ class RedisServer:
 
 
 class RedisCluster3:
-    """Three cluster-enabled masters on loopback joined with ``redis-cli --cluster create``."""
+    """Three cluster-enabled masters on loopback joined with ``redis-cli --cluster create``,
+    ``replicas`` replicas each (``cluster-node-timeout`` 2 s: a dead master's replica takes over
+    a few seconds later)."""
 
-    def __init__(self, workdir: str | Path, maxmemory: str = "256mb") -> None:
-        self.nodes = [RedisServer(Path(workdir) / f"n{i}", maxmemory=maxmemory, cluster=True) for i in range(3)]
+    def __init__(self, workdir: str | Path, maxmemory: str = "256mb", replicas: int = 0) -> None:
+        n = 3 * (1 + replicas)
+        self.replicas = replicas
+        self.nodes = [RedisServer(Path(workdir) / f"n{i}", maxmemory=maxmemory, cluster=True) for i in range(n)]
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3``."""
+        """``redis://127.0.0.1:P1,127.0.0.1:P2,…`` (every node)."""
         return "redis://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
 
     def start(self, timeout: float = 30.0) -> RedisCluster3:
@@ -187,18 +191,60 @@ class RedisCluster3:
                 n.start()
             addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
             subprocess.run(
-                ["redis-cli", "--cluster", "create", *addrs, "--cluster-yes"],
+                ["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                 check=True, capture_output=True, timeout=timeout,
             )  # fmt: skip
-            deadline = time.monotonic() + timeout
-            while not all("cluster_state:ok" in n.cli("cluster", "info") for n in self.nodes):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("Redis Cluster did not reach cluster_state:ok")
-                time.sleep(0.1)
+            self.wait_ok(timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def alive(self) -> list[RedisServer]:
+        """The nodes whose process runs."""
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Wait until every running node says ``cluster_state:ok`` and agrees on three masters
+        that serve every slot (after a failover: the promoted replica among them)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                views = [n.cli("cluster", "nodes") for n in self.alive()]
+                ok = all("cluster_state:ok" in n.cli("cluster", "info") for n in self.alive())
+            except subprocess.CalledProcessError:
+                ok = False
+            if ok and all(len(self._serving(v)) == 3 for v in views):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("Redis Cluster did not reach cluster_state:ok")
+            time.sleep(0.1)
+
+    @staticmethod
+    def _serving(view: str) -> dict[int, str]:
+        """``{port: node id}`` of the masters that own slots and are not failed, in a CLUSTER NODES view."""
+        out = {}
+        for line in view.splitlines():
+            f = line.split()
+            if len(f) > 8 and "master" in f[2] and "fail" not in f[2]:
+                out[int(f[1].split("@")[0].rsplit(":", 1)[1])] = f[0]
+        return out
+
+    def masters(self) -> dict[int, str]:
+        """``{port: node id}`` of the masters serving slots, as the first running node sees them."""
+        return self._serving(self.alive()[0].cli("cluster", "nodes"))
+
+    def node(self, port: int) -> RedisServer:
+        """The node on ``port``."""
+        return next(n for n in self.nodes if n.port == port)
+
+    def replica_of(self, master_id: str) -> RedisServer:
+        """A running replica of the master ``master_id``."""
+        for line in self.alive()[0].cli("cluster", "nodes").splitlines():
+            f = line.split()
+            if len(f) > 3 and "slave" in f[2] and f[3] == master_id and "fail" not in f[2]:
+                return self.node(int(f[1].split("@")[0].rsplit(":", 1)[1]))
+        raise RuntimeError(f"no running replica of {master_id}")
 
     def stop(self) -> None:
         """Stop every node."""

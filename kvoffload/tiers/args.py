@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["MAX_KEY_BYTES", "check_records", "check_keys", "check_slots", "check_tier_options"]
+__all__ = [
+    "MAX_KEY_BYTES",
+    "check_records",
+    "check_keys",
+    "check_slots",
+    "check_tier_options",
+    "tier_options_from_query",
+    "redact_query",
+]
 
 #: Longest key a tier accepts (a block hash plus a group index is ~36 bytes).
 MAX_KEY_BYTES = 1024
@@ -80,3 +91,50 @@ def check_tier_options(
             raise InvalidArgumentError(f"{name} must be > 0 seconds, got {v}")
     if backoff_max < backoff_initial:
         raise InvalidArgumentError(f"backoff_max ({backoff_max}) must be >= backoff_initial ({backoff_initial})")
+
+
+def redact_query(spec: str) -> str:
+    """``spec`` with the values of its ``password=`` and ``integrity_key=`` options masked."""
+    return re.sub(r"((?:password|integrity_key)=)[^&]*", r"\1***", spec)
+
+
+_QUERY_INTS = ("io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
+_QUERY_FLOATS = ("backoff_initial", "backoff_max")
+
+
+def tier_options_from_query(spec: str, pairs: list[tuple[str, str]]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The options of every tier (:class:`~kvoffload.tiers.Tier`) found in a tier spec's query
+    ``pairs``, converted, and the pairs left for the backend.
+
+    ``integrity_key`` may repeat (the first signs, all are accepted); ``integrity_key_file``
+    names a file of keys, one per line (the first signs), read now.
+    """
+    spec = redact_query(spec)  # errors never show secrets
+    opts: dict[str, Any] = {}
+    keys: list[str] = []
+    rest = []
+    for k, v in pairs:
+        if k in _QUERY_INTS:
+            if not v.isdigit():
+                raise InvalidArgumentError(f"tier spec {spec!r}: {k} must be a non-negative integer, got {v!r}")
+            opts[k] = int(v)
+        elif k in _QUERY_FLOATS:
+            try:
+                opts[k] = float(v)
+            except ValueError:
+                raise InvalidArgumentError(f"tier spec {spec!r}: {k} must be a number of seconds, got {v!r}") from None
+        elif k == "name":
+            opts[k] = v
+        elif k == "integrity_key":
+            keys.append(v)
+        elif k == "integrity_key_file":
+            try:
+                lines = Path(v).read_text().splitlines()
+            except OSError as exc:
+                raise InvalidArgumentError(f"integrity_key_file {v!r} cannot be read: {exc}") from None
+            keys.extend(line.strip() for line in lines if line.strip())
+        else:
+            rest.append((k, v))
+    if keys:
+        opts["integrity_key"] = keys
+    return opts, rest

@@ -38,12 +38,12 @@ from kvoffload.tiers.args import check_keys, check_records, check_slots, check_t
 from kvoffload.tiers.health import Health, TierUnavailable
 from kvoffload.tiers.jobs import Job
 from kvoffload.tiers.namespace import TierNamespace
-from kvoffload.tiers.record import RecordCodec
+from kvoffload.tiers.record import IntegrityKeys, RecordCodec, ValueRejected
 from kvoffload.tiers.threads import as_background_thread
 from kvoffload.tiers.types import TierJobResult, TierStats
 from kvoffload.tiers.verdicts import Verdicts
 
-__all__ = ["Tier", "STORED", "PRESENT", "FAILED"]
+__all__ = ["Tier", "STORED", "PRESENT", "FAILED", "DROPPED"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ _R = TypeVar("_R")
 FAILED = 0
 STORED = 1
 PRESENT = 2
+DROPPED = 3  # not tried: the key's part of the store (a cluster node) is in back-off
 
 
 class Tier(ABC):
@@ -66,14 +67,16 @@ class Tier(ABC):
             ``memoryview`` of shape ``(num_slots, record_bytes)``; slot ``i`` is row ``i``.
         namespace: what the bytes depend on; only values with the same fingerprint are used.
         name: the tier's name in logs and reports.
-        integrity_key: optional shared secret (>= 16 bytes): values carry an HMAC-SHA256 and
-            values without a valid one are rejected.
+        integrity_key: optional shared secret (>= 16 bytes, ``bytes`` or ``str``), or a list of
+            them: values carry an HMAC-SHA256 under the first, values without a MAC that one of
+            them verifies are rejected (not deleted); see :class:`RecordCodec`.
         io_threads: threads moving bytes (each with its own connection / file handles).
         batch_keys: keys per store/load task (one pipeline / one thread's batch).
         max_pending_write_bytes: record bytes of accepted, unfinished stores above which new
             stores are dropped (back-pressure).
         lookup_ttl_steps: engine steps a probed verdict is reused before the key is probed again.
-        backoff_initial / backoff_max: back-off after the store is unreachable, in seconds.
+        backoff_initial: first back-off after the store is unreachable, in seconds.
+        backoff_max: longest back-off (it doubles up to this), in seconds.
     """
 
     def __init__(
@@ -82,7 +85,7 @@ class Tier(ABC):
         namespace: TierNamespace,
         *,
         name: str,
-        integrity_key: bytes | None = None,
+        integrity_key: IntegrityKeys = None,
         io_threads: int = 4,
         batch_keys: int = 4,
         max_pending_write_bytes: int = 256 << 20,
@@ -181,7 +184,7 @@ class Tier(ABC):
     def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the values of ``keys`` into the records in ``slots``, asynchronously.
 
-        A key that is absent, rejected (corrupt or foreign, then deleted) or unreachable is a
+        A key that is absent, rejected (counted by kind; see :class:`TierStats`) or unreachable is a
         failed key; its slot's bytes are then unspecified and must not be used.
         """
         job_id, keys, slots = self._check_job(job_id, keys, slots)
@@ -251,13 +254,15 @@ class Tier(ABC):
 
     @abstractmethod
     def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
-        """Store ``records[slots]`` under ``keys``; per key STORED / PRESENT / FAILED."""
+        """Store ``records[slots]`` under ``keys``; per key STORED / PRESENT / FAILED / DROPPED."""
 
     @abstractmethod
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
         """Load ``keys`` into ``records[slots]`` after :meth:`RecordCodec.check`; per key ok.
 
-        Rejected values are deleted and counted with :meth:`_count_rejected`.
+        Absent values are counted in ``absent`` (:meth:`_count`), rejected ones with
+        :meth:`_count_rejected`; a rejected value is deleted when ``delete`` says so, and only
+        then (never an absent value, nor one that could not be read).
         """
 
     @abstractmethod
@@ -265,10 +270,21 @@ class Tier(ABC):
         """Release connections / files."""
 
     # ------------------------------------------------------------------ internals
-    def _count_rejected(self, reason: str) -> None:
+    def _count_rejected(self, rej: ValueRejected) -> None:
+        """Count a value read and refused, under its kind (see :class:`TierStats`)."""
+        field = "corrupt" if rej.kind == "corrupt" else f"rejected_{rej.kind}"
         with self._lock:
             self._stats.rejected_values += 1
-            self._log_once(f"reject-{reason}", "tier %s rejected a stored value: %s (counted, not loaded)", reason)
+            setattr(self._stats, field, getattr(self._stats, field) + 1)
+            self._log_once(
+                f"reject-{rej.reason}", "tier %s rejected a stored value: %s (counted, not loaded)", rej.reason
+            )
+
+    def _count(self, field: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``field`` of :class:`TierStats` (``absent``, ``redirected``...)."""
+        if n:
+            with self._lock:
+                setattr(self._stats, field, getattr(self._stats, field) + n)
 
     def _count_error(self, kind: str, exc: BaseException) -> None:
         with self._lock:
@@ -354,9 +370,10 @@ class Tier(ABC):
             if dropped:
                 s.dropped_writes += len(keys)
             else:
+                s.dropped_writes += outcome.count(DROPPED)
                 s.write_failures += outcome.count(FAILED)
             self._pending_write_bytes -= len(keys) * self.record_bytes
-            ok = [o != FAILED for o in outcome]
+            ok = [o in (STORED, PRESENT) for o in outcome]
             self._finish_batch(job, start, ok, stored * self.record_bytes)
 
     def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:

@@ -201,13 +201,15 @@ class DiskTier(Tier):
                 self.codec.check_parts(key, header, row.data if payload is None else payload)
             except FileNotFoundError:
                 self.index.remove(fid)
+                self._count("absent")
                 continue
             except ValueRejected as rej:
-                self._count_rejected(rej.reason)
+                self._count_rejected(rej)
                 if rej.delete:
                     self.index.remove(fid)
                     try:
                         os.unlink(path)
+                        self._count("deleted_values")
                     except OSError:
                         pass
                 continue

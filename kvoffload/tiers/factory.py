@@ -8,25 +8,25 @@ from urllib.parse import parse_qsl
 import numpy as np
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.tiers.args import tier_options_from_query
 from kvoffload.tiers.base import Tier
 from kvoffload.tiers.namespace import TierNamespace
 
 __all__ = ["open_tier", "parse_disk_spec"]
 
-_DISK_INT_OPTIONS = ("max_bytes", "io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
-
 
 def parse_disk_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``disk:/path?max_bytes=N&o_direct=0`` -> ``("/path", {"max_bytes": N, "o_direct": False})``."""
+    """``disk:/path?max_bytes=N&o_direct=0`` -> ``("/path", {"max_bytes": N, "o_direct": False})``;
+    the options of every tier (``integrity_key``, ``io_threads``...) are accepted too."""
     rest = spec[len("disk:") :]
     if rest.startswith("//"):
         rest = rest[2:]
     path, _, query = rest.partition("?")
     if not path:
         raise InvalidArgumentError(f"tier spec {spec!r}: a disk tier needs a directory, e.g. disk:/var/cache/kv")
-    opts: dict[str, Any] = {}
-    for k, v in parse_qsl(query, keep_blank_values=True):
-        if k in _DISK_INT_OPTIONS:
+    opts, backend_pairs = tier_options_from_query(spec, parse_qsl(query, keep_blank_values=True))
+    for k, v in backend_pairs:
+        if k == "max_bytes":
             try:
                 opts[k] = int(v)
             except ValueError:

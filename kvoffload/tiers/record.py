@@ -13,9 +13,12 @@ Header (little-endian, ``FIXED_HEADER_BYTES`` + ``len(key)`` bytes)::
     key          key_len bytes
 
 The digest covers the header fields (digest zeroed), the key and the payload, so a value copied
-under another key, truncated, extended or altered is rejected. A reader with an integrity key
-accepts only MAC'd values whose MAC verifies; a reader without one rejects MAC'd values
-(it cannot check them) but does not delete them (see :attr:`ValueRejected.delete`).
+under another key, truncated, extended or altered is rejected. A reader with integrity keys
+accepts only MAC'd values whose MAC verifies under one of them (the first key signs, the others
+are still accepted: keys rotate without emptying the tier); a reader without one rejects MAC'd
+values (it cannot check them). A value rejected by the MAC check alone (unsigned, signed with a
+key this reader does not hold, or forged) is never deleted: it may be valid for other readers,
+and it ages out of the store (see :attr:`ValueRejected.delete`).
 
 XXH3-128 (the ``xxhash`` package) detects corruption and truncation like a CRC with a far
 smaller miss rate, at memory speed (over 10 GB/s on one core where zlib's CRC-32 gives ~1.5),
@@ -28,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,7 +44,7 @@ from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["MAGIC", "FIXED_HEADER_BYTES", "ValueRejected", "RecordCodec"]
+__all__ = ["MAGIC", "FIXED_HEADER_BYTES", "ValueRejected", "RecordCodec", "IntegrityKeys", "integrity_keys"]
 
 MAGIC = b"KVOT"
 _FIXED = struct.Struct("<4sHH16sHHQ32s")
@@ -50,21 +54,61 @@ _DIGEST_OFFSET = FIXED_HEADER_BYTES - 32
 _ZERO_DIGEST = bytes(32)
 
 
+#: What a rejection says about a value: from another namespace (``"namespace"``), not
+#: verifiable with this reader's keys (``"integrity"``), or damaged (``"corrupt"``).
+_KINDS = {
+    "fingerprint": "namespace",
+    "version": "namespace",
+    "mac": "integrity",
+    "unsigned": "integrity",
+    "mac-unverifiable": "integrity",
+}
+
+
 class ValueRejected(Exception):
     """A stored value failed validation (internal to the tiers: reported as a miss / failed key).
 
     Attributes:
         reason: short name of the check that failed (``"magic"``, ``"version"``, ``"fingerprint"``,
-            ``"key"``, ``"length"``, ``"checksum"``, ``"mac"``, ``"mac-unverifiable"``, ``"truncated"``,
-            ``"padding"`` for a disk file whose alignment padding is not zero).
-        delete: whether the value is wrong for everyone (deleted) rather than unreadable by this
-            reader's configuration only.
+            ``"key"``, ``"length"``, ``"checksum"``, ``"mac"`` (no accepted key verifies it),
+            ``"unsigned"`` (no MAC, one required), ``"mac-unverifiable"`` (a MAC, no key to check
+            it), ``"truncated"``, ``"padding"`` for a disk file whose alignment padding is not zero).
+        kind: ``"namespace"`` (fingerprint, version), ``"integrity"`` (the MAC checks) or
+            ``"corrupt"`` (every other reason).
+        delete: whether the value is wrong for every reader (corrupt, or another namespace under
+            this namespace's key) and may be deleted; False for integrity rejections, which
+            depend on the reader's keys.
     """
 
-    def __init__(self, reason: str, delete: bool = True) -> None:
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.delete = delete
+        self.kind = _KINDS.get(reason, "corrupt")
+        self.delete = self.kind != "integrity"
+
+
+#: Integrity keys as given by a user: one secret, several (the first signs), or none.
+IntegrityKeys = bytes | str | Sequence[bytes | str] | None
+
+
+def integrity_keys(value: IntegrityKeys, name: str = "integrity_key") -> tuple[bytes, ...]:
+    """``value`` as a tuple of secrets of at least 16 bytes (``str`` encoded as UTF-8); the first
+    one signs, all are accepted. ``None`` or an empty sequence: no key."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, (bytes, str)) else value
+    if not isinstance(items, Sequence):
+        raise InvalidTypeError(f"{name} must be bytes, str, a list of them or None, got {type(value).__name__}")
+    out = []
+    for i, k in enumerate(items):
+        if isinstance(k, str):
+            k = k.encode()
+        if not isinstance(k, bytes):
+            raise InvalidTypeError(f"{name}[{i}] must be bytes or str, got {type(k).__name__}")
+        if len(k) < 16:
+            raise InvalidArgumentError(f"{name} must be at least 16 bytes, got {len(k)} (entry {i})")
+        out.append(k)
+    return tuple(out)
 
 
 class RecordCodec:
@@ -73,20 +117,18 @@ class RecordCodec:
     Args:
         fingerprint: the namespace fingerprint (16 bytes) every value carries.
         record_bytes: the payload length of every value.
-        integrity_key: optional shared secret; when given values carry an HMAC-SHA256.
+        integrity_key: optional shared secret(s) (see :func:`integrity_keys`): values are
+            signed with an HMAC-SHA256 under the first key and accepted under any of them.
     """
 
-    def __init__(self, fingerprint: bytes, record_bytes: int, integrity_key: bytes | None = None) -> None:
+    def __init__(self, fingerprint: bytes, record_bytes: int, integrity_key: IntegrityKeys = None) -> None:
         if not isinstance(fingerprint, bytes) or len(fingerprint) != 16:
             raise InvalidArgumentError(f"fingerprint must be 16 bytes, got {fingerprint!r}")
         self.fingerprint = fingerprint
         self.record_bytes = check_int(record_bytes, "record_bytes", 1)
-        if integrity_key is not None:
-            if not isinstance(integrity_key, bytes):
-                raise InvalidTypeError(f"integrity_key must be bytes or None, got {type(integrity_key).__name__}")
-            if len(integrity_key) < 16:
-                raise InvalidArgumentError(f"integrity_key must be at least 16 bytes, got {len(integrity_key)}")
-        self._mac_key = integrity_key
+        self._mac_keys = integrity_keys(integrity_key)
+        #: whether values are signed (an integrity key is set)
+        self.signs = bool(self._mac_keys)
 
     def header_bytes(self, key: bytes) -> int:
         """Length of the header of ``key``'s value."""
@@ -96,9 +138,9 @@ class RecordCodec:
         """Length of ``key``'s whole value."""
         return FIXED_HEADER_BYTES + len(key) + self.record_bytes
 
-    def _digest(self, fixed_zeroed: bytes, key: bytes, payload: Buffer) -> bytes:
-        if self._mac_key is not None:
-            mac = hmac.new(self._mac_key, fixed_zeroed, hashlib.sha256)
+    def _digest(self, fixed_zeroed: bytes, key: bytes, payload: Buffer, mac_key: bytes | None) -> bytes:
+        if mac_key is not None:
+            mac = hmac.new(mac_key, fixed_zeroed, hashlib.sha256)
             mac.update(key)
             mac.update(payload)
             return mac.digest()
@@ -109,11 +151,12 @@ class RecordCodec:
 
     def header(self, key: bytes, payload: np.ndarray) -> bytes:
         """The header for ``payload`` (``record_bytes`` long) stored under ``key``."""
-        flags = _FLAG_MAC if self._mac_key is not None else 0
+        signer = self._mac_keys[0] if self._mac_keys else None
+        flags = _FLAG_MAC if signer is not None else 0
         fixed = _FIXED.pack(
             MAGIC, RECORD_FORMAT_VERSION, flags, self.fingerprint, len(key), 0, self.record_bytes, _ZERO_DIGEST
         )
-        digest = self._digest(fixed, key, payload.data)
+        digest = self._digest(fixed, key, payload.data, signer)
         return fixed[:_DIGEST_OFFSET] + digest + key
 
     def encode(self, key: bytes, payload: np.ndarray) -> bytes:
@@ -155,11 +198,16 @@ class RecordCodec:
             raise ValueRejected("length")
         if len(body) != payload_len:
             raise ValueRejected("truncated" if len(body) < payload_len else "length")
-        if flags & _FLAG_MAC and self._mac_key is None:
-            raise ValueRejected("mac-unverifiable", delete=False)
-        if not flags & _FLAG_MAC and self._mac_key is not None:
-            raise ValueRejected("mac")
         fixed_zeroed = bytes(mv[:_DIGEST_OFFSET]) + _ZERO_DIGEST
-        want = self._digest(fixed_zeroed, key, body)
-        if not hmac.compare_digest(want, digest):
-            raise ValueRejected("mac" if self._mac_key is not None else "checksum")
+        if not flags & _FLAG_MAC:
+            if self._mac_keys:
+                raise ValueRejected("unsigned")
+            if not hmac.compare_digest(self._digest(fixed_zeroed, key, body, None), digest):
+                raise ValueRejected("checksum")
+            return
+        if not self._mac_keys:
+            raise ValueRejected("mac-unverifiable")
+        for mac_key in self._mac_keys:
+            if hmac.compare_digest(self._digest(fixed_zeroed, key, body, mac_key), digest):
+                return
+        raise ValueRejected("mac")

@@ -1,9 +1,15 @@
-"""RedisTier: a tier on Redis or Redis Cluster (redis-py with hiredis), shared by every engine using it.
+"""RedisTier: a tier on Redis or Redis Cluster, shared by every engine using it.
 
-Lookups are one pipeline of ``EXISTS``, loads pipelines of ``GET``, stores pipelines of
-``SET … NX`` (the first writer of a block wins; values are immutable). Stores and loads go through
-:mod:`kvoffload.tiers.redis_io`, which avoids redis-py's copies of multi-MiB values. A cluster spreads keys
-over its shards by hash slot; a pipeline is split per shard by redis-py.
+Lookups are one pipeline of ``EXISTS`` per node, loads pipelines of ``GET``, stores pipelines of
+``SET … NX`` (the first writer of a block wins; values are immutable). Every command goes
+through :mod:`kvoffload.tiers.redis_io` (RESP2 or RESP3, multi-MiB values without redis-py's
+copies) and is routed by :class:`~kvoffload.tiers.redis_nodes.RedisNodes`, which follows a
+cluster's ``MOVED`` / ``ASK`` replies and keeps a health per node: a dead master makes its keys
+miss and their writes drop while the other shards keep serving.
+
+A value is deleted only when it was read, failed its check for every reader (corrupt, or
+another namespace under this namespace's key), and is still the value that was read; never on
+an absent key, a redirect, an error reply or a timeout.
 """
 
 from __future__ import annotations
@@ -13,27 +19,19 @@ import threading
 from typing import Any
 
 import numpy as np
-import redis
-from redis.backoff import NoBackoff
-from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import ClusterError, RedisClusterException
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
+from redis.exceptions import ResponseError
 
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
-from kvoffload.tiers.health import TierUnavailable
+from kvoffload.tiers.base import DROPPED, FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
-from kvoffload.tiers.redis_io import get_into, pools_for_keys, set_nx
+from kvoffload.tiers.redis_io import HEAD_BYTES, Mismatch, Redirect, delete_if_head, exists, get_into, set_nx
+from kvoffload.tiers.redis_nodes import DOWN, RedisNodes, Unreached
 from kvoffload.tiers.redis_url import RedisConfig, parse_redis_url
 
 __all__ = ["RedisTier"]
 
 logger = logging.getLogger(__name__)
-
-_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ClusterError, RedisClusterException, OSError)
 
 
 class RedisTier(Tier):
@@ -46,13 +44,17 @@ class RedisTier(Tier):
             ``rediss://…`` (TLS) or ``unix:///path/redis.sock``.
         cluster: use Redis Cluster (default: when the URL names several hosts or has
             ``cluster=true``).
-        username / password: ACL credentials (override the URL's).
-        socket_timeout / connect_timeout: seconds before an operation / a connect fails.
+        username: ACL user (overrides the URL's).
+        password: ACL password (overrides the URL's).
+        socket_timeout: seconds before an operation fails.
+        connect_timeout: seconds before a connect fails.
         max_connections: connection-pool size (default: ``io_threads + 2``).
         key_prefix: prefix of the store keys (default ``"kvo"``).
-        ssl_ca_certs / ssl_cert_reqs: TLS options for ``rediss://``.
+        ssl_ca_certs: CA bundle that signs the server's certificate (``rediss://``).
+        ssl_cert_reqs: ``"required"`` (default) or ``"none"`` (``rediss://``).
+        protocol: RESP version, 2 or 3 (default: redis-py's).
         **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
-            :class:`~kvoffload.tiers.Tier`.
+            :class:`~kvoffload.tiers.Tier` (they override the same options in the URL's query).
 
     Construction checks everything and connects nothing: a server down at start is an outage
     like any later one (lookups miss until it answers).
@@ -73,6 +75,7 @@ class RedisTier(Tier):
         key_prefix: str | None = None,
         ssl_ca_certs: str | None = None,
         ssl_cert_reqs: str | None = None,
+        protocol: int | None = None,
         **tier_options: Any,
     ) -> None:
         self.config: RedisConfig = parse_redis_url(
@@ -86,7 +89,9 @@ class RedisTier(Tier):
             key_prefix=key_prefix,
             ssl_ca_certs=ssl_ca_certs,
             ssl_cert_reqs=ssl_cert_reqs,
+            protocol=protocol,
         )
+        tier_options = {**self.config.tier_options, **tier_options}
         tier_options.setdefault("name", self.config.display())
         io_threads = tier_options.get("io_threads", 4)
         if isinstance(io_threads, int) and (self.config.max_connections or io_threads + 1) < io_threads + 1:
@@ -96,120 +101,52 @@ class RedisTier(Tier):
             )
         super().__init__(records, namespace, **tier_options)
         self._prefix = f"{self.config.key_prefix}:{self.fingerprint.hex()}:".encode()
-        self._client_lock = threading.Lock()
         self._local = threading.local()
-        self._client: redis.Redis | RedisCluster | None = None
-        self._pool_size = self.config.max_connections or (self.io_threads + 2)
+        self._nodes = RedisNodes(
+            self.config,
+            self.name,
+            self.config.max_connections or (self.io_threads + 2),
+            (tier_options.get("backoff_initial", 0.1), tier_options.get("backoff_max", 5.0)),
+            self._count,
+        )
+        if not self.codec.signs:
+            logger.warning(
+                "tier %s has no integrity_key: any client that can write to this Redis can make the "
+                "engines load KV it forged (see the README's Security section)",
+                self.name,
+            )
 
     def store_key(self, key: bytes) -> bytes:
         """The Redis key of ``key``'s value."""
         return self._prefix + key
 
-    # ------------------------------------------------------------------ connection
-    def _connect_kwargs(self) -> dict[str, Any]:
-        c = self.config
-        kw: dict[str, Any] = {
-            "username": c.username,
-            "password": c.password,
-            "socket_timeout": c.socket_timeout,
-            "socket_connect_timeout": c.connect_timeout,
-            "retry": Retry(NoBackoff(), 0),
-        }
-        if c.scheme == "rediss":
-            kw["ssl"] = True
-            kw.update(c.ssl)
-        return kw
-
-    def _get_client(self) -> redis.Redis | RedisCluster:
-        """The client, created on first use (a cluster client discovers its shards then)."""
-        client = self._client
-        if client is not None:
-            return client
-        with self._client_lock:
-            if self._client is None:
-                c = self.config
-                kw = self._connect_kwargs()
-                try:
-                    if c.cluster:
-                        nodes = [ClusterNode(h, p) for h, p in c.nodes]
-                        self._client = RedisCluster(
-                            startup_nodes=nodes, max_connections=self._pool_size, require_full_coverage=True, **kw
-                        )
-                    elif c.scheme == "unix":
-                        pool = redis.BlockingConnectionPool(
-                            connection_class=redis.UnixDomainSocketConnection,
-                            path=c.path,
-                            db=c.db,
-                            max_connections=self._pool_size,
-                            timeout=c.connect_timeout + c.socket_timeout,
-                            **{k: v for k, v in kw.items() if k != "ssl"},
-                        )
-                        self._client = redis.Redis(connection_pool=pool)
-                    else:
-                        host, port = c.nodes[0]
-                        cls = redis.SSLConnection if c.scheme == "rediss" else redis.Connection
-                        pool = redis.BlockingConnectionPool(
-                            connection_class=cls,
-                            host=host,
-                            port=port,
-                            db=c.db,
-                            max_connections=self._pool_size,
-                            timeout=c.connect_timeout + c.socket_timeout,
-                            **{k: v for k, v in kw.items() if k != "ssl"},
-                        )
-                        self._client = redis.Redis(connection_pool=pool)
-                except _UNAVAILABLE as exc:
-                    raise TierUnavailable(str(exc)) from exc
-            return self._client
-
-    def _pipeline(self) -> Any:
-        return self._get_client().pipeline(transaction=False)
-
-    def _execute(self, pipe: Any) -> list[Any]:
-        try:
-            return list(pipe.execute(raise_on_error=False))
-        except _UNAVAILABLE as exc:
-            if self.config.cluster:
-                self._reset_cluster()
-            raise TierUnavailable(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            pipe.reset()
-
-    def _reset_cluster(self) -> None:
-        """Drop a cluster client after an outage: the next use rediscovers the shards."""
-        with self._client_lock:
-            client, self._client = self._client, None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # closing a broken client must not mask the outage
-                logger.debug("closing the cluster client failed", exc_info=True)
-
     # ------------------------------------------------------------------ backend hooks
     def _probe(self, keys: list[bytes]) -> list[bool]:
-        pipe = self._pipeline()
-        for k in keys:
-            pipe.exists(self._prefix + k)
-        return [r is not None and not isinstance(r, Exception) and int(r) > 0 for r in self._execute(pipe)]
+        sk = [self._prefix + k for k in keys]
+        replies = self._nodes.run(sk, lambda pool, idx, asking: exists(pool, [sk[i] for i in idx], asking))
+        return [isinstance(r, int) and r > 0 for r in replies]
 
     def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
-        store_keys = [self._prefix + k for k in keys]
-        out = [FAILED] * len(keys)
-        try:
-            for pool, idx in pools_for_keys(self._get_client(), store_keys):
-                items = []
-                for i in idx:
-                    payload = self.records[slots[i]]
-                    items.append((store_keys[i], self.codec.header(keys[i], payload), payload.data))
-                for i, r in zip(idx, set_nx(pool, items), strict=True):
-                    if isinstance(r, Exception):
-                        self._count_error("store", r)
-                    else:
-                        out[i] = STORED if r else PRESENT
-        except _UNAVAILABLE as exc:
-            if self.config.cluster:
-                self._reset_cluster()
-            raise TierUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        sk = [self._prefix + k for k in keys]
+
+        def send(pool: Any, idx: list[int], asking: list[bool]) -> list[Any]:
+            items = []
+            for i in idx:
+                payload = self.records[slots[i]]
+                items.append((sk[i], self.codec.header(keys[i], payload), payload.data))
+            return set_nx(pool, items, asking)
+
+        out = []
+        for r in self._nodes.run(sk, send):
+            if r is DOWN:
+                out.append(DROPPED)
+            elif isinstance(r, (Unreached, Redirect)):
+                out.append(FAILED)
+            elif isinstance(r, ResponseError):
+                self._count_error("store", r)
+                out.append(FAILED)
+            else:
+                out.append(PRESENT if r is None else STORED)
         return out
 
     def _bounce(self, nbytes: int) -> memoryview:
@@ -220,46 +157,49 @@ class RedisTier(Tier):
         return memoryview(buf)
 
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
-        store_keys = [self._prefix + k for k in keys]
+        sk = [self._prefix + k for k in keys]
         expected = [self.codec.value_bytes(k) for k in keys]
+        buf = self._bounce(sum(expected))
+        dests, offset = [], 0
+        for n in expected:
+            dests.append(buf[offset : offset + n])
+            offset += n
+        replies = self._nodes.run(
+            sk, lambda pool, idx, asking: get_into(pool, [sk[i] for i in idx], [dests[i] for i in idx], asking)
+        )
         ok = [False] * len(keys)
-        bad: list[bytes] = []
-        try:
-            for pool, idx in pools_for_keys(self._get_client(), store_keys):
-                dest = self._bounce(sum(expected[i] for i in idx))
-                got = get_into(pool, [store_keys[i] for i in idx], dest, [expected[i] for i in idx])
-                offset = 0
-                for i, n in zip(idx, got, strict=True):
-                    value = dest[offset : offset + expected[i]]
-                    offset += expected[i]
-                    if n is None:
-                        continue  # absent: evicted or deleted
-                    try:
-                        if n < 0:
-                            raise ValueRejected("length")
-                        payload = self.codec.check(keys[i], value)
-                    except ValueRejected as rej:
-                        self._count_rejected(rej.reason)
-                        if rej.delete:
-                            bad.append(store_keys[i])
-                        continue
-                    self.records[slots[i]] = np.frombuffer(payload, dtype=np.uint8)
-                    ok[i] = True
-            if bad:
-                pipe = self._pipeline()
-                for rk in bad:
-                    pipe.delete(rk)
-                self._execute(pipe)
-        except _UNAVAILABLE as exc:
-            if self.config.cluster:
-                self._reset_cluster()
-            raise TierUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        bad: list[tuple[int, int, bytes]] = []  # (index, length, first bytes) of values to delete
+        for i, r in enumerate(replies):
+            if r is None:
+                self._count("absent")
+            elif isinstance(r, ResponseError):
+                self._count_error("load", r)
+            elif isinstance(r, int) and not isinstance(r, bool):
+                try:
+                    payload = self.codec.check(keys[i], dests[i])
+                except ValueRejected as rej:
+                    self._count_rejected(rej)
+                    if rej.delete:
+                        bad.append((i, r, bytes(dests[i][:HEAD_BYTES])))
+                    continue
+                self.records[slots[i]] = np.frombuffer(payload, dtype=np.uint8)
+                ok[i] = True
+            elif isinstance(r, Mismatch):
+                self._count_rejected(ValueRejected("truncated" if r.length < expected[i] else "length"))
+                bad.append((i, r.length, r.head))
+            # else: not answered (node down, failed, still redirected): a failed key, nothing else
+        if bad:
+            self._delete(sk, bad)
         return ok
 
+    def _delete(self, sk: list[bytes], bad: list[tuple[int, int, bytes]]) -> None:
+        """Delete the rejected values that are still the values read (counted in ``deleted_values``)."""
+        dk = [sk[i] for i, _, _ in bad]
+        replies = self._nodes.run(
+            dk,
+            lambda pool, idx, asking: delete_if_head(pool, [(dk[j], bad[j][1], bad[j][2]) for j in idx], asking),
+        )
+        self._count("deleted_values", sum(1 for r in replies if r == 1 and not isinstance(r, bool)))
+
     def _close_backend(self) -> None:
-        with self._client_lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-            if isinstance(client, redis.Redis):
-                client.connection_pool.disconnect()
+        self._nodes.close()

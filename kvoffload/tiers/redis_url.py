@@ -7,6 +7,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.tiers.args import redact_query, tier_options_from_query
 
 __all__ = ["RedisConfig", "parse_redis_url"]
 
@@ -32,6 +33,9 @@ class RedisConfig:
         max_connections: connection-pool size (``None``: the tier's threads + 2).
         key_prefix: prefix of every store key.
         ssl: keyword arguments for TLS connections.
+        protocol: RESP version, 2 or 3 (``None``: redis-py's default); both are parsed alike.
+        tier_options: the options of every tier found in the URL's query (``integrity_key``,
+            ``io_threads``...; see :func:`~kvoffload.tiers.args.tier_options_from_query`).
     """
 
     scheme: str
@@ -46,6 +50,8 @@ class RedisConfig:
     max_connections: int | None = None
     key_prefix: str = "kvo"
     ssl: dict[str, Any] = field(default_factory=dict)
+    protocol: int | None = None
+    tier_options: dict[str, Any] = field(default_factory=dict)
 
     def display(self) -> str:
         """The URL without credentials (for logs and reports)."""
@@ -60,6 +66,8 @@ def _bad(url: str, what: str) -> InvalidArgumentError:
 
 
 def _redact(url: str) -> str:
+    """``url`` without its secrets (the userinfo, ``password=`` and ``integrity_key=`` values)."""
+    url = redact_query(url)
     if "@" not in url:
         return url
     head, _, tail = url.rpartition("@")
@@ -100,6 +108,10 @@ def _option(url: str, name: str, value: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise InvalidArgumentError(f"{name} must be a number of seconds > 0, got {value!r}")
         return float(v)
+    if name == "protocol":
+        if str(value) not in ("2", "3") or isinstance(value, bool):
+            raise InvalidArgumentError(f"protocol must be 2 or 3 (RESP2 / RESP3), got {value!r}")
+        return int(value)
     if name in _INT_OPTIONS:
         if isinstance(value, str):
             if not value.isdigit():
@@ -128,7 +140,8 @@ def parse_redis_url(url: str, **options: Any) -> RedisConfig:
     if scheme not in _SCHEMES:
         raise _bad(url, "scheme must be redis://, rediss:// or unix://")
     cfg = RedisConfig(scheme=scheme)
-    merged: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
+    cfg.tier_options, pairs = tier_options_from_query(_redact(url), parse_qsl(parts.query, keep_blank_values=True))
+    merged: dict[str, Any] = dict(pairs)
     userinfo, _, hostpart = parts.netloc.rpartition("@")
     if userinfo:
         user, _, pw = userinfo.partition(":")

@@ -60,13 +60,28 @@ class TierStats:
         blocks_written / bytes_written / write_seconds: the same for stores (values already
             present are counted in ``writes_skipped``, not here).
         writes_skipped: stores of keys the tier already held (``SET NX`` refused, file present).
-        read_failures / write_failures: keys whose load / store failed (error, absent, rejected).
-        dropped_writes: store keys dropped without being tried, because the tier was
-            unreachable (in back-off) or its write queue was full (back-pressure).
-        rejected_values: values found corrupt or foreign (bad magic, version, fingerprint, key,
-            length, checksum or MAC) and deleted; each is also a miss or a failed load.
+        read_failures / write_failures: keys whose load / store failed (for any reason below, or
+            an error).
+        absent: loaded keys the store did not hold (evicted, deleted, lost in a restart since
+            the lookup); each is also a read failure, never a rejection.
+        dropped_writes: store keys dropped without being tried, because the tier (or, in a
+            Redis Cluster, the key's node) was unreachable and in back-off, or the tier's write
+            queue was full (back-pressure).
+        rejected_values: values read and refused, the sum of the three kinds that follow; each
+            is also a miss or a failed load.
+        rejected_namespace: values of another namespace or format version under this one's key.
+        rejected_integrity: values that fail the MAC check with this reader's keys: unsigned
+            while a key is set, signed with another (a retired) key, forged, or signed while
+            this reader has no key. Never deleted: they may be good for other readers, and age
+            out of the store.
+        corrupt: values damaged or written by a foreign client (bad magic, key, length,
+            checksum, truncated).
+        deleted_values: rejected values the tier deleted (namespace and corrupt ones only, and
+            only while the store still held the value that was read).
+        redirected: Redis Cluster commands sent again after a ``MOVED`` or ``ASK`` reply.
+        timed_out: keys whose command timed out (the tier or their node then backs off).
         evictions: values the tier itself removed to stay in its byte budget (disk).
-        errors: backend errors seen (connection refused, timeouts, I/O errors).
+        errors: backend errors seen (error replies, I/O errors, a backend bug).
     """
 
     lookups: int = 0
@@ -81,7 +96,14 @@ class TierStats:
     writes_skipped: int = 0
     read_failures: int = 0
     write_failures: int = 0
+    absent: int = 0
     dropped_writes: int = 0
     rejected_values: int = 0
+    rejected_namespace: int = 0
+    rejected_integrity: int = 0
+    corrupt: int = 0
+    deleted_values: int = 0
+    redirected: int = 0
+    timed_out: int = 0
     evictions: int = 0
     errors: int = 0

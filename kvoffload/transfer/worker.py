@@ -123,9 +123,9 @@ class TransferWorker:
             engines + a GPU staging ring) or ``"dma"`` (copy engines only: no SM used, for
             engines that cannot spare any). See :mod:`kvoffload.kernels.paths`.
         staging_bytes: size of the GPU staging ring (default: the per-GPU config).
-        host_memory / host_offset: put the host pool in this shared mapping, ``host_offset``
-            bytes in (see :class:`HostPool`'s ``memory``), e.g. vLLM's shared offload region
-            that the scheduler process maps too.
+        host_memory: put the host pool in this shared mapping (see :class:`HostPool`'s
+            ``memory``), e.g. vLLM's shared offload region that the scheduler process maps too.
+        host_offset: where in ``host_memory`` the pool starts, in bytes.
         slot_stride: bytes from one host slot to the next (default: the slot size); a larger
             stride leaves room between slots (another worker's records in a shared region).
 

@@ -138,6 +138,26 @@ def test_corrupted_value_is_a_failed_promotion_then_a_miss(own_redis: RedisServe
         b.shutdown()
 
 
+def test_integrity_key_rotation_through_the_vllm_config(own_redis: RedisServer) -> None:
+    old, new = "old-secret-0123456789", "new-secret-0123456789"
+    before = roles.tiering_manager(redis_tier(own_redis.url, integrity_key=old))
+    rotated = roles.tiering_manager(redis_tier(own_redis.url, integrity_key=[new, old]))
+    after = roles.tiering_manager(redis_tier(own_redis.url, integrity_key=new))
+    try:
+        old_keys, new_keys = roles.keys(2, seed=20), roles.keys(2, seed=21)
+        roles.store(before, old_keys)
+        roles.store(rotated, new_keys)  # signed with the new key
+        assert roles.load(rotated, old_keys)["equal"] == [True, True]  # the old key still accepted
+        assert roles.load(after, new_keys)["equal"] == [True, True]
+        assert roles.load(after, old_keys)["hit"] == [False, False]  # the retired key refused...
+        st = after.secondary_tiers[0].tier.stats()
+        assert (st.rejected_integrity, st.deleted_values) == (2, 0)
+        assert len(redis_values(own_redis)) == 4  # ...and left to age out, not deleted
+    finally:
+        for m in (before, rotated, after):
+            m.shutdown()
+
+
 def test_redis_killed_mid_run_then_back(own_redis: RedisServer) -> None:
     tier = redis_tier(own_redis.url, socket_timeout=1.0, connect_timeout=1.0)
     mgr = roles.tiering_manager(tier)

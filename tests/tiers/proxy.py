@@ -72,7 +72,11 @@ class TurnCountingProxy:
                 assert isinstance(sock, socket.socket)
                 if sock is self._listener:
                     c, _ = self._listener.accept()
-                    s = socket.create_connection(("127.0.0.1", self.target_port))
+                    try:
+                        s = socket.create_connection(("127.0.0.1", self.target_port))
+                    except OSError:  # the server is down: so is this connection
+                        c.close()
+                        continue
                     peer[c], peer[s] = s, c
                     from_client.add(c)
                     server_spoke[c] = True

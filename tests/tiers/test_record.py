@@ -102,13 +102,35 @@ def test_codec_rejections_name_their_reason() -> None:
     for reason, value in cases.items():
         with pytest.raises(ValueRejected) as exc:
             codec.check(key, value)
-        assert exc.value.reason == reason and exc.value.delete
-    with pytest.raises(ValueRejected) as exc:
-        RecordCodec(NS.fingerprint(), 100, b"m" * 16).check(key, good)  # unsigned value, MAC required
-    assert exc.value.reason == "mac" and exc.value.delete
+        kind = "namespace" if reason in ("version", "fingerprint") else "corrupt"
+        assert (exc.value.reason, exc.value.kind, exc.value.delete) == (reason, kind, True)
+    # the MAC checks depend on the reader's keys: integrity rejections, never deleted
     signed = RecordCodec(NS.fingerprint(), 100, b"m" * 16).encode(key, payload)
-    with pytest.raises(ValueRejected) as exc:
-        codec.check(key, signed)
-    assert exc.value.reason == "mac-unverifiable" and not exc.value.delete
+    for reader, value, reason in (
+        (RecordCodec(NS.fingerprint(), 100, b"m" * 16), good, "unsigned"),
+        (codec, signed, "mac-unverifiable"),
+        (RecordCodec(NS.fingerprint(), 100, b"o" * 16), signed, "mac"),
+        (RecordCodec(NS.fingerprint(), 100, b"m" * 16), signed[:-1] + b"\x08", "mac"),
+    ):
+        with pytest.raises(ValueRejected) as exc:
+            reader.check(key, value)
+        assert (exc.value.reason, exc.value.kind, exc.value.delete) == (reason, "integrity", False)
     with pytest.raises(ValueError, match="integrity_key"):
         RecordCodec(NS.fingerprint(), 100, b"short")
+    with pytest.raises(TypeError, match=r"integrity_key\[1\]"):
+        RecordCodec(NS.fingerprint(), 100, [b"m" * 16, 3])  # type: ignore[list-item]
+
+
+def test_key_rotation_first_key_signs_every_key_verifies() -> None:
+    payload = np.arange(300, dtype=np.uint16).astype(np.uint8)
+    key = b"key-r"
+    old, new = b"o" * 20, "n" * 20  # bytes or str (UTF-8)
+    by_old = RecordCodec(NS.fingerprint(), payload.size, old).encode(key, payload)
+    rotated = RecordCodec(NS.fingerprint(), payload.size, [new, old])
+    by_new = rotated.encode(key, payload)
+    assert by_new == RecordCodec(NS.fingerprint(), payload.size, new.encode()).encode(key, payload)
+    for value in (by_old, by_new):
+        assert bytes(rotated.check(key, value)) == payload.tobytes()
+    with pytest.raises(ValueRejected) as exc:  # the old key retired: its values are refused, not deleted
+        RecordCodec(NS.fingerprint(), payload.size, new).check(key, by_old)
+    assert (exc.value.reason, exc.value.delete) == ("mac", False)

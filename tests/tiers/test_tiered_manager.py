@@ -16,7 +16,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers import RedisTier
 from tests.keys import CTX
-from tests.tiers.conftest import NS, make_keys, make_records
+from tests.tiers.conftest import NS, make_keys, make_records, run_job
 from tests.tiers.proxy import TurnCountingProxy
 
 RB = 4096 + 24
@@ -214,7 +214,7 @@ def test_the_readme_acl_is_enough(redis_server: RedisServer) -> None:
     redis_server.cli("flushall")
     redis_server.cli(
         "acl", "setuser", "kvoffload", "reset", "on", ">readme-pw", "~kvo:*", "-@all",
-        "+get", "+set", "+exists", "+del", "+ping", "+hello",
+        "+get", "+set", "+exists", "+eval", "+strlen", "+getrange", "+del", "+ping", "+hello",
     )  # fmt: skip
     assert "kvoffload" in redis_server.cli("acl", "users")
     url = f"redis://kvoffload:readme-pw@127.0.0.1:{redis_server.port}"
@@ -233,4 +233,9 @@ def test_the_readme_acl_is_enough(redis_server: RedisServer) -> None:
     b.complete_load(keys, CTX)
     _no_leak(b)
     b.close()
+    with RedisTier(rec_b, NS, url) as t:  # a corrupt value is deleted (compare-and-delete, a script)
+        redis.Redis(port=redis_server.port).set(t.store_key(keys[0]), b"garbage")
+        assert run_job(t, "load", 1, keys[:1], [0]) == (False,)
+        st = t.stats()
+        assert (st.corrupt, st.deleted_values, st.errors) == (1, 1, 0)
     redis_server.cli("acl", "deluser", "kvoffload")

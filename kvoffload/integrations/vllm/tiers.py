@@ -9,8 +9,9 @@ memoryview (one CPU chunk per row). They run in vLLM's scheduler process and nev
 * ``submit_store`` / ``submit_load`` start a tier job over the job's primary chunk ids;
   ``get_finished_jobs`` reports it (a promotion that failed part-way names its
   ``successful_keys``); ``drain_jobs`` waits for every job; ``shutdown`` closes the tier;
-* ``get_stats`` reports the tier's own counters (rejected values, dropped writes, errors, probe
-  round trips) under the metric names of :meth:`build_metric_definitions`;
+* ``get_stats`` reports the tier's own counters (values absent, rejected by namespace, by
+  integrity, corrupt, deleted; redirected, timed-out, dropped writes, errors, probe round trips)
+  under the metric names of :meth:`build_metric_definitions`;
 * with ``enable_kv_events`` (and vLLM's KV events on) ``take_events`` announces stored blocks.
 
 Use from vLLM's own ``TieringOffloadingSpec`` (or kvoffload's ``KVOffloadSpec``)::
@@ -22,10 +23,11 @@ Use from vLLM's own ``TieringOffloadingSpec`` (or kvoffload's ``KVOffloadSpec``)
 
 Keys common to both (besides vLLM's own ``type``, ``module_path``, ``backpressure``): ``locality``
 (``LOCAL`` / ``REMOTE``), ``enable_kv_events``, ``namespace_tag``, ``hash_algo``, ``name``,
-``integrity_key``, ``io_threads``, ``batch_keys``, ``max_pending_write_bytes``,
+``integrity_key`` (a secret, or a list of secrets: the first signs, all are accepted),
+``io_threads``, ``batch_keys``, ``max_pending_write_bytes``,
 ``lookup_ttl_steps``, ``backoff_initial``, ``backoff_max``. Redis: ``url`` (required),
 ``cluster``, ``username``, ``password``, ``socket_timeout``, ``connect_timeout``,
-``max_connections``, ``key_prefix``, ``ssl_ca_certs``, ``ssl_cert_reqs``. Disk: ``root_dir``
+``max_connections``, ``key_prefix``, ``ssl_ca_certs``, ``ssl_cert_reqs``, ``protocol``. Disk: ``root_dir``
 (required), ``max_bytes``, ``o_direct``. See the README's "Use it from vLLM".
 """
 
@@ -80,7 +82,35 @@ _GENERIC_OPTIONS = frozenset(
 TIER_METRICS: dict[str, tuple[str, str]] = {
     "vllm:kv_offload_kvoffload_tier_rejected_values": (
         "rejected_values",
-        "Values a kvoffload tier found corrupt or foreign (wrong namespace, checksum, MAC) and deleted.",
+        "Values a kvoffload tier read and refused (the sum of the namespace, integrity and corrupt counters).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_rejected_namespace": (
+        "rejected_namespace",
+        "Values of another namespace or format version found under a kvoffload tier's keys (deleted).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_rejected_integrity": (
+        "rejected_integrity",
+        "Values whose MAC none of a kvoffload tier's integrity keys verifies (forged, unsigned, retired key; kept).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_corrupt": (
+        "corrupt",
+        "Values a kvoffload tier found damaged or foreign (magic, key, length, checksum; deleted).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_deleted_values": (
+        "deleted_values",
+        "Refused values a kvoffload tier deleted (still the value it read).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_absent": (
+        "absent",
+        "Loads of values a kvoffload tier's store no longer held (evicted, deleted, restarted).",
+    ),
+    "vllm:kv_offload_kvoffload_tier_redirected": (
+        "redirected",
+        "Redis Cluster commands a kvoffload tier sent again after MOVED or ASK.",
+    ),
+    "vllm:kv_offload_kvoffload_tier_timed_out": (
+        "timed_out",
+        "Keys whose command to a kvoffload tier's store timed out.",
     ),
     "vllm:kv_offload_kvoffload_tier_dropped_writes": (
         "dropped_writes",
@@ -144,9 +174,6 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
             raise InvalidArgumentError(
                 f"secondary tier {tier_type!r}: locality must be 'LOCAL' or 'REMOTE', got {locality!r}"
             ) from None
-        key = options.get("integrity_key")
-        if isinstance(key, str):
-            options["integrity_key"] = key.encode()
         records = _records(primary_kv_view)
         self.namespace = namespace_from_offloading_spec(
             offloading_spec, records.shape[1], hash_algo=hash_algo, tag=namespace_tag
@@ -271,6 +298,7 @@ class KVOffloadRedisTier(KVOffloadSecondaryTier):
             "socket_timeout",
             "connect_timeout",
             "max_connections",
+            "protocol",
             "key_prefix",
             "ssl_ca_certs",
             "ssl_cert_reqs",
