@@ -334,14 +334,14 @@ def run_simulate(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(1)  # tiny tensors: more threads only contend
         points = simulate(items, settings, policies, capacities, block_bytes=block_bytes)
-        print(report.finish(points, out))
+        print(report.finish(points, out, plot=args.plot))
     else:
         print(
             f"  replay:          cache-level, {jobs} processes; Belady's optimum and the infinite cache beside",
             flush=True,
         )
         swept = run_cache_sweep(btrace, policies, capacities, jobs, block_bytes, tier_capacities=tiers)
-        print(report.finish(swept.points, out, swept))
+        print(report.finish(swept.points, out, swept, plot=args.plot))
     if args.trace_block_view is not None:
         print(report.trace_block_line(trace_block_view(trace_blocks(raw_items), args.trace_block_view), trace_block))
     return 0
