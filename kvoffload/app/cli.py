@@ -252,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_sim.add_argument(
         "--out", default="simulate-out", help="directory for hit_rate.png, results.csv, results.json (./simulate-out)"
     )
+    p_sim.add_argument(
+        "--no-plot",
+        dest="plot",
+        action="store_false",
+        help="write no PNG (hit_rate.png, fleet.png): matplotlib is not imported, the tables, CSV and JSON stay",
+    )
     p_sim.set_defaults(func=_cmd_simulate)
 
     p_bench = sub.add_parser("bench", help="transfer, manager and scheduler benchmarks")
