@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.base import DROPPED, FAILED, PRESENT, STORED, Tier
+from kvoffload.tiers.health import TierUnavailable
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
 from kvoffload.tiers.redis_events import KeyspaceWatcher
@@ -241,10 +242,13 @@ class RedisTier(Tier):
     def _delete(self, sk: list[bytes], bad: list[tuple[int, int, bytes]]) -> None:
         """Delete the rejected values that are still the values read (counted in ``deleted_values``)."""
         dk = [sk[i] for i, _, _ in bad]
-        replies = self._nodes.run(
-            dk,
-            lambda pool, idx, asking: delete_if_head(pool, [(dk[j], bad[j][1], bad[j][2]) for j in idx], asking),
-        )
+        try:
+            replies = self._nodes.run(
+                dk,
+                lambda pool, idx, asking: delete_if_head(pool, [(dk[j], bad[j][1], bad[j][2]) for j in idx], asking),
+            )
+        except TierUnavailable:  # the values stay; the loads of this batch still count
+            return
         self._count("deleted_values", sum(1 for r in replies if r == 1 and not isinstance(r, bool)))
 
     def _close_backend(self) -> None:
