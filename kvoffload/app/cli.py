@@ -170,7 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
         "engine (GPU prefix cache, concurrency, generated blocks); auto (default): engine up to 1M prompt tokens",
     )
     p_sim.add_argument(
-        "--jobs", type=_positive_int, default=None, help="processes for the cache-level sweep (default: usable cores)"
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="processes for the cache-level and fleet sweeps (default: the usable cores, at most 8)",
     )
     p_sim.add_argument("--policies", default=None, help="comma-separated policies (default: all registered)")
     p_sim.add_argument(

@@ -19,7 +19,7 @@ from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.mooncake import read_mooncake_trace
 from kvoffload.sim.null_worker import NullTransferWorker
-from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_infinite
+from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_belady_heap, replay_infinite
 from tests.keys import POLICIES
 from tests.sim.mooncake_traces import random_mooncake, write_mooncake
 
@@ -141,6 +141,21 @@ def test_belady_is_the_optimum_on_tiny_traces(tmp_path: Path) -> None:
         plan = BeladyPlan(bt)
         for capacity in (1, 2, 3):
             assert replay_belady(plan, capacity).hit_blocks == _brute_force_best(reqs, capacity), (seed, capacity)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_belady_without_eviction_equals_the_heap_replay(tmp_path: Path, seed: int) -> None:
+    """At or above the plan's peak of held blocks Belady is computed without the replay: the same
+    result as the heap replay, field for field; the peak is exact (one block less evicts)."""
+    bt = _trace(tmp_path, 120, 40 + seed)
+    plan = BeladyPlan(bt)
+    assert replay_belady_heap(plan, plan.peak_held - 1).evictions > 0
+    assert replay_belady_heap(plan, plan.peak_held).evictions == 0
+    for capacity in (plan.peak_held - 1, plan.peak_held, plan.peak_held + 1, bt.num_blocks):
+        got, want = replay_belady(plan, capacity), replay_belady_heap(plan, capacity)
+        assert got.per_request.tolist() == want.per_request.tolist(), capacity
+        same = ("hit_blocks", "hit_tokens", "stored_blocks", "evictions", "distinct_stored", "prompt_tokens")
+        assert [getattr(got, f) for f in same] == [getattr(want, f) for f in same], capacity
 
 
 def test_infinite_hits_the_leading_run_of_blocks_seen_before(tmp_path: Path) -> None:
