@@ -28,7 +28,7 @@ Keys common to both (besides vLLM's own ``type``, ``module_path``, ``backpressur
 ``lookup_ttl_steps``, ``backoff_initial``, ``backoff_max``. Redis: ``url`` (required),
 ``cluster``, ``username``, ``password``, ``socket_timeout``, ``connect_timeout``,
 ``max_connections``, ``key_prefix``, ``ssl_ca_certs``, ``ssl_cert_reqs``, ``protocol``. Disk: ``root_dir``
-(required), ``max_bytes``, ``o_direct``. See the README's "Use it from vLLM".
+(required), ``max_bytes``, ``o_direct``. See docs/vllm.md.
 """
 
 from __future__ import annotations
