@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         default=None,
         help="a secondary KV tier beneath the host pool, repeatable (first asked first): "
-        "redis://host:6379, rediss://..., unix:///path.sock, redis://h1:p1,h2:p2 (cluster), disk:/path?max_bytes=N",
+        "redis://host:6379, rediss://..., unix:///path.sock, redis://h1:p1,h2:p2 (cluster), disk:/path?max_bytes=N; "
+        "options in the query, e.g. ?integrity_key_file=/etc/kvoffload/keys&io_threads=8",
     )
     p_demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_demo.set_defaults(func=_cmd_demo)
@@ -252,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_sim.add_argument("--seed", type=_non_negative_int, default=0)
     p_sim.add_argument(
         "--out", default="simulate-out", help="directory for hit_rate.png, results.csv, results.json (./simulate-out)"
+    )
+    p_sim.add_argument(
+        "--no-plot",
+        dest="plot",
+        action="store_false",
+        help="write no PNG (hit_rate.png, fleet.png): matplotlib is not imported, the tables, CSV and JSON stay",
     )
     p_sim.set_defaults(func=_cmd_simulate)
 
