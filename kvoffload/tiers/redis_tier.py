@@ -134,7 +134,7 @@ class RedisTier(Tier):
         if not self.codec.signs:
             logger.warning(
                 "tier %s has no integrity_key: any client that can write to this Redis can make the "
-                "engines load KV it forged (see the README's Security section)",
+                "engines load KV it forged (see docs/tiers.md, Security)",
                 self.name,
             )
 

@@ -210,7 +210,7 @@ def test_bad_arguments_are_typed_errors(redis_url: str) -> None:
 
 
 def test_the_readme_acl_is_enough(redis_server: RedisServer) -> None:
-    """The README's least-privilege ACL user can probe, write, read and delete (rejected values)."""
+    """The least-privilege ACL user of docs/tiers.md can probe, write, read and delete (rejected values)."""
     redis_server.cli("flushall")
     redis_server.cli(
         "acl", "setuser", "kvoffload", "reset", "on", ">readme-pw", "~kvo:*", "-@all",

@@ -37,7 +37,7 @@ Keys (besides vLLM's own ``type``, ``module_path``, ``backpressure``): ``url`` (
 ``password``, ``protocol``…; disk: ``max_bytes``,
 ``o_direct``), an unknown one a typed error at start. The aliases keep older configurations
 working: ``KVOffloadRedisTier`` (``url`` of a Redis), ``KVOffloadDiskTier`` (``root_dir``).
-See the README's "Use it from vLLM".
+See docs/vllm.md.
 """
 
 from __future__ import annotations
