@@ -11,7 +11,9 @@ reference engine three ways, in the same process, alternating, ``--reps`` times:
   Redis, every stored block is written through;
 * ``redis-warm``: the same tier holding what the previous run wrote: tier hits are promoted;
 * ``redis-cold-nowait`` / ``redis-warm-nowait``: the same with ``probe_wait=0`` (the step's probe
-  is answered whenever the tier's lookup thread gets to it, as before ``probe_wait``).
+  is answered whenever the tier's lookup thread gets to it, as before ``probe_wait``);
+* ``redis-warm-events``: a warm tier with ``removal_events`` (the server publishing its key
+  events, the tier watching them), compared per step with ``redis-warm`` (goal <= 1.02x).
 
 Per request, the wall time from its first deferred lookup to the lookup that answers (p50, p99;
 ``deferred_ms_*``), the deferrals, the engine steps and the run's wall time are reported beside the
@@ -166,18 +168,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "redis-warm": [],
         "redis-cold-nowait": [],
         "redis-warm-nowait": [],
+        "redis-warm-events": [],
     }
     with tempfile.TemporaryDirectory(prefix="kvoffload-bench-redis-") as tmp:
         server = RedisServer(Path(tmp), maxmemory="2gb").start()
         try:
             with_tier = replace(base, tiers=(server.url,))
             nowait = replace(base, tiers=(f"{server.url}?probe_wait=0",))  # before: probes answered asynchronously
+            # removal events on: the server publishes its key events, the tier watches them
+            events: Any = replace(base, tiers=({"url": server.url, "removal_events": True},))
             for r in range(reps):
                 runs["none"].append(run_once(base))
                 for suffix, settings in (("", with_tier), ("-nowait", nowait)):
                     server.cli("flushall")
                     runs[f"redis-cold{suffix}"].append(run_once(settings))
                     runs[f"redis-warm{suffix}"].append(run_once(settings))
+                server.cli("config", "set", "notify-keyspace-events", "Egex")
+                runs["redis-warm-events"].append(run_once(events))  # warm: the values of the runs before
+                server.cli("config", "set", "notify-keyspace-events", "")
                 print(
                     f"rep {r + 1}/{reps}: "
                     + ", ".join(f"{k} {v[-1]['cpu_us_per_step']:.0f} us CPU/step" for k, v in runs.items()),
@@ -222,6 +230,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"deferred per request p50 {r['deferred_ms_p50']:.1f} ms, p99 {r['deferred_ms_p99']:.1f} ms "
             f"({r['deferrals']:.0f} deferrals)"
         )
+    pairs = list(zip(runs["redis-warm"], runs["redis-warm-events"], strict=True))
+    summary["events_on_vs_off_per_step"] = statistics.median(b["us_per_step"] / a["us_per_step"] for a, b in pairs)
+    summary["events_on_vs_off_cpu_per_step"] = statistics.median(
+        b["cpu_us_per_step"] / a["cpu_us_per_step"] for a, b in pairs
+    )
+    print(
+        f"removal events on / off (warm): scheduler-call wall per step {summary['events_on_vs_off_per_step']:.3f}x, "
+        f"engine-thread CPU per step {summary['events_on_vs_off_cpu_per_step']:.3f}x (goal <= 1.02x)"
+    )
     if not args.no_write:
         path = RESULTS_DIR / f"{machine_slug()}-tier-engine.json"
         write_section("tier_engine", summary, path)
