@@ -119,11 +119,7 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result = run(tuple(args.setting or bench_vllm.DEFAULT), args.repeats)
     if not args.no_write:
-        from bench import common
-
-        out = common.results_path()
-        path = out.with_name(out.stem + "-vllm.json")
-        print(f"results: {common.write_section('vllm_replay', result, path)}")
+        bench_vllm.write_section("vllm_replay", result)
     return 0
 
 
