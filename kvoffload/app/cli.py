@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         default=None,
         help="a secondary KV tier beneath the host pool, repeatable (first asked first): "
-        "redis://host:6379, rediss://..., unix:///path.sock, redis://h1:p1,h2:p2 (cluster), disk:/path?max_bytes=N",
+        "redis://host:6379, rediss://..., unix:///path.sock, redis://h1:p1,h2:p2 (cluster), disk:/path?max_bytes=N; "
+        "options in the query, e.g. ?integrity_key_file=/etc/kvoffload/keys&io_threads=8",
     )
     p_demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     p_demo.set_defaults(func=_cmd_demo)
@@ -148,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="how much host memory: share of prompt tokens loaded from the CPU tier vs capacity, per policy",
     )
-    p_sim.add_argument("--trace", default=None, help="JSONL trace (see README); default: the demo's chat workload")
+    p_sim.add_argument(
+        "--trace", default=None, help="JSONL trace (see docs/simulate.md); default: the demo's chat workload"
+    )
     p_sim.add_argument(
         "--trace-format",
         choices=("auto", "kvoffload", "mooncake"),
@@ -169,7 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
         "engine (GPU prefix cache, concurrency, generated blocks); auto (default): engine up to 1M prompt tokens",
     )
     p_sim.add_argument(
-        "--jobs", type=_positive_int, default=None, help="processes for the cache-level sweep (default: usable cores)"
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="processes for the cache-level and fleet sweeps (default: the usable cores, at most 8)",
     )
     p_sim.add_argument("--policies", default=None, help="comma-separated policies (default: all registered)")
     p_sim.add_argument(
@@ -250,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_sim.add_argument("--seed", type=_non_negative_int, default=0)
     p_sim.add_argument(
         "--out", default="simulate-out", help="directory for hit_rate.png, results.csv, results.json (./simulate-out)"
+    )
+    p_sim.add_argument(
+        "--no-plot",
+        dest="plot",
+        action="store_false",
+        help="write no PNG (hit_rate.png, fleet.png): matplotlib is not imported, the tables, CSV and JSON stay",
     )
     p_sim.set_defaults(func=_cmd_simulate)
 

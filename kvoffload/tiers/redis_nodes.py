@@ -164,7 +164,9 @@ class RedisNodes:
         target: list[Addr | None] = [slots[key_slot(k)] for k in keys]
         asking = [False] * n
         pending = list(range(n))
-        for _ in range(MAX_REDIRECTS + 1):
+        for rnd in range(MAX_REDIRECTS + 1):
+            if rnd:
+                self._count("redirected", len(pending))
             groups: dict[Addr, list[int]] = {}
             for i in pending:
                 groups.setdefault(target[i] or self._known[0], []).append(i)
@@ -184,7 +186,6 @@ class RedisNodes:
                 self._refresh(force=False)
             if not pending:
                 break
-            self._count("redirected", len(pending))
         return out
 
     def _send_to(self, addr: Addr, idx: list[int], asking: list[bool], send: Send, out: list[Any]) -> list[int] | None:

@@ -15,7 +15,7 @@ from kvoffload.sim.fleet import FleetTrace, fleet_of_parts, replay_fleet, replay
 from kvoffload.sim.mooncake import read_mooncake_trace
 from kvoffload.sim.routing import ROUTINGS, check_routings, conversation_ids
 from tests.sim.mooncake_traces import random_mooncake, write_mooncake
-from tests.sim.test_two_tier_replay import _lead, _lru_store
+from tests.sim.test_two_tier_replay import _lead, reference_request
 
 WINDOW = 98.0  # seconds of trace time: 14 requests (7 s apart) in the load window, one on its edge
 
@@ -68,7 +68,7 @@ def reference_fleet(
     ft: FleetTrace, routing: str, n: int, host: int, tier: int, seed: int
 ) -> tuple[list[int], list[int]]:
     """Per request: its replica and its hit blocks; ``n`` OrderedDict LRU host pools over one
-    OrderedDict LRU tier (the rules of tests/sim/test_two_tier_replay.reference_two_tier),
+    OrderedDict LRU tier (each request as tests/sim/test_two_tier_replay.reference_request serves it),
     routed by the routing's rule written from its definition."""
     reqs = _requests(ft)
     times, tokens = ft.arrival_s.tolist(), ft.trace.prompt_tokens.tolist()
@@ -99,34 +99,7 @@ def reference_fleet(
             runs = [_lead(blocks, c) for c in caches]
             rep = least([i for i in range(n) if runs[i] == max(runs)])
         routed.append(rep)
-        cache = caches[rep]
-        first = _lead(blocks, cache)
-        promoted: list[int] = []
-        for b in blocks[first:]:
-            if b in cache:
-                continue
-            if b not in shared:
-                break
-            promoted.append(b)
-        if promoted:
-            keep = set(promoted) | {b for b in blocks if b in cache}
-            if _lru_store(cache, promoted, keep, host):
-                for b in promoted:
-                    shared.move_to_end(b)
-        h = _lead(blocks, cache)
-        hits.append(h)
-        for b in reversed(blocks):
-            if b in cache:
-                cache.move_to_end(b)
-        new = [b for b in blocks[h:] if b not in cache]
-        if new and _lru_store(cache, new, set(blocks[h:]), host) and tier:
-            for b in new:
-                if b in shared:
-                    shared.move_to_end(b)
-                else:
-                    shared[b] = None
-                    if len(shared) > tier:
-                        shared.popitem(last=False)
+        hits.append(reference_request(caches[rep], shared, blocks, host, tier)[0])
     return routed, hits
 
 

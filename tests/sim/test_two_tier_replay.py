@@ -64,37 +64,46 @@ def reference_two_tier(requests: list[list[int]], host: int, tier: int) -> tuple
     shared: OrderedDict[int, None] = OrderedDict()
     hits, from_tier = [], []
     for blocks in requests:
-        first = _lead(blocks, cache)
-        promoted: list[int] = []
-        for b in blocks[first:]:
-            if b in cache:
-                continue
-            if b not in shared:
-                break
-            promoted.append(b)
-        if promoted:
-            keep = set(promoted) | {b for b in blocks if b in cache}
-            if _lru_store(cache, promoted, keep, host):
-                for b in promoted:
-                    shared.move_to_end(b)
-            else:
-                promoted = []
-        h = _lead(blocks, cache)
+        h, t = reference_request(cache, shared, blocks, host, tier)
         hits.append(h)
-        from_tier.append(sum(1 for b in blocks[:h] if b in promoted))
-        for b in reversed(blocks):
-            if b in cache:
-                cache.move_to_end(b)
-        new = [b for b in blocks[h:] if b not in cache]
-        if new and _lru_store(cache, new, set(blocks[h:]), host) and tier:
-            for b in new:
-                if b in shared:
-                    shared.move_to_end(b)
-                else:
-                    shared[b] = None
-                    if len(shared) > tier:
-                        shared.popitem(last=False)
+        from_tier.append(t)
     return hits, from_tier
+
+
+def reference_request(
+    cache: OrderedDict[int, None], shared: OrderedDict[int, None], blocks: list[int], host: int, tier: int
+) -> tuple[int, int]:
+    """One request of :func:`reference_two_tier` on an LRU host pool ``cache`` of ``host`` blocks
+    over the tier ``shared`` of ``tier`` blocks: its hit blocks and, of those, blocks from the tier."""
+    first = _lead(blocks, cache)
+    promoted: list[int] = []
+    for b in blocks[first:]:
+        if b in cache:
+            continue
+        if b not in shared:
+            break
+        promoted.append(b)
+    if promoted:
+        keep = set(promoted) | {b for b in blocks if b in cache}
+        if _lru_store(cache, promoted, keep, host):
+            for b in promoted:
+                shared.move_to_end(b)
+        else:
+            promoted = []
+    h = _lead(blocks, cache)
+    for b in reversed(blocks):
+        if b in cache:
+            cache.move_to_end(b)
+    new = [b for b in blocks[h:] if b not in cache]
+    if new and _lru_store(cache, new, set(blocks[h:]), host) and tier:
+        for b in new:
+            if b in shared:
+                shared.move_to_end(b)
+            else:
+                shared[b] = None
+                if len(shared) > tier:
+                    shared.popitem(last=False)
+    return h, sum(1 for b in blocks[:h] if b in promoted)
 
 
 @pytest.mark.parametrize("seed", range(6))
