@@ -82,3 +82,33 @@ def test_notification_flags() -> None:
     assert notifications_missing("KEA") == ""
     assert notifications_missing("") == "Eexg"
     assert notifications_missing("Ex") == "eg"
+
+
+def test_removals_are_the_tiered_managers_events(tmp_path: Path) -> None:
+    """kvoffload's own event stream: a key another client deletes comes out of the tiered manager's
+    ``take_events`` once, as a removal on the tier's medium."""
+    from kvoffload.cache.manager import CPUOffloadingManager
+    from kvoffload.cache.tiered import TieredManager
+
+    require_redis()
+    srv = RedisServer(tmp_path / "ev", extra=("--notify-keyspace-events", "Egex")).start()
+    try:
+        recs = make_records(4, 4096, seed=3)
+        tier = RedisTier(recs, NS, srv.url, removal_events=True)
+        m = TieredManager(CPUOffloadingManager(4), [tier])
+        try:
+            assert tier._watcher is not None and tier._watcher.wait_subscribed(10)
+            keys = make_keys(2)
+            assert run_job(tier, "store", 1, keys, [0, 1]) == (True, True)
+            redis.Redis(port=srv.port).delete(tier.store_key(keys[0]))
+            events: list = []
+            deadline = time.monotonic() + 10
+            while not events and time.monotonic() < deadline:
+                events = [e for e in m.take_events() if e.removed]
+                time.sleep(0.02)
+            assert [(e.keys, e.medium) for e in events] == [([keys[0]], tier.name)]
+            assert [e for e in m.take_events() if e.removed] == []
+        finally:
+            m.close()
+    finally:
+        srv.stop()
