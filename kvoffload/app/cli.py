@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="how much host memory: share of prompt tokens loaded from the CPU tier vs capacity, per policy",
     )
-    p_sim.add_argument("--trace", default=None, help="JSONL trace (see README); default: the demo's chat workload")
+    p_sim.add_argument(
+        "--trace", default=None, help="JSONL trace (see docs/simulate.md); default: the demo's chat workload"
+    )
     p_sim.add_argument(
         "--trace-format",
         choices=("auto", "kvoffload", "mooncake"),

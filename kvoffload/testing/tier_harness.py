@@ -148,7 +148,28 @@ class _Stall:
         self._listener.close()
 
 
-class RedisHarness(TierHarness):
+class _RedisValues(TierHarness):
+    """Raw values through a client of the harness's server (``_client``)."""
+
+    @abstractmethod
+    def _client(self) -> Any:
+        """A redis-py client of the store (a context manager)."""
+
+    def read_raw(self, tier: Tier, key: bytes) -> bytes | None:
+        with self._client() as c:
+            value = c.get(tier.store_key(key))  # type: ignore[attr-defined]
+        return None if value is None else bytes(value)
+
+    def write_raw(self, tier: Tier, key: bytes, value: bytes) -> None:
+        with self._client() as c:
+            c.set(tier.store_key(key), value)  # type: ignore[attr-defined]
+
+    def delete_raw(self, tier: Tier, key: bytes) -> None:
+        with self._client() as c:
+            c.delete(tier.store_key(key))  # type: ignore[attr-defined]
+
+
+class RedisHarness(_RedisValues):
     """One ``redis-server`` on loopback (Debian's binary), reached through a stallable forwarder."""
 
     can_go_away = True
@@ -178,19 +199,6 @@ class RedisHarness(TierHarness):
 
         return redis.Redis(host="127.0.0.1", port=self.server.port)
 
-    def read_raw(self, tier: Tier, key: bytes) -> bytes | None:
-        with self._client() as c:
-            value = c.get(tier.store_key(key))  # type: ignore[attr-defined]
-        return None if value is None else bytes(value)
-
-    def write_raw(self, tier: Tier, key: bytes, value: bytes) -> None:
-        with self._client() as c:
-            c.set(tier.store_key(key), value)  # type: ignore[attr-defined]
-
-    def delete_raw(self, tier: Tier, key: bytes) -> None:
-        with self._client() as c:
-            c.delete(tier.store_key(key))  # type: ignore[attr-defined]
-
     def go_away(self) -> None:
         self.server.kill()
 
@@ -204,7 +212,7 @@ class RedisHarness(TierHarness):
         self.proxy.resume()
 
 
-class RedisClusterHarness(TierHarness):
+class RedisClusterHarness(_RedisValues):
     """A 3-master Redis Cluster on loopback; going away is one master killed (its shard's keys
     unreachable), coming back is that master restarted empty with its slots."""
 
@@ -231,19 +239,6 @@ class RedisClusterHarness(TierHarness):
         from redis.cluster import ClusterNode, RedisCluster
 
         return RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", n.port) for n in self.cluster.nodes])
-
-    def read_raw(self, tier: Tier, key: bytes) -> bytes | None:
-        with self._client() as c:
-            value = c.get(tier.store_key(key))  # type: ignore[attr-defined]
-        return None if value is None else bytes(value)
-
-    def write_raw(self, tier: Tier, key: bytes, value: bytes) -> None:
-        with self._client() as c:
-            c.set(tier.store_key(key), value)  # type: ignore[attr-defined]
-
-    def delete_raw(self, tier: Tier, key: bytes) -> None:
-        with self._client() as c:
-            c.delete(tier.store_key(key))  # type: ignore[attr-defined]
 
     def go_away(self) -> None:
         self.cluster.nodes[0].kill()

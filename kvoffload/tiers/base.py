@@ -140,6 +140,7 @@ class Tier(ABC):
         self._closed = False
         self._verdicts = Verdicts(lookup_ttl_steps)  # engine-thread lookup state
         self._unanswered = 0  # probe batches sent and not applied yet (engine thread)
+        self._removed: list[bytes] = []  # keys the store removed, not taken yet
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
         self._probe_q: queue.SimpleQueue[list[bytes] | _Tasks | None] = queue.SimpleQueue()
@@ -263,6 +264,27 @@ class Tier(ABC):
             return self._probe(keys)
         except TierUnavailable:
             return [False] * len(keys)
+
+    def take_removed(self) -> list[bytes]:
+        """The keys the store removed since the last call, as the tier learned of them (a Redis
+        tier with ``removal_events``: evicted, expired, deleted by any client); each key once per
+        removal. Their cached verdicts become misses."""
+        with self._lock:
+            out, self._removed = self._removed, []
+        self._verdicts.forget(out)
+        return out
+
+    def _note_removed(self, keys: list[bytes]) -> None:
+        """Backends: ``keys`` were removed from the store (any thread)."""
+        with self._lock:
+            self._removed.extend(keys)
+            self._stats.removals += len(keys)
+
+    def _removal_events_off(self, why: str) -> None:
+        """Backends: removal events were asked for but the store will not send them all (any thread)."""
+        with self._lock:
+            self._stats.removal_events_off = 1
+            self._log_once("removal-events-off", "tier %s: removal events incomplete: %s", why)
 
     def stats(self) -> TierStats:
         """A snapshot of the tier's cumulative counters."""

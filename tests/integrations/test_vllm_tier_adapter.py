@@ -82,3 +82,35 @@ def test_bad_configurations_are_typed_errors_naming_the_tier(tier: dict[str, Any
     with pytest.raises(err, match=match) as info:
         roles.tiering_manager(tier)
     assert "secondary tier 'KVOffloadTier'" in str(info.value)
+
+
+def test_blocks_the_store_removes_are_kv_events(own_redis: RedisServer) -> None:
+    """With ``enable_kv_events``, a key another client deletes from Redis comes out of vLLM's
+    ``take_events`` as a removal (``removed=True``) of that key, once."""
+    import dataclasses
+    import time
+
+    import redis
+    from vllm.v1.kv_offload.base import Medium
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    own_redis.cli("config", "set", "notify-keyspace-events", "Egex")
+    extra = {"cpu_bytes_to_use": 16 * roles.ROW, "secondary_tiers": [generic(url=own_redis.url, enable_kv_events=True)]}
+    config = dataclasses.replace(roles.offloading_config(extra), enable_kv_cache_events=True)
+    mgr = TieringOffloadingSpec(config).get_manager()
+    try:
+        tier = mgr.secondary_tiers[0]
+        assert tier.tier._watcher.wait_subscribed(10)
+        ks = roles.keys(3, seed=11)
+        roles.store(mgr, ks)
+        list(mgr.take_events())  # the stores' events
+        redis.Redis(port=own_redis.port).delete(tier.tier.store_key(ks[1]))
+        removed: list[Any] = []
+        deadline = time.monotonic() + 10
+        while not removed and time.monotonic() < deadline:
+            removed = [ev for ev in mgr.take_events() if ev.medium is Medium.STORAGE and ev.removed]
+            time.sleep(0.05)
+        assert [list(ev.keys) for ev in removed] == [[ks[1]]]
+        assert tier.tier.stats().removal_events_off == 0
+    finally:
+        mgr.shutdown()

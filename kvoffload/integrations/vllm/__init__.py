@@ -12,8 +12,7 @@ Turn it on with vLLM's ``--kv-transfer-config``::
 
 ``KVOffloadConnector`` is vLLM's own ``OffloadingConnector`` plus the one thing it lacks: it reports
 blocks whose load failed, so that vLLM recomputes them. With ``"kv_connector": "OffloadingConnector"``
-everything else works the same (see :class:`KVOffloadSpec` for the keys and the README's
-"Use it from vLLM" section).
+everything else works the same (see :class:`KVOffloadSpec` for the keys and docs/vllm.md).
 
 Shared tiers: ``KVOffloadTier`` is any registered kvoffload tier as a vLLM secondary tier
 (``"secondary_tiers": [{"type": "KVOffloadTier", "module_path": "kvoffload.integrations.vllm",

@@ -16,7 +16,10 @@ scheduler process and never blocks it:
 * ``get_stats`` reports the tier's own counters (values absent, rejected by namespace, by
   integrity, corrupt, deleted; redirected, timed-out, dropped writes, errors, probe round trips)
   under the metric names of :meth:`build_metric_definitions`;
-* with ``enable_kv_events`` (and vLLM's KV events on) ``take_events`` announces stored blocks.
+* with ``enable_kv_events`` (and vLLM's KV events on) ``take_events`` announces stored blocks,
+  and blocks the store removed (``removed=True``: a Redis tier then watches the server's keyspace
+  notifications, which need ``notify-keyspace-events Egex``; ``removal_events_off`` in its stats
+  says when they are off).
 
 Use from vLLM's own ``TieringOffloadingSpec`` (or kvoffload's ``KVOffloadSpec``)::
 
@@ -34,7 +37,7 @@ Keys (besides vLLM's own ``type``, ``module_path``, ``backpressure``): ``url`` (
 ``password``, ``protocol``…; disk: ``max_bytes``,
 ``o_direct``), an unknown one a typed error at start. The aliases keep older configurations
 working: ``KVOffloadRedisTier`` (``url`` of a Redis), ``KVOffloadDiskTier`` (``root_dir``).
-See the README's "Use it from vLLM".
+See docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.integrations.vllm.manager import VLLM_LOOKUP
 from kvoffload.integrations.vllm.tier_namespace import namespace_from_offloading_spec
 from kvoffload.tiers import RedisTier, Tier, TierSpec, TierStats, check_tier_spec
-from kvoffload.tiers.registry import resolve_tier
+from kvoffload.tiers.registry import resolve_tier, tier_options
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +179,8 @@ class KVOffloadTier(SecondaryTierManager):
                 self._events = []
             else:
                 logger.warning("%s: enable_kv_events is set but vLLM's KV events are off", where)
+        if self._events is not None and "removal_events" in tier_options(tier_cls):
+            tier_kwargs.setdefault("removal_events", True)  # the store's own removals become events too
         self.tier: Tier = tier_cls(records, self.namespace, **tier_kwargs)
         self._label = (f"{tier_type}:{self.tier.name}",)
         self._open_jobs: set[int] = set()  # submitted, not yet reported
@@ -249,6 +254,13 @@ class KVOffloadTier(SecondaryTierManager):
         self.tier.drain()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events is None:
+            return
+        removed = self.tier.take_removed()
+        if removed:  # evicted, expired or deleted in the store (removal_events)
+            self._events.append(
+                OffloadingEvent(keys=removed, medium=Medium.STORAGE, removed=True, locality=self.locality)
+            )
         if self._events:
             events, self._events = self._events, []
             yield from events
