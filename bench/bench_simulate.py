@@ -9,6 +9,7 @@ replays, report and plot included):
   --policies lru,optimal`` (KVCache.AI's simulator from PyPI, C++ core) at the same 8 capacities in
   GiB, same trace and block size, alternated ``--rounds`` times in the same run; the ratio of their
   medians is the figure. The same ``kvoffload`` command with the plot is timed in each round too;
+  then the CPU seconds of its parts, one at a time in one process (:func:`breakdown`);
 * **fleet**: ``kvoffload simulate --replicas`` with the given replicas, routings, host and tier
   capacities, once.
 
@@ -101,6 +102,57 @@ def one_node(trace: str, kvsim: str, rounds: int, jobs: int, block: int) -> dict
     }
 
 
+def breakdown(trace: str, block: int) -> dict[str, Any]:
+    """CPU seconds of the one-node sweep's parts, one at a time in one process: importing what the
+    command imports (a fresh interpreter), reading the trace, its block keys, each LRU replay,
+    Belady's plan and runs, the infinite cache."""
+    from kvoffload.sim.block_trace import BlockTrace
+    from kvoffload.sim.cache_replay import replay_cache
+    from kvoffload.sim.mooncake import read_mooncake_trace
+    from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_infinite
+
+    imports = (
+        "import kvoffload.app.cli, kvoffload.app.simulate, kvoffload.app.simulate_cache, kvoffload.app.simulate_report"
+    )
+    import_cpu: list[float] = []
+    _timed([sys.executable, "-c", imports], import_cpu)
+    clock = time.process_time
+    t = clock()
+    reqs = read_mooncake_trace(trace)
+    read_s = clock() - t
+    t = clock()
+    bt = BlockTrace.from_mooncake(reqs, 512, block)
+    lists = bt.key_lists()
+    keys_s = clock() - t
+    caps = [int(c * 1e6) // block for c in CAPACITIES_MTOK]
+    lru, belady = [], []
+    for c in caps:
+        t = clock()
+        replay_cache(bt, "lru", c, lists)
+        lru.append(clock() - t)
+    t = clock()
+    plan = BeladyPlan(bt)
+    plan_s = clock() - t
+    for c in caps:
+        t = clock()
+        replay_belady(plan, c)
+        belady.append(clock() - t)
+    t = clock()
+    replay_infinite(bt)
+    return {
+        "import_cpu_s": import_cpu[0],
+        "read_trace_cpu_s": read_s,
+        "block_keys_cpu_s": keys_s,
+        "lru_replay_cpu_s": lru,
+        "lru_us_per_request": 1e6 * statistics.median(lru) / bt.num_requests,
+        "belady_plan_cpu_s": plan_s,
+        "belady_cpu_s": belady,
+        "belady_peak_held_blocks": plan.peak_held,
+        "infinite_cpu_s": clock() - t,
+        "requests": bt.num_requests,
+    }
+
+
 def fleet(trace: str, jobs: int, block: int, replicas: str, routings: str, hosts: str, tiers: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "kvoffload", "simulate", "--trace", trace, "--block-size", str(block)]
@@ -138,6 +190,7 @@ def main() -> int:
     result: dict[str, Any] = {"provenance": provenance(), "machine_cores": len(os.sched_getaffinity(0))}
     if args.kvcache_simulator:
         result["one_node"] = one_node(args.trace, args.kvcache_simulator, args.rounds, args.jobs, args.block_size)
+        result["one_node"]["cpu_breakdown"] = breakdown(args.trace, args.block_size)
         print(json.dumps(result["one_node"], indent=1), flush=True)
     if not args.skip_fleet:
         result["fleet"] = fleet(
