@@ -3,11 +3,13 @@
 Two measurements, each a whole command line timed from start to exit (imports, trace reading,
 replays, report and plot included):
 
-* **one node** (wall and CPU seconds): ``kvoffload simulate --policies lru`` (the production manager and policy; Belady
-  and the infinite cache beside it) at 8 host capacities against ``kvcache-simulator run
+* **one node** (wall and CPU seconds): ``kvoffload simulate --policies lru --no-plot`` (the
+  production manager and policy; Belady and the infinite cache beside it; tables, CSV and JSON but
+  no PNG, as ``kvcache-simulator`` draws none) at 8 host capacities against ``kvcache-simulator run
   --policies lru,optimal`` (KVCache.AI's simulator from PyPI, C++ core) at the same 8 capacities in
   GiB, same trace and block size, alternated ``--rounds`` times in the same run; the ratio of their
-  medians is the figure;
+  medians is the figure. The same ``kvoffload`` command with the plot is timed in each round too;
+  then the CPU seconds of its parts, one at a time in one process (:func:`breakdown`);
 * **fleet**: ``kvoffload simulate --replicas`` with the given replicas, routings, host and tier
   capacities, once.
 
@@ -60,7 +62,7 @@ def _load() -> float:
 def one_node(trace: str, kvsim: str, rounds: int, jobs: int, block: int) -> dict[str, Any]:
     caps = ",".join(f"{c:g}Mtok" for c in CAPACITIES_MTOK)
     gib = ",".join(f"{c * 1e6 * BYTES_PER_TOKEN / 2**30:.2f}" for c in CAPACITIES_MTOK)
-    ours, theirs, loads = [], [], []
+    ours, theirs, plotted, loads = [], [], [], []
     ours_cpu: list[float] = []
     theirs_cpu: list[float] = []
     lru_ours: list[str] = []
@@ -75,10 +77,11 @@ def one_node(trace: str, kvsim: str, rounds: int, jobs: int, block: int) -> dict
             t, text = _timed(ks, theirs_cpu)
             theirs.append(t)
             lru_theirs = re.findall(r"GiB\s+[\d,]+\s+([\d.]+)%", text)
-            t, _ = _timed(kv, ours_cpu)
+            t, _ = _timed([*kv, "--no-plot"], ours_cpu)
             ours.append(t)
             points = json.loads((Path(out) / "results.json").read_text())["points"]
             lru_ours = [f"{100 * p['hit_rate']:.1f}" for p in points]
+            plotted.append(_timed(kv)[0])
     mo, mt = statistics.median(ours), statistics.median(theirs)
     return {
         "trace": Path(trace).name,
@@ -91,9 +94,62 @@ def one_node(trace: str, kvsim: str, rounds: int, jobs: int, block: int) -> dict
         "kvoffload_cpu_s": ours_cpu,
         "kvcache_simulator_cpu_s": theirs_cpu,
         "cpu_ratio_of_medians": statistics.median(ours_cpu) / statistics.median(theirs_cpu),
+        "kvoffload_with_plot_s": plotted,
+        "ratio_of_medians_with_plot": statistics.median(plotted) / mt,
         "load_average_before_each_round": loads,
         "lru_hit_pct_kvoffload": lru_ours,
         "lru_hit_pct_kvcache_simulator_last_half": lru_theirs,
+    }
+
+
+def breakdown(trace: str, block: int) -> dict[str, Any]:
+    """CPU seconds of the one-node sweep's parts, one at a time in one process: importing what the
+    command imports (a fresh interpreter), reading the trace, its block keys, each LRU replay,
+    Belady's plan and runs, the infinite cache."""
+    from kvoffload.sim.block_trace import BlockTrace
+    from kvoffload.sim.cache_replay import replay_cache
+    from kvoffload.sim.mooncake import read_mooncake_trace
+    from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_infinite
+
+    imports = (
+        "import kvoffload.app.cli, kvoffload.app.simulate, kvoffload.app.simulate_cache, kvoffload.app.simulate_report"
+    )
+    import_cpu: list[float] = []
+    _timed([sys.executable, "-c", imports], import_cpu)
+    clock = time.process_time
+    t = clock()
+    reqs = read_mooncake_trace(trace)
+    read_s = clock() - t
+    t = clock()
+    bt = BlockTrace.from_mooncake(reqs, 512, block)
+    lists = bt.key_lists()
+    keys_s = clock() - t
+    caps = [int(c * 1e6) // block for c in CAPACITIES_MTOK]
+    lru, belady = [], []
+    for c in caps:
+        t = clock()
+        replay_cache(bt, "lru", c, lists)
+        lru.append(clock() - t)
+    t = clock()
+    plan = BeladyPlan(bt)
+    plan_s = clock() - t
+    for c in caps:
+        t = clock()
+        replay_belady(plan, c)
+        belady.append(clock() - t)
+    t = clock()
+    replay_infinite(bt)
+    return {
+        "import_cpu_s": import_cpu[0],
+        "read_trace_cpu_s": read_s,
+        "block_keys_cpu_s": keys_s,
+        "lru_replay_cpu_s": lru,
+        "lru_us_per_request": 1e6 * statistics.median(lru) / bt.num_requests,
+        "belady_plan_cpu_s": plan_s,
+        "belady_cpu_s": belady,
+        "belady_peak_held_blocks": plan.peak_held,
+        "infinite_cpu_s": clock() - t,
+        "requests": bt.num_requests,
     }
 
 
@@ -122,7 +178,7 @@ def main() -> int:
     ap.add_argument("--trace", required=True, help="Mooncake conversation trace (JSONL)")
     ap.add_argument("--kvcache-simulator", default=None, help="kvcache-simulator executable (scratch venv)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="kvoffload's --jobs (the cores)")
     ap.add_argument("--block-size", type=int, default=512)
     ap.add_argument("--fleet-replicas", default="8")
     ap.add_argument("--fleet-routings", default="random,least-loaded,session,prefix")
@@ -134,6 +190,7 @@ def main() -> int:
     result: dict[str, Any] = {"provenance": provenance(), "machine_cores": len(os.sched_getaffinity(0))}
     if args.kvcache_simulator:
         result["one_node"] = one_node(args.trace, args.kvcache_simulator, args.rounds, args.jobs, args.block_size)
+        result["one_node"]["cpu_breakdown"] = breakdown(args.trace, args.block_size)
         print(json.dumps(result["one_node"], indent=1), flush=True)
     if not args.skip_fleet:
         result["fleet"] = fleet(

@@ -383,14 +383,19 @@ def main() -> int:
         chunk_tokens=args.chunk_tokens,
     )
     if not args.no_write:
-        if str(ROOT) not in sys.path:
-            sys.path.insert(0, str(ROOT))
-        from bench import common
-
-        out = common.results_path()
-        path = out.with_name(out.stem + "-vllm.json")
-        print(f"results: {common.write_section('vllm', result, path)}")
+        write_section("vllm", result)
     return 0
+
+
+def write_section(name: str, result: dict[str, Any]) -> None:
+    """Write ``result`` as section ``name`` of ``bench/results/<machine>-vllm.json``."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from bench import common
+
+    out = common.results_path()
+    path = out.with_name(out.stem + "-vllm.json")
+    print(f"results: {common.write_section(name, result, path)}")
 
 
 if __name__ == "__main__":

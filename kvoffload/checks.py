@@ -67,12 +67,14 @@ def check_int_array(values: object, name: str) -> np.ndarray:
             i = int(np.argmax(arr > INT64_MAX))
             raise InvalidArgumentError(f"{name}[{i}] must be <= 2**63 - 1, got {int(arr[i])}")
         return arr.astype(np.int64, copy=False)
-    if isinstance(values, (str, bytes, bytearray, memoryview)) or not isinstance(values, Iterable):
+    if values.__class__ is not list and (
+        isinstance(values, (str, bytes, bytearray, memoryview)) or not isinstance(values, Iterable)
+    ):
         raise InvalidTypeError(
             f"{name} must be a sequence of ints or a 1-D integer array, got {type(values).__name__} {values!r:.40}"
         )
     seq = list(values)
-    if not all(type(v) is int for v in seq):  # slow path only to name the offending item
+    if seq and set(map(type, seq)) != {int}:  # slow path only to name the offending item
         seq = [check_int(v, f"{name}[{i}]") for i, v in enumerate(seq)]
     try:
         return np.array(seq, dtype=np.int64) if seq else np.zeros(0, dtype=np.int64)

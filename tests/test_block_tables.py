@@ -1,4 +1,4 @@
-"""The README's sliding-window block-table example, run as written there."""
+"""The engine kit's sliding-window block-table example (docs/engine-kit.md), run as written there."""
 
 from __future__ import annotations
 

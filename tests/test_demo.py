@@ -121,7 +121,7 @@ def test_demo_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
         (["demo", "--threads", "0"], "positive integer"),
         (["demo", "--json", "/proc/version/x.json"], "--json /proc/version/x.json"),
         (["demo", "--json", "/"], "is a directory"),
-        (["demo", "--tier", "http://127.0.0.1:6379"], "expected redis://"),
+        (["demo", "--tier", "http://127.0.0.1:6379"], "unknown scheme 'http'; expected one of disk:, redis:"),
         (["demo", "--tier", "redis://127.0.0.1:notaport"], "notaport"),
         (["demo", "--tier", "disk:/tmp/kv?bogus=1"], "unknown disk tier option 'bogus'"),
         (["demo", "--tier", "redis://u:secret@127.0.0.1:6379?cluster=maybe"], "cluster"),

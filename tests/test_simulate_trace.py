@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,32 @@ def test_bad_tier_capacity_is_refused(
     assert rc == 2
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_no_plot_run_imports_neither_torch_nor_matplotlib(tmp_path: Path) -> None:
+    """The cache-level sweep with ``--no-plot``: the same CSV as with the plot, no PNG, and neither
+    torch nor matplotlib imported (a fresh interpreter, so that no other test's imports count)."""
+    trace = write_mooncake(tmp_path / "m.jsonl", random_mooncake(80, 4, block_tokens=64))
+    argv = ["simulate", "--trace", str(trace), "--trace-block-size", "64", "--replay", "cache", "--jobs", "1"]
+    argv += ["--policies", "lru", "--capacities", "4,16"]
+    probe = (
+        "import sys; from kvoffload.app.cli import main; rc = main(sys.argv[1:]); "
+        "print('IMPORTED', sorted(m for m in ('torch', 'matplotlib') if m in sys.modules)); sys.exit(rc)"
+    )
+    runs = {}
+    for name, extra in (("plain", []), ("no_plot", ["--no-plot"])):
+        out = tmp_path / name
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *argv, "--out", str(out), *extra], capture_output=True, text=True, check=True
+        )
+        runs[name] = (out, done.stdout)
+    plain, no_plot = runs["plain"], runs["no_plot"]
+    assert "IMPORTED ['matplotlib']" in plain[1] and (plain[0] / "hit_rate.png").exists()
+    assert "IMPORTED []" in no_plot[1] and not (no_plot[0] / "hit_rate.png").exists()
+    assert "hit_rate.png" not in no_plot[1]
+
+    def rows(out: Path) -> list[dict[str, str]]:
+        with (out / "results.csv").open() as f:
+            return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
+
+    assert rows(plain[0]) == rows(no_plot[0]) and len(rows(plain[0])) == 5

@@ -140,8 +140,8 @@ def _check_not_mixed(path: Path, quick: bool, read_results: Any) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmarks named by ``args.only`` (default all); print where results went.
 
-    A full run merges into ``bench/results/<slug>.json`` (the measured figures the README
-    quotes); ``--quick`` writes ``bench-quick/<slug>.json`` under the working directory unless
+    A full run merges into ``bench/results/<slug>.json`` (the measured figures the docs
+    quote, docs/benchmarks.md); ``--quick`` writes ``bench-quick/<slug>.json`` under the working directory unless
     ``--out`` names a path. Results and plots are world-readable.
     """
     known = BENCHES + (("vllm",) if importlib.util.find_spec("vllm") else ())  # bench_vllm needs vLLM

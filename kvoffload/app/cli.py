@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         "simulate",
         help="how much host memory: share of prompt tokens loaded from the CPU tier vs capacity, per policy",
     )
-    p_sim.add_argument("--trace", default=None, help="JSONL trace (see README); default: the demo's chat workload")
+    p_sim.add_argument(
+        "--trace", default=None, help="JSONL trace (see docs/simulate.md); default: the demo's chat workload"
+    )
     p_sim.add_argument(
         "--suite",
         choices=tuple(SUITE),
@@ -178,7 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
         "engine (GPU prefix cache, concurrency, generated blocks); auto (default): engine up to 1M prompt tokens",
     )
     p_sim.add_argument(
-        "--jobs", type=_positive_int, default=None, help="processes for the cache-level sweep (default: usable cores)"
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="processes for the cache-level and fleet sweeps (default: the usable cores, at most 8)",
     )
     p_sim.add_argument("--policies", default=None, help="comma-separated policies (default: all registered)")
     p_sim.add_argument(
@@ -259,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_sim.add_argument("--seed", type=_non_negative_int, default=0)
     p_sim.add_argument(
         "--out", default="simulate-out", help="directory for hit_rate.png, results.csv, results.json (./simulate-out)"
+    )
+    p_sim.add_argument(
+        "--no-plot",
+        dest="plot",
+        action="store_false",
+        help="write no PNG (hit_rate.png, fleet.png): matplotlib is not imported, the tables, CSV and JSON stay",
     )
     p_sim.set_defaults(func=_cmd_simulate)
 

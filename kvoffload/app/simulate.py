@@ -29,15 +29,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from kvoffload.app.demo import drive
 from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.cache.policies.base import available_policies, get_policy_class
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.bailian import BAILIAN_BLOCK_TOKENS, read_bailian_trace
-from kvoffload.sim.config import EngineConfig, GroupConfig, max_request_tokens
-from kvoffload.sim.engine import Engine
 from kvoffload.sim.model_config import ConfigShape, read_model_config
 from kvoffload.sim.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
@@ -47,7 +42,6 @@ from kvoffload.sim.mooncake import (
     prompt_piece_ids,
     read_mooncake_trace,
 )
-from kvoffload.sim.null_worker import NullTransferWorker
 from kvoffload.sim.request import SimRequest
 from kvoffload.sim.suite import suite_workload
 from kvoffload.sim.sweep import (
@@ -176,6 +170,12 @@ def simulate(
     ``block_bytes`` (bytes of one offloaded block for the model shape) only converts capacities
     to ``cpu_gib``; the simulated engine moves no bytes.
     """
+    # the engine replay's modules (torch among them) are imported only when it runs
+    from kvoffload.app.demo import drive
+    from kvoffload.sim.config import EngineConfig, GroupConfig
+    from kvoffload.sim.engine import Engine
+    from kvoffload.sim.null_worker import NullTransferWorker
+
     group = GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, 1)
     points: list[SimPoint] = []
     width = max(len(p) for p in policies)
@@ -342,16 +342,18 @@ def run_simulate(args: argparse.Namespace) -> int:
     report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes, replay, tiers)
     print(report.header(), flush=True)
     if replay == "engine":
+        import torch
+
         torch.set_num_threads(1)  # tiny tensors: more threads only contend
         points = simulate(items, settings, policies, capacities, block_bytes=block_bytes)
-        print(report.finish(points, out))
+        print(report.finish(points, out, plot=args.plot))
     else:
         print(
             f"  replay:          cache-level, {jobs} processes; Belady's optimum and the infinite cache beside",
             flush=True,
         )
         swept = run_cache_sweep(btrace, policies, capacities, jobs, block_bytes, tier_capacities=tiers)
-        print(report.finish(swept.points, out, swept))
+        print(report.finish(swept.points, out, swept, plot=args.plot))
     if args.trace_block_view is not None:
         print(report.trace_block_line(trace_block_view(trace_blocks(raw_items), args.trace_block_view), trace_block))
     return 0
@@ -368,6 +370,8 @@ def _out_dir(path: str) -> Path:
 
 def _check_fits(items: list[TraceRequest], settings: DemoSettings, path: str) -> None:
     """Every trace request must fit the GPU cache (prompt + max_tokens), checked before the run."""
+    from kvoffload.sim.config import max_request_tokens
+
     room = max_request_tokens(settings.gpu_blocks, settings.gpu_block_size)
     for it in items:
         if it.num_tokens + it.max_tokens > room:

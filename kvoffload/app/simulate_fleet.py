@@ -132,6 +132,6 @@ def run_fleet(
         "duration_s": ft.duration_s,
         "seed": args.seed,
     }
-    paths = write_fleet(rows, settings, out)
+    paths = write_fleet(rows, settings, out, args.plot)
     print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0

@@ -144,8 +144,8 @@ def fleet_table(rows: list[FleetRow]) -> str:
     return "\n".join(lines)
 
 
-def write_fleet(rows: list[FleetRow], settings: dict[str, Any], out: Path) -> list[Path]:
-    """``fleet.csv``, ``fleet.json`` and ``fleet.png`` in ``out``; returns their paths."""
+def write_fleet(rows: list[FleetRow], settings: dict[str, Any], out: Path, plot: bool = True) -> list[Path]:
+    """``fleet.csv``, ``fleet.json`` and (``plot``) ``fleet.png`` in ``out``; returns their paths."""
     csv_path, json_path, png_path = out / "fleet.csv", out / "fleet.json", out / "fleet.png"
     fields = list(FleetRow.__dataclass_fields__)
     with csv_path.open("w", newline="") as f:
@@ -154,6 +154,8 @@ def write_fleet(rows: list[FleetRow], settings: dict[str, Any], out: Path) -> li
         for row in rows:
             w.writerow(asdict(row))
     json_path.write_text(json.dumps({"fleet": settings, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    if not plot:
+        return [csv_path, json_path]
     _plot(rows, settings, png_path)
     return [csv_path, json_path, png_path]
 

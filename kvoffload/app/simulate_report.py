@@ -270,8 +270,9 @@ class SweepReport:
         lines.append(f"sweep wall time: {ref.seconds:.1f} s")
         return lines
 
-    def finish(self, points: list[SimPoint], out: Path, ref: CacheSweepPoints | None = None) -> str:
-        """Write ``results.csv``, ``results.json`` and ``hit_rate.png`` into ``out``; return the report text.
+    def finish(self, points: list[SimPoint], out: Path, ref: CacheSweepPoints | None = None, plot: bool = True) -> str:
+        """Write ``results.csv``, ``results.json`` and (``plot``) ``hit_rate.png`` into ``out``; return the report
+        text.
 
         With ``ref`` (a cache-level sweep) the CSV also has Belady's rows (one per capacity) and the
         infinite cache's row, and every row its share of Belady's optimum at its capacity."""
@@ -311,10 +312,12 @@ class SweepReport:
             doc["infinite"] = rows[-1]
             doc["sweep_seconds"] = ref.seconds
         json_path.write_text(json.dumps(doc, indent=2) + "\n")
-        from kvoffload.app.simulate_plot import plot_hit_rates
+        written = [png_path, csv_path, json_path] if plot else [csv_path, json_path]
+        if plot:
+            from kvoffload.app.simulate_plot import plot_hit_rates
 
-        plot_hit_rates(points, png_path, self, ref, [p for p in all_points if p.tier_blocks])
-        for path in (csv_path, json_path, png_path):
+            plot_hit_rates(points, png_path, self, ref, [p for p in all_points if p.tier_blocks])
+        for path in written:
             os.chmod(path, 0o644)
         extra = [] if ref is None else self.reference_lines(points, ref)
         tiered = [self.tier_table(all_points)] if len(self.tiers) > 1 else []
@@ -324,7 +327,7 @@ class SweepReport:
                 *tiered,
                 *self.diagnosis(points),
                 *extra,
-                f"wrote {png_path}, {csv_path}, {json_path}",
+                f"wrote {', '.join(map(str, written))}",
             ]
         )
 

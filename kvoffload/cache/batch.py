@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KeyBatch", "Resolved", "StorePlan", "as_key_list"]
+__all__ = ["KeyBatch", "Resolved", "StorePlan", "as_key_list", "is_distinct"]
 
 
 def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool) -> list[OffloadKey]:
@@ -38,6 +38,13 @@ def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplica
     if not allow_duplicates and len(set(lst)) != len(lst):
         return validate_keys(lst, name, allow_duplicates=False)
     return lst
+
+
+def is_distinct(keys: Sequence[OffloadKey]) -> bool:
+    """Whether ``keys`` has no repeats (a unique :class:`KeyBatch` is known to have none)."""
+    if len(keys) < 2 or (keys.__class__ is KeyBatch and keys.unique):  # type: ignore[attr-defined]
+        return True
+    return len(set(keys)) == len(keys)
 
 
 class KeyBatch(list):  # type: ignore[type-arg]

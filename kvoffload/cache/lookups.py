@@ -1,5 +1,5 @@
-"""The per-key lookup closure of :class:`~kvoffload.cache.manager.CPUOffloadingManager` and its
-table from slot class to lookup code (codes: :mod:`kvoffload.core.lookup_code`)."""
+"""Lookups of :class:`~kvoffload.cache.manager.CPUOffloadingManager`: its per-key closure and its
+batch codes (:class:`~kvoffload.core.lookup_code.LookupCode` values)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.cache.batch import Resolved
+from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.stats import Counters
 from kvoffload.core.base import OffloadKey, ReqContext, check_req_context, validate_keys
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
-__all__ = ["LOOKUP_CODES", "make_lookup", "slot_classes", "small_codes"]
+__all__ = ["LOOKUP_CODES", "lookup_codes", "make_lookup", "slot_classes", "small_codes"]
 
 #: lookup code by slot class (0 absent, 1 unused, 2 pending, 3 ready)
 LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
@@ -25,6 +27,7 @@ def make_lookup(
     counters: Counters,
     answers: tuple[Any, Any, Any] = (True, False, None),
     context_cls: type = ReqContext,
+    count: Callable[[tuple[OffloadKey], str], None] | None = None,
 ) -> Callable[[OffloadKey, Any], Any]:
     """A per-instance ``lookup`` closure (same contract as :meth:`CPUOffloadingManager.lookup`):
     closure cells instead of attribute loads make a miss cost a ``dict.get`` plus one call.
@@ -34,6 +37,8 @@ def make_lookup(
             ``LookupResult`` members for an engine adapter).
         context_cls: the context class taken without a check (others go through
             :func:`~kvoffload.core.base.check_req_context`).
+        count: called with each (checked) key and the request id once answered (a reuse filter
+            counting lookups), or None.
     """
     get = index.get
     hit, miss, pending = answers
@@ -41,6 +46,12 @@ def make_lookup(
     def lookup(key: OffloadKey, req_context: Any) -> Any:
         if req_context.__class__ is not context_cls:
             check_req_context(req_context)
+        if count is not None:
+            if key.__class__ is not bytes:
+                validate_keys([key], "key")
+            out = counted(key, req_context)  # type: ignore[misc]
+            count((key,), req_context.req_id)
+            return out
         try:
             s = get(key)
         except TypeError:  # unhashable
@@ -57,6 +68,7 @@ def make_lookup(
         counters.pending_hits += 1
         return pending
 
+    counted = make_lookup(index, ref, counters, answers, context_cls) if count is not None else None
     return lookup
 
 
@@ -73,3 +85,28 @@ def slot_classes(ref: np.ndarray, slots: np.ndarray) -> np.ndarray:
     st += 3
     st[slots < 0] = 0
     return st
+
+
+def lookup_codes(
+    table: SlotTable, counters: Counters | None, small: list[int] | None, r: Resolved | None
+) -> np.ndarray:
+    """``np.int8`` lookup code per key, from the keys' ``small`` slots (a few keys) or their
+    resolved batch ``r``; counted in ``counters`` unless None."""
+    if small is not None:
+        codes = small_codes(table.ref_buf, small)
+        if counters is not None:
+            hits, pend = codes.count(LOOKUP_HIT), codes.count(LOOKUP_PENDING)
+            counters.hits += hits
+            counters.pending_hits += pend
+            counters.misses += len(codes) - hits - pend
+        return np.array(codes, dtype=np.int8)
+    assert r is not None
+    if not r.keys:
+        return np.zeros(0, dtype=np.int8)
+    st = slot_classes(table.ref, r.slots)  # FREE never occurs for a present key
+    if counters is not None:
+        counts = np.bincount(st, minlength=4)
+        counters.hits += int(counts[3])
+        counters.pending_hits += int(counts[2])
+        counters.misses += int(counts[0])
+    return LOOKUP_CODES[st]  # type: ignore[no-any-return]

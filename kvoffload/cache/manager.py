@@ -2,17 +2,13 @@
 
 One class that owns everything the scheduler side does, as parts it holds and calls directly: a
 slot table (:mod:`~kvoffload.cache.keytable`), a cache policy (:mod:`~kvoffload.cache.policies`),
-its :class:`~kvoffload.cache.stores.Stores` (stores and evictions) and
-:class:`~kvoffload.cache.loads.Loads` (pins), one :class:`~kvoffload.cache.stats.Counters` and an
-event list, and optionally a :class:`~kvoffload.cache.reuse.ReuseFilter` (``store_threshold``) and
-a :class:`~kvoffload.cache.requests.RequestLog` (vLLM's request hooks).
-
-Each operation checks its arguments once, at its start, then takes one of two paths inside the
-same method: a few keys (a ``list`` of at most :data:`SMALL_BATCH`, e.g. one block per request
-in decode) are resolved to a list of slots and run scalar code, since a numpy call costs about a
-microsecond whatever its size; larger calls a fixed number of numpy operations. Both give the
-same results, errors and statistics. A :class:`~kvoffload.cache.batch.KeyBatch` from
-:meth:`CPUOffloadingManager.key_batch` (an engine adapter's door) is taken as it is.
+:class:`~kvoffload.cache.stores.Stores` (stores, evictions), :class:`~kvoffload.cache.loads.Loads`
+(pins), :class:`~kvoffload.cache.stats.Counters` and an event list, and optionally a
+:class:`~kvoffload.cache.reuse.ReuseFilter` (``store_threshold``) and a
+:class:`~kvoffload.cache.requests.RequestLog` (vLLM's request hooks). Each operation checks its
+arguments once, then takes one of two paths inside the same method: a few keys (a ``list`` of at
+most :data:`SMALL_BATCH`) run scalar code over a list of slots, since a numpy call costs about a
+microsecond whatever its size; larger calls a fixed number of numpy operations (same results).
 """
 
 from __future__ import annotations
@@ -23,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
+from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan, is_distinct
 from kvoffload.cache.keytable import ClosedIndex, SlotTable
 from kvoffload.cache.loads import Loads
-from kvoffload.cache.lookups import LOOKUP_CODES, make_lookup, slot_classes, small_codes
+from kvoffload.cache.lookups import LOOKUP_CODES, lookup_codes, make_lookup
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.requests import RequestLog
 from kvoffload.cache.reuse import ReuseFilter
@@ -43,7 +39,6 @@ from kvoffload.core.base import (
     check_req_context,
     validate_keys,
 )
-from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_PENDING
 from kvoffload.errors import InvalidTypeError, KeyStateError
 
 logger = logging.getLogger(__name__)
@@ -52,8 +47,6 @@ __all__ = ["CPUOffloadingManager", "OffloadingStats", "CPU_MEDIUM", "SMALL_BATCH
 
 #: Calls on at most this many keys (a ``list``) take the scalar paths.
 SMALL_BATCH = 32
-#: request-level policy updates on at most this many keys (a whole prompt) run scalar code
-REQUEST_SCALAR_LIMIT = 256
 
 
 class CPUOffloadingManager(OffloadingManager):
@@ -66,15 +59,10 @@ class CPUOffloadingManager(OffloadingManager):
     anything (a ``req_context`` that is not a :class:`ReqContext` is an ``InvalidTypeError``);
     a failing call changes nothing.
 
-    Costs (``k`` keys): one C-level dict pass over the keys (none for a current
-    :class:`KeyBatch` or a slice of a recently looked-up/touched list: the table's memo) plus a
-    fixed number of numpy operations on ``k`` elements; touching or evicting ``k`` blocks is
-    O(k) amortised (:mod:`kvoffload.cache.policies.order`), independent of capacity and of
-    pinned blocks; a ``prepare_store`` that cannot make room fails in O(1). Not thread-safe.
-
-    A key that is not ``bytes`` but equals a stored key (e.g. a ``memoryview`` of it) is that
-    key for lookups; stored keys are exactly ``bytes`` (``numpy.bytes_`` and numpy bytes arrays
-    are refused: numpy drops trailing NUL bytes).
+    Costs (``k`` keys): one C-level dict pass (none for a current :class:`KeyBatch` or a list the
+    table's memo holds) plus a fixed number of numpy operations; touching or evicting is O(k)
+    amortised, independent of capacity and of pinned blocks. Not thread-safe. Stored keys are
+    exactly ``bytes`` (``numpy.bytes_`` refused: numpy drops trailing NUL bytes).
 
     Args:
         num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
@@ -124,15 +112,15 @@ class CPUOffloadingManager(OffloadingManager):
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
         self._loads = Loads(self._table, self._policy, self._counters)
         self._reuse = reuse
-        self._counts_lookups = reuse is not None and reuse.count_on == "lookup"
-        self._requests = RequestLog() if record_requests else None
-        self._learns_misses = type(self._policy).on_store_miss is not CachePolicy.on_store_miss
+        #: the reuse filter's lookup counting (``count_on="lookup"``), or None
+        self._count_lookup = reuse.count_lookups if reuse is not None and reuse.count_on == "lookup" else None
+        self._requests = RequestLog(self._table, self._policy) if record_requests else None
         self._closed = False
         self._ctx: type = ReqContext  # see trust_context_class
         self._index: dict[bytes, int] = self._table.index
         self._ref = self._table.ref_buf
-        if type(self).lookup is CPUOffloadingManager.lookup and not self._counts_lookups:
-            self.lookup = make_lookup(self._index, self._ref, self._counters)  # type: ignore[method-assign,assignment]
+        if type(self).lookup is CPUOffloadingManager.lookup:
+            self.lookup = make_lookup(self._index, self._ref, self._counters, count=self._count_lookup)  # type: ignore[method-assign,assignment]
             self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
 
     @property
@@ -152,8 +140,8 @@ class CPUOffloadingManager(OffloadingManager):
 
     @property
     def num_tracked_requests(self) -> int:
-        """Requests with recorded accesses, not finished yet (0 without ``record_requests``)."""
-        return len(self._requests) if self._requests is not None else 0
+        """Requests recorded, not finished yet (0 without ``record_requests``)."""
+        return len(self._requests or ())
 
     # ------------------------------------------------------------------ the door
     def key_batch(
@@ -190,16 +178,19 @@ class CPUOffloadingManager(OffloadingManager):
         """Slot (-1 = absent) per key of a few plain keys; None: the call takes the array path."""
         return None if self._closed else self._table.small_slots(keys, SMALL_BATCH)
 
-    @staticmethod
-    def _distinct(keys: Sequence[OffloadKey]) -> bool:
-        if len(keys) < 2 or (keys.__class__ is KeyBatch and keys.unique):  # type: ignore[attr-defined]
-            return True
-        return len(set(keys)) == len(keys)
-
-    def _resolve(self, keys: Sequence[OffloadKey], allow_duplicates: bool, remember: bool = False) -> Resolved:
+    def _at(
+        self, keys: Sequence[OffloadKey], repeats: bool, remember: bool = False
+    ) -> tuple[Any, Any, Resolved | None]:
+        """``(keys, slots, resolved)``: a few keys (no repeats unless ``repeats``) with a list of
+        slots (``resolved`` None), else the checked batch with an ``int64`` array (``remember``:
+        the table's memo keeps it). Raises the typed error of a bad key or repeat."""
+        small = self._small(keys)
+        if small is not None and (repeats or is_distinct(keys)):
+            return keys, small, None
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return self._table.resolve(keys, "keys", allow_duplicates=allow_duplicates, remember=remember)
+        r = self._table.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
+        return r.keys, r.slots, r
 
     # ------------------------------------------------------------------ lookups
     def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
@@ -208,17 +199,7 @@ class CPUOffloadingManager(OffloadingManager):
         until :meth:`shutdown`."""
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        look = make_lookup(self._index, self._ref, self._counters, answers, context_cls)
-        if not self._counts_lookups:
-            return look
-        count = self._reuse.count_lookups  # type: ignore[union-attr]
-
-        def counted(key: OffloadKey, req_context: Any) -> Any:
-            out = look(key, req_context)
-            count((key,), req_context.req_id)
-            return out
-
-        return counted
+        return make_lookup(self._index, self._ref, self._counters, answers, context_cls, self._count_lookup)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """True if ``key`` is stored and ready, False if absent, None if its store is pending.
@@ -227,12 +208,7 @@ class CPUOffloadingManager(OffloadingManager):
             InvalidTypeError: ``key`` is not ``bytes``.
         """
         self._check(req_context)
-        if self._counts_lookups:
-            validate_keys([key], "key")
-        out = make_lookup(self._index, self._ref, self._counters)(key, req_context)  # type: ignore[arg-type]
-        if self._counts_lookups:
-            self._reuse.count_lookups((key,), req_context.req_id)  # type: ignore[union-attr]
-        return out  # type: ignore[no-any-return]
+        return make_lookup(self._index, self._ref, self._counters, count=self._count_lookup)(key, req_context)  # type: ignore[no-any-return]
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
         """Look up many keys at once (duplicates allowed).
@@ -242,39 +218,20 @@ class CPUOffloadingManager(OffloadingManager):
             (2) per key, same as calling :meth:`lookup` on each.
         """
         self._check(req_context)
-        if self._counts_lookups:
-            keys = list(keys)
-            codes = self._codes(keys, count=True)
-            self._reuse.count_lookups(keys, req_context.req_id)  # type: ignore[union-attr]
-            return codes
-        return self._codes(keys, count=True)
+        if self._count_lookup is None:
+            return self._codes(keys, count=True)
+        keys = list(keys)
+        codes = self._codes(keys, count=True)
+        self._count_lookup(keys, req_context.req_id)
+        return codes
 
     def peek(self, keys: Sequence[OffloadKey]) -> np.ndarray:
         """:meth:`lookup_batch` that counts nothing in the statistics and remembers nothing."""
         return self._codes(keys, count=False)
 
     def _codes(self, keys: Sequence[OffloadKey], count: bool) -> np.ndarray:
-        small = self._small(keys)
-        if small is not None:
-            codes = small_codes(self._ref, small)
-            if count:
-                c = self._counters
-                hits, pend = codes.count(LOOKUP_HIT), codes.count(LOOKUP_PENDING)
-                c.hits += hits
-                c.pending_hits += pend
-                c.misses += len(codes) - hits - pend
-            return np.array(codes, dtype=np.int8)
-        r = self._resolve(keys, allow_duplicates=True, remember=count)
-        if not r.keys:
-            return np.zeros(0, dtype=np.int8)
-        st = slot_classes(self._table.ref, r.slots)  # FREE never occurs for a present key
-        if count:
-            counts = np.bincount(st, minlength=4)
-            c = self._counters
-            c.hits += int(counts[3])
-            c.pending_hits += int(counts[2])
-            c.misses += int(counts[0])
-        return LOOKUP_CODES[st]
+        _, slots, r = self._at(keys, True, remember=count)
+        return lookup_codes(self._table, self._counters if count else None, slots if r is None else None, r)
 
     # ------------------------------------------------------------------ loads
     def prepare_load(
@@ -288,12 +245,7 @@ class CPUOffloadingManager(OffloadingManager):
             KeyStateError: a key is absent or pending (nothing is pinned then).
         """
         self._check(req_context)
-        small = self._small(keys)
-        if small is not None and self._distinct(keys):
-            spec = self._loads.prepare(keys, small)
-        else:
-            r = self._resolve(keys, allow_duplicates=False)
-            spec = self._loads.prepare(r.keys, r.slots)
+        spec = self._loads.prepare(*self._at(keys, False)[:2])
         if record_access and self._requests is not None and (st := self._requests.get(req_context.req_id)):
             st.record(keys, keys)
         return spec
@@ -306,12 +258,8 @@ class CPUOffloadingManager(OffloadingManager):
                 repeats); nothing is unpinned then.
         """
         self._check(req_context)
-        small = self._small(keys)
-        if small is not None:
-            self._loads.complete(keys, small, unique=False)
-        else:
-            r = self._resolve(keys, allow_duplicates=True)
-            self._loads.complete(r.keys, r.slots, r.unique)
+        ks, slots, r = self._at(keys, True)
+        self._loads.complete(ks, slots, r is not None and r.unique)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
@@ -320,8 +268,8 @@ class CPUOffloadingManager(OffloadingManager):
         if small is not None:
             self._policy.touch(keys, small)  # type: ignore[arg-type]  # the policy takes_lists
             return
-        r = self._resolve(keys, allow_duplicates=True, remember=True)
-        if r.keys:
+        _, _, r = self._at(keys, True, remember=True)
+        if r is not None and r.keys:
             self._policy.touch(r.keys, r.slots, unique=r.unique)
 
     # ------------------------------------------------------------------ stores
@@ -343,39 +291,18 @@ class CPUOffloadingManager(OffloadingManager):
         decision, before it is wrapped in an output type: engine adapters wrap it in theirs)."""
         self._check(req_context)
         if self._reuse is None and self._requests is None:
-            small = self._small(keys)
-            if small is not None and self._distinct(keys):
-                return self._stores.prepare(keys, small)
-            r = self._resolve(keys, allow_duplicates=False)
-            return self._stores.prepare(r.keys, r.slots, r)
+            return self._stores.prepare(*self._at(keys, False))
         batch = self.key_batch(keys, dedup=False)
         if not batch.unique:
             validate_keys(list(batch), "keys", allow_duplicates=False)  # raises: repeated keys
         absent, _ = batch.presence()
         req_id = req_context.req_id
         candidates = absent if self._reuse is None else self._reuse.admit(batch, absent, req_id)
-        st = self._requests.get(req_id) if self._requests is not None else None
-        if st is not None:
-            if candidates and self._learns_misses:  # ARC adapts on its ghost lists here
-                misses = [k for k in candidates if k not in st.store_misses]
-                if misses:
-                    self._policy.on_store_miss(misses)
-                    st.store_misses.update(misses)
-            ref = self._ref
-            ready = [k for k, s in zip(batch, batch.slots, strict=True) if s >= 0 and ref[s] >= 0]
-            if len(candidates) + len(ready) == len(batch):
-                st.record(batch, ready)
-            else:
-                keep = set(candidates).union(ready)
-                st.record((k for k in batch if k in keep), ready)
+        st = self._requests.offer(req_id, batch, candidates) if self._requests is not None else None
         if len(candidates) < len(absent):  # the filter held some back: store the rest
             passed = set(candidates)
             batch = batch.select([s >= 0 or k in passed for k, s in zip(batch, batch.slots, strict=True)])
-        if len(batch) <= SMALL_BATCH:
-            plan = self._stores.prepare(batch, batch.slots)
-        else:
-            r = self._resolve(batch, allow_duplicates=False)
-            plan = self._stores.prepare(r.keys, r.slots, r)
+        plan = self._stores.prepare(*self._at(batch, False))
         if st is not None and plan.slots is not None:
             st.inserted.update(plan.keys)
         return plan
@@ -388,13 +315,9 @@ class CPUOffloadingManager(OffloadingManager):
         self._check(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")
-        small = self._small(keys)
-        if small is not None:
-            self._stores.complete(keys, small, success, unique=False)
-        else:
-            r = self._resolve(keys, allow_duplicates=True)
-            if self.num_blocks:  # else nothing can be pending: checks only
-                self._stores.complete(r.keys, r.slots, success, r.unique)
+        ks, slots, r = self._at(keys, True)
+        if self.num_blocks:  # else nothing can be pending: checks only
+            self._stores.complete(ks, slots, success, r is not None and r.unique)
 
     def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
         """Remove the ready, unpinned ``keys`` (e.g. blocks whose bytes could not be read back).
@@ -405,7 +328,7 @@ class CPUOffloadingManager(OffloadingManager):
         Returns:
             The keys removed, in first-occurrence order.
         """
-        return self._stores.discard(self._resolve(keys, allow_duplicates=True).slots)
+        return self._stores.discard(np.asarray(self._at(keys, True)[1], dtype=np.int64))
 
     # ------------------------------------------------------------------ request hooks
     def on_new_request(self, req_context: ReqContext) -> None:
@@ -417,35 +340,19 @@ class CPUOffloadingManager(OffloadingManager):
     def on_request_finished(
         self, req_context: ReqContext, key_position: Callable[[OffloadKey], int | None] | None = None
     ) -> None:
-        """Apply the request's recorded accesses to the policy at once and forget them: its keys
-        head first (``key_position``: a key's token position, used when it knows every key), the
-        keys it only stored and those it reused (policy's ``on_request_finished``; a policy
-        without one is touched instead)."""
+        """Apply the request's recorded accesses to the policy at once (its ``on_request_finished``:
+        the keys head first, ``key_position`` giving a key's token position; those it only stored;
+        those it reused) and forget them."""
         self._check(req_context)
-        done = self._requests.finish(req_context.req_id, key_position) if self._requests is not None else None
-        if done is None:
-            return
-        keys, inserted_only, reused = done
-        if type(self._policy).on_request_finished is CachePolicy.on_request_finished:
-            self.touch(keys, req_context)
-            return
-        batch = self._table.key_batch(keys, dedup=False, limit=REQUEST_SCALAR_LIMIT, distinct=True)
-        if self._lists and len(batch) <= REQUEST_SCALAR_LIMIT:
-            ins, reu = [k in inserted_only for k in batch], [k in reused for k in batch]
-            self._policy.on_request_finished(batch, batch.slots, ins, reu)  # type: ignore[arg-type]  # takes_lists
-            return
-        n = len(batch)
-        ins_a = np.fromiter((k in inserted_only for k in batch), dtype=bool, count=n)
-        reu_a = np.fromiter((k in reused for k in batch), dtype=bool, count=n)
-        self._policy.on_request_finished(batch, np.array(batch.slots, dtype=np.int64), ins_a, reu_a)
+        if self._requests is not None:
+            self._requests.finish(req_context.req_id, key_position)
 
     # ------------------------------------------------------------------ events, stats, lifecycle
     def take_events(self) -> list[OffloadingEvent]:
         """Drain the events recorded since the last call (always empty without ``enable_events``)."""
         if not self._events:
             return []
-        out = list(self._events)
-        self._events.clear()
+        out, self._events[:] = self._events[:], []
         return out
 
     def take_filtered(self) -> int:
@@ -455,28 +362,15 @@ class CPUOffloadingManager(OffloadingManager):
     def get_stats(self) -> OffloadingStats:
         """Current gauges and the counters accumulated since the previous call (then reset);
         ``stores_skipped`` includes the keys the reuse filter held back."""
-        t = self._table
-        n = self.num_blocks
-        stats = OffloadingStats(
-            num_blocks=n,
-            num_used=t.num_used,
-            num_pending=t.num_pending,
-            num_pinned=t.num_pinned,
-            usage=t.num_used / n if n else 0.0,
-            write_usage=t.num_pending / n if n else 0.0,
-        )
-        self._counters.drain_into(stats)
+        stats = self._counters.drain_into(OffloadingStats.of(self._table))
         stats.stores_skipped += self.take_filtered()
         return stats
 
     def reset_cache(self) -> None:
         """Drop every block (pending and pinned ones too), the policy's history and the requests'
-        records; the reuse filter's counts are kept (as vLLM keeps them).
-
-        Slot allocation restarts from slot 0. No event is emitted (docs/contract.md §2 defines
-        events for stores and evictions only); event consumers should treat a reset as "all
-        cleared". Statistics counters are kept.
-        """
+        records; the reuse filter's counts and the statistics counters are kept (as in vLLM). Slot
+        allocation restarts from slot 0. No event is emitted (docs/contract.md §2): event
+        consumers treat a reset as "all cleared"."""
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
         self._table.clear()
@@ -503,8 +397,4 @@ class CPUOffloadingManager(OffloadingManager):
         return key in self._index
 
     def __repr__(self) -> str:
-        t = self._table
-        return (
-            f"CPUOffloadingManager(num_blocks={self.num_blocks}, cache_policy={self.cache_policy!r}, "
-            f"used={t.num_used}, pending={t.num_pending}, pinned={t.num_pinned})"
-        )
+        return f"CPUOffloadingManager({self.num_blocks}, {self.cache_policy!r}, used={len(self)})"

@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from operator import itemgetter
 
+import numpy as np
+
+from kvoffload.cache.batch import KeyBatch
+from kvoffload.cache.keytable import SlotTable
+from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.core.base import OffloadKey
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Access", "RequestLog"]
 
+#: a finished request's policy update on at most this many keys (a whole prompt) runs scalar code
+SCALAR_LIMIT = 256
 #: a key's last 4 bytes: its big-endian KV-cache group index (see core.base.make_offload_key)
 _GROUP_SUFFIX = itemgetter(slice(-4, None))
 
@@ -39,13 +47,23 @@ class Access:
     def record(self, keys: Iterable[bytes], reused: Iterable[bytes] = ()) -> None:
         """``keys`` were stored or read; ``reused`` of them were read ready (unless inserted here)."""
         self.keys.update(dict.fromkeys(keys))
-        self.reused.update(set(reused).difference(self.inserted))
+        if reused:
+            self.reused.update(set(reused).difference(self.inserted))
 
 
 class RequestLog:
-    """Per ``req_id``, its :class:`Access` (requests with an empty ``req_id`` are not recorded)."""
+    """Per ``req_id``, its :class:`Access` (requests with an empty ``req_id`` are not recorded),
+    applied to ``policy`` when the request finishes.
 
-    def __init__(self) -> None:
+    Args:
+        table: the manager's slot table (read only: slots and states of recorded keys).
+        policy: the manager's cache policy (``on_store_miss``, ``on_request_finished``).
+    """
+
+    def __init__(self, table: SlotTable, policy: CachePolicy) -> None:
+        self._table = table
+        self._policy = policy
+        self._learns_misses = type(policy).on_store_miss is not CachePolicy.on_store_miss
         self._requests: dict[str, Access] = {}
 
     def __len__(self) -> int:
@@ -66,19 +84,40 @@ class RequestLog:
             st = self._requests[req_id] = Access()
         return st
 
-    def finish(
-        self, req_id: str, key_position: Callable[[OffloadKey], int | None] | None
-    ) -> tuple[list[OffloadKey], set[bytes], set[bytes]] | None:
-        """Forget the request's record; return its keys head first, the inserted-only and the
-        reused keys (None: nothing recorded).
+    def offer(self, req_id: str, batch: KeyBatch, candidates: list[OffloadKey]) -> Access | None:
+        """Request ``req_id`` offers ``batch`` (a current batch) for storing; ``candidates``: its
+        absent keys past the reuse filter. Those the request did not offer before go to the
+        policy's ``on_store_miss`` (ARC adapts on its ghost lists there); the candidates and the
+        ready keys are recorded, before allocating (as vLLM does). Returns the record, which the
+        caller tells the keys it inserted."""
+        st = self.get(req_id)
+        if st is None:
+            return None
+        if candidates and self._learns_misses:
+            misses = [k for k in candidates if k not in st.store_misses]
+            if misses:
+                self._policy.on_store_miss(misses)
+                st.store_misses.update(misses)
+        ref = self._table.ref_buf
+        ready = [k for k, s in zip(batch, batch.slots, strict=True) if s >= 0 and ref[s] >= 0]
+        if len(candidates) + len(ready) == len(batch):
+            st.record(batch, ready)
+        else:
+            keep = set(candidates).union(ready)
+            st.record((k for k in batch if k in keep), ready)
+        return st
 
-        Head first: by token position (``key_position``) when known for every key, ties (blocks
-        of several groups ending at one position) and unknown positions by group, then first-seen
-        order (recorded keys were checked; their big-endian group suffix orders as its bytes do).
+    def finish(self, req_id: str, key_position: Callable[[OffloadKey], int | None] | None) -> None:
+        """Apply the request's record to the policy (``on_request_finished``) and forget it.
+
+        Keys head first: by token position (``key_position``) when known for every key, ties
+        (blocks of several groups ending at one position) and unknown positions by group, then
+        first-seen order (recorded keys were checked; their big-endian group suffix orders as its
+        bytes do). A policy that ``takes_lists`` gets lists for up to :data:`SCALAR_LIMIT` keys.
         """
         st = self._requests.pop(req_id, None)
         if st is None or not st.keys:
-            return None
+            return
         keys: list[OffloadKey] = list(st.keys)  # type: ignore[arg-type]
         pos = list(map(key_position, keys)) if key_position is not None else [None]
         if None in pos:
@@ -88,7 +127,15 @@ class RequestLog:
             if len(set(pos)) < len(pos):
                 keys.sort(key=_GROUP_SUFFIX)
             keys.sort(key=where.__getitem__)  # type: ignore[arg-type]
-        return keys, st.inserted - st.reused, st.reused
+        inserted_only, reused = st.inserted - st.reused, st.reused
+        slots = list(map(self._table.index.get, keys, repeat(-1)))
+        ins = [k in inserted_only for k in keys] if inserted_only else [False] * len(keys)
+        reu = [k in reused for k in keys] if reused else [False] * len(keys)
+        if self._policy.takes_lists and len(keys) <= SCALAR_LIMIT:
+            self._policy.on_request_finished(keys, slots, ins, reu)  # type: ignore[arg-type]
+        else:
+            arrays = np.array(slots, dtype=np.int64), np.array(ins, dtype=bool), np.array(reu, dtype=bool)
+            self._policy.on_request_finished(keys, *arrays)
 
     def clear(self) -> None:
         self._requests.clear()

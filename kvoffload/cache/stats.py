@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvoffload.cache.keytable import SlotTable
 
 __all__ = ["OffloadingStats", "COUNTERS", "Counters"]
 
@@ -42,6 +46,19 @@ class OffloadingStats:
     stores_completed: int = 0
     stores_aborted: int = 0
     loads: int = 0
+
+    @classmethod
+    def of(cls, table: SlotTable) -> OffloadingStats:
+        """The gauges of ``table``'s pool (counters 0)."""
+        n = table.num_blocks
+        return cls(
+            num_blocks=n,
+            num_used=table.num_used,
+            num_pending=table.num_pending,
+            num_pinned=table.num_pinned,
+            usage=table.num_used / n if n else 0.0,
+            write_usage=table.num_pending / n if n else 0.0,
+        )
 
 
 COUNTERS = (

@@ -108,10 +108,20 @@ class Stores:
         ``unique``): a list takes scalar code, an array numpy operations."""
         if slots.__class__ is list:
             ref = self.table.ref_buf
+            if success:  # one pass: a slot made ready here is not pending at its repeat
+                pend = []
+                for s in slots:
+                    if s >= 0 and ref[s] == PENDING:
+                        ref[s] = 0
+                        pend.append(s)
+                if pend:
+                    keys_of = self.table.keys
+                    self._finish(pend, [keys_of[s] for s in pend] if self.events is not None else [], True, False)
+                return
             # slot -> key, each slot once in first-occurrence order (repeated keys are equal keys)
             pending = {s: k for k, s in zip(keys, slots, strict=True) if s >= 0 and ref[s] == PENDING}
             if pending:
-                self._finish(list(pending), list(pending.values()) if self.events is not None else [], success)
+                self._finish(list(pending), list(pending.values()) if self.events is not None else [], False)
             return
         if len(slots) == 0:
             return
@@ -128,11 +138,14 @@ class Stores:
                 idx, pend = idx[order], pend[order]
         self._finish(pend, [keys[i] for i in idx.tolist()] if self.events is not None else [], success)
 
-    def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
-        """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
+    def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool, mark: bool = True) -> None:
+        """Make the pending slots ``pend`` (keys ``done``) ready (their ref counts set to 0 here
+        unless ``mark`` is False: the caller did), or remove them."""
         t = self.table
         if success:
-            if pend.__class__ is list:
+            if not mark:
+                pass
+            elif pend.__class__ is list:
                 ref = t.ref_buf
                 for s in pend:
                     ref[s] = 0

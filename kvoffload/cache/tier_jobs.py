@@ -31,6 +31,8 @@ class TierUsage:
         blocks_promoted: blocks loaded from the tier into the host pool (then loadable to the GPU).
         promotions_failed: reserved keys the tier could not deliver (absent, unreachable, corrupt).
         promotions_refused: tier hits not promoted because the host pool had no room.
+        promotions_capped: tier hits not promoted because ``max_promoted_blocks`` slots already
+            held promoted blocks no load had read.
         blocks_written: blocks written to the tier (a value already there counts too: ``SET NX``).
         writes_failed: blocks whose write failed or was dropped by the tier (back-off, full queue).
         writes_dropped: blocks not even submitted: more than ``max_write_blocks`` pinned for writes.
@@ -40,6 +42,7 @@ class TierUsage:
     blocks_promoted: int = 0
     promotions_failed: int = 0
     promotions_refused: int = 0
+    promotions_capped: int = 0
     blocks_written: int = 0
     writes_failed: int = 0
     writes_dropped: int = 0

@@ -20,6 +20,9 @@ disk...), through the primary's public interface only:
   (``complete_store``) are pinned (``primary.prepare_load``, once per tier) and written to every
   tier at :meth:`end_step`; each pin is released (``complete_load``) when that tier reports the
   write, whether it succeeded or not. Promoted keys are not written back.
+* **Removals are events.** Keys a tier's store removed on its own or by another client (a Redis
+  tier with ``removal_events``) come out of :meth:`take_events` as ``removed=True`` events whose
+  ``medium`` is the tier's name.
 * **A slow or unreachable tier never stalls a step.** Nothing here waits on a tier: lookups of a
   tier in back-off miss, its writes are dropped (by the tier, or here when more than
   ``max_write_blocks`` blocks are pinned for writes; counted, logged once per tier), its loads fail.
@@ -69,6 +72,11 @@ class TieredManager(OffloadingManager):
         max_write_blocks: most blocks pinned for tier writes at once (each write job pins its
             blocks until the tier reports it); ``None``: half of ``primary.num_blocks``. A write
             that would pin more is dropped, unless no write is pinned at all.
+        max_promoted_blocks: most host-pool slots held by promoted blocks no load has read yet
+            (reserved, in flight or arrived); ``None``: half of ``primary.num_blocks``.
+            Tier hits beyond it are not promoted (they answer ``LOOKUP_MISS``; counted in
+            ``promotions_capped``), so promotions cannot crowd out the blocks the pool holds for
+            other requests.
 
     Raises:
         InvalidTypeError: ``primary`` is not a ``CPUOffloadingManager``, a tier is not a ``Tier``.
@@ -76,7 +84,12 @@ class TieredManager(OffloadingManager):
     """
 
     def __init__(
-        self, primary: CPUOffloadingManager, tiers: Sequence[Tier], *, max_write_blocks: int | None = None
+        self,
+        primary: CPUOffloadingManager,
+        tiers: Sequence[Tier],
+        *,
+        max_write_blocks: int | None = None,
+        max_promoted_blocks: int | None = None,
     ) -> None:
         if not isinstance(primary, CPUOffloadingManager):
             raise InvalidTypeError(f"primary must be a CPUOffloadingManager, got {type(primary).__name__}")
@@ -91,6 +104,10 @@ class TieredManager(OffloadingManager):
         if max_write_blocks is None:
             max_write_blocks = max(1, primary.num_blocks // 2)
         self.max_write_blocks = check_int(max_write_blocks, "max_write_blocks", 1)
+        if max_promoted_blocks is None:
+            max_promoted_blocks = max(1, primary.num_blocks // 2)
+        self.max_promoted_blocks = check_int(max_promoted_blocks, "max_promoted_blocks", 1)
+        self._unread: set[bytes] = set()  # promoted (queued or arrived), not read by a load yet
         self.primary = primary
         self.tiers = tiers
         self._jobs = TierJobs(primary, tiers)
@@ -182,6 +199,15 @@ class TieredManager(OffloadingManager):
         self, keys: list[bytes], positions: list[int], source: dict[int, int], codes: list[int], ctx: ReqContext
     ) -> None:
         """Reserve host slots for the tier hits at ``positions`` (all or none) and queue their promotion."""
+        room = self._promotion_room()
+        if len(dict.fromkeys(keys[i] for i in positions)) > room:  # the cap: promote a prefix only
+            capped = positions[room:] if room > 0 else positions
+            positions = positions[:room] if room > 0 else []
+            for i in capped:
+                self._jobs.usage[source[i]].promotions_capped += 1
+                codes[i] = LOOKUP_MISS
+            if not positions:
+                return
         tier_of: dict[bytes, int] = {}
         for i in positions:
             tier_of.setdefault(keys[i], source[i])
@@ -198,8 +224,21 @@ class TieredManager(OffloadingManager):
                 self._jobs.usage[t].promotions_refused += 1
             else:
                 self._jobs.queue_promotion(t, k, slot, ctx)
+                self._unread.add(k)
         for i in positions:
             codes[i] = LOOKUP_PENDING if keys[i] in got else LOOKUP_MISS
+
+    def _promotion_room(self) -> int:
+        """Promotions the cap allows now (keys the pool no longer holds are forgotten first)."""
+        if len(self._unread) >= self.max_promoted_blocks:
+            unread: list[Any] = list(self._unread)
+            held = self.primary.peek(unread).tolist()
+            self._unread = {k for k, c in zip(unread, held, strict=True) if c != LOOKUP_MISS}
+        return self.max_promoted_blocks - len(self._unread)
+
+    def num_promoted_unread(self) -> int:
+        """Host-pool slots held by promoted blocks no load has read yet (an upper bound)."""
+        return len(self._unread)
 
     def take_resolved(self) -> list[bytes]:
         """Keys whose ``LOOKUP_PENDING`` from this manager (not the primary's own pending stores)
@@ -215,7 +254,10 @@ class TieredManager(OffloadingManager):
 
     # ------------------------------------------------------------------ pass-through
     def prepare_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
-        return self.primary.prepare_load(keys, req_context)
+        spec = self.primary.prepare_load(keys, req_context)
+        if self._unread:
+            self._unread.difference_update(keys)  # read: no longer held by a promotion
+        return spec
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         self.primary.touch(keys, req_context)
@@ -255,7 +297,13 @@ class TieredManager(OffloadingManager):
             jobs.queue_writes(t, keys_l, spec.block_ids.tolist(), req_context)  # type: ignore[attr-defined]
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        return self.primary.take_events()
+        """The host pool's events, then per tier the keys its store removed (``removed=True``,
+        ``medium`` the tier's name; a Redis tier opened with ``removal_events``)."""
+        yield from self.primary.take_events()
+        for tier in self.tiers:
+            removed = tier.take_removed()
+            if removed:
+                yield OffloadingEvent(keys=[OffloadKey(k) for k in removed], medium=tier.name, removed=True)
 
     # ------------------------------------------------------------------ per step
     def end_step(self) -> None:
@@ -287,6 +335,7 @@ class TieredManager(OffloadingManager):
         """Drain the tiers' jobs, then reset the primary (the tiers keep their values)."""
         self.drain()
         self._jobs.promoted.clear()
+        self._unread.clear()
         self.primary.reset_cache()
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -59,13 +60,12 @@ class BlockTrace:
         return [[keys[i] for i in ids[st[r] : st[r + 1]]] for r in range(self.num_requests)]
 
     @classmethod
-    def _from_raw(
-        cls, block_tokens: int, raw: list[np.ndarray], prompt_tokens: list[int], keys_of: object
+    def _from_flat(
+        cls, block_tokens: int, flat: np.ndarray, lens: np.ndarray, prompt_tokens: list[int], keys_of: object
     ) -> BlockTrace:
-        lens = np.fromiter((len(a) for a in raw), dtype=np.int64, count=len(raw))
-        starts = np.zeros(len(raw) + 1, dtype=np.int64)
+        """From every request's raw block ids concatenated (``flat``) and their counts (``lens``)."""
+        starts = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens, out=starts[1:])
-        flat = np.concatenate(raw) if raw else np.zeros(0, dtype=np.int64)
         uniq, inverse = np.unique(flat, return_inverse=True)
         keys = keys_of(uniq)  # type: ignore[operator]
         return cls(block_tokens, inverse.astype(np.int64).ravel(), starts, np.asarray(prompt_tokens, np.int64), keys)
@@ -79,17 +79,21 @@ class BlockTrace:
         _check_sizes(trace_block_tokens, block_tokens)
         per = trace_block_tokens // PIECE_TOKENS
         step = block_tokens // PIECE_TOKENS
-        raw: list[np.ndarray] = []
-        for req in requests:
-            n = req.input_length // block_tokens
-            t = np.arange(1, n + 1, dtype=np.int64) * step - 1
-            ids = np.asarray(req.hash_ids, dtype=np.int64)
-            raw.append(ids[t // per] * per + t % per)
+        prompt = [r.input_length for r in requests]
+        n_ids = np.fromiter((len(r.hash_ids) for r in requests), dtype=np.int64, count=len(requests))
+        every_id = chain.from_iterable(r.hash_ids for r in requests)
+        hash_ids = np.fromiter(every_id, dtype=np.int64, count=int(n_ids.sum()))
+        first_id = np.cumsum(n_ids) - n_ids  # where each request's hash ids start in hash_ids
+        lens = np.asarray(prompt, dtype=np.int64) // block_tokens  # full offloaded blocks per request
+        first_block = np.cumsum(lens) - lens
+        req = np.repeat(np.arange(len(requests), dtype=np.int64), lens)
+        t = (np.arange(int(lens.sum()), dtype=np.int64) - first_block[req] + 1) * step - 1  # last piece per block
+        flat = hash_ids[first_id[req] + t // per] * per + t % per
 
         def keys_of(uniq: np.ndarray) -> list[OffloadKey]:
             return [make_offload_key(piece_hash(p), 0) for p in uniq.tolist()]
 
-        return cls._from_raw(block_tokens, raw, [r.input_length for r in requests], keys_of)
+        return cls._from_flat(block_tokens, flat, lens, prompt, keys_of)
 
     @classmethod
     def from_block_hashes(
@@ -109,7 +113,9 @@ class BlockTrace:
         def keys_of(uniq: np.ndarray) -> list[OffloadKey]:
             return [make_offload_key(by_id[i], 0) for i in uniq.tolist()]
 
-        return cls._from_raw(block_tokens, raw, list(prompt_tokens), keys_of)
+        lens = np.fromiter((len(a) for a in raw), dtype=np.int64, count=len(raw))
+        flat = np.concatenate(raw) if raw else np.zeros(0, dtype=np.int64)
+        return cls._from_flat(block_tokens, flat, lens, list(prompt_tokens), keys_of)
 
 
 def _check_sizes(trace_block_tokens: int, block_tokens: int) -> None:

@@ -107,6 +107,14 @@ class ReplayResult:
         return self.hit_tokens - self.tier_hit_tokens
 
 
+_HIT = bytes([LOOKUP_HIT])
+
+
+def _leading_hits(codes: np.ndarray, n: int) -> int:
+    """The leading run of ``LOOKUP_HIT`` in the ``int8[n]`` codes (one C-level pass, no array made)."""
+    return n - len(codes.tobytes().lstrip(_HIT))
+
+
 def hit_tokens_of(hits: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int) -> int:
     """Tokens loaded for per-request hit blocks: ``min(hit * B, prompt - 1)`` summed."""
     return int(np.minimum(hits * block_tokens, prompt_tokens - 1).sum())
@@ -155,8 +163,7 @@ class HostReplay:
         m, ctx = self.manager, self.ctx if tag is None else ReqContext("replay", workload=tag)
         n = len(keys)
         codes = m.lookup_batch(keys, ctx)
-        miss = np.flatnonzero(codes != LOOKUP_HIT)
-        hit = int(miss[0]) if len(miss) else n
+        hit = _leading_hits(codes, n)
         promoted: list[int] = []
         if hit < n and len(tier):
             promoted, evicted_by_promotion = _promote(m, tier, keys, codes, ids, hit, ctx)
@@ -165,25 +172,28 @@ class HostReplay:
             elif promoted:
                 self.evicted += evicted_by_promotion
                 codes = m.lookup_batch(keys, ctx)
-                miss = np.flatnonzero(codes != LOOKUP_HIT)
-                hit = int(miss[0]) if len(miss) else n
+                hit = _leading_hits(codes, n)
         m.touch(keys, ctx)
         if hit:
-            m.prepare_load(keys[:hit], ctx)
-            m.complete_load(keys[:hit], ctx)
-        out = m.prepare_store(keys[hit:], ctx) if hit < n else None
-        new_ids = None
+            head = keys[:hit]
+            m.prepare_load(head, ctx)
+            m.complete_load(head, ctx)
+        if hit == n:
+            return hit, promoted, None
+        out = m.prepare_store(keys[hit:], ctx)
         if out is None:
-            self.failed += hit < n
-        else:
-            if out.keys_to_store:
-                m.complete_store(out.keys_to_store, ctx)
-                # keys_to_store are the offered keys that were absent, in order
-                new_ids = ids[hit:][codes[hit:] != LOOKUP_HIT]
-                if tier.capacity:
-                    tier.write(new_ids.tolist())  # write-through: SET NX
+            self.failed += 1
+            return hit, promoted, None
+        new_ids = None
+        if out.keys_to_store:
+            m.complete_store(out.keys_to_store, ctx)
+            # keys_to_store are the offered keys that were absent, in order
+            rest = codes[hit:]
+            new_ids = ids[hit:] if _HIT not in rest.tobytes() else ids[hit:][rest != LOOKUP_HIT]
+            if tier.capacity:
+                tier.write(new_ids.tolist())  # write-through: SET NX
             self.stored += len(out.keys_to_store)
-            self.evicted += len(out.evicted_keys)
+        self.evicted += len(out.evicted_keys)
         return hit, promoted, new_ids
 
     def shutdown(self) -> None:
@@ -206,12 +216,12 @@ def replay_cache(
     tier = LRUTierModel(tier_capacity)
     lists = trace.key_lists() if key_lists is None else key_lists
     node = HostReplay(policy, capacity)
-    hits = np.zeros(len(lists), dtype=np.int64)
+    hit_list = [0] * len(lists)
     tier_hits = np.zeros(len(lists), dtype=np.int64)
     last_from_tier = np.zeros(len(lists), dtype=bool)
-    ever_stored = np.zeros(trace.num_blocks, dtype=bool)
+    stored_ids: list[np.ndarray] = []  # the ids each request's store made ready
     ids, starts = trace.ids, trace.starts.tolist()
-    serve = node.serve
+    serve, keep = node.serve, stored_ids.append
     tags = trace.tags
     for r, keys in enumerate(lists):
         if not keys:
@@ -219,12 +229,16 @@ def replay_cache(
         s = starts[r]
         hit, promoted, new_ids = serve(keys, ids[s : s + len(keys)], tier, None if tags is None else tags[r])
         if new_ids is not None:
-            ever_stored[new_ids] = True
-        hits[r] = hit
+            keep(new_ids)
+        hit_list[r] = hit
         if promoted:
             tier_hits[r] = sum(1 for i in promoted if i < hit)
             last_from_tier[r] = hit - 1 in promoted
     node.shutdown()
+    hits = np.array(hit_list, dtype=np.int64)
+    ever_stored = np.zeros(trace.num_blocks, dtype=bool)
+    if stored_ids:
+        ever_stored[np.concatenate(stored_ids)] = True
     bt = trace.block_tokens
     hit_tokens, tier_hit_tokens = split_hit_tokens(hits, tier_hits, last_from_tier, trace.prompt_tokens, bt)
     return ReplayResult(

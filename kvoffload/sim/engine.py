@@ -26,7 +26,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +44,9 @@ from kvoffload.sim.seq import FINISHED, LOADING, READY, WAITING, Seq
 from kvoffload.sim.stats import EngineStats, StepStats, TransferRecord
 from kvoffload.sim.transfers import TransferHandling
 
+if TYPE_CHECKING:
+    from kvoffload.tiers.registry import TierSpec
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Engine"]
@@ -60,7 +63,8 @@ class Engine:
             ``num_cpu_blocks`` slots, backend ``worker_backend or config.worker_backend``).
         worker_backend: kernel backend name for the default worker.
         tiers: secondary tiers beneath the host pool, as specs (``redis://host:6379``,
-            ``disk:/path?max_bytes=N``; see :func:`kvoffload.tiers.open_tier`), first asked first.
+            ``disk:/path?max_bytes=N``, any registered scheme; see :func:`kvoffload.tiers.open_tier`),
+            first asked first.
             The manager is then wrapped in a :class:`~kvoffload.cache.tiered.TieredManager` over
             tiers built on the worker's host pool records (the worker needs a ``host_pool``).
         tier_options: keyword options for every tier (``integrity_key``, ``io_threads``...).
@@ -82,7 +86,7 @@ class Engine:
         worker: Any = None,
         *,
         worker_backend: str | None = None,
-        tiers: Sequence[str] = (),
+        tiers: Sequence[TierSpec] = (),
         tier_options: dict[str, Any] | None = None,
     ) -> None:
         cfg = config if config is not None else EngineConfig()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.workload import read_jsonl
@@ -46,6 +47,7 @@ __all__ = [
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id in the FAST'25 release
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 PIECE_TOKENS = 16  # tokens per piece: the GPU block and hash block of the kvoffload engine
+_FIELD_SET = frozenset(MOONCAKE_FIELDS)
 _MAX_ID = 2**63 - 1
 
 
@@ -78,10 +80,15 @@ def _nonneg_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _parse(obj: object, where: str, block_tokens: int, last_ts: float) -> MooncakeRequest:
+def _ids_ok(ids: list[Any], block_tokens: int) -> bool:
+    """Every id a non-negative int (not a bool) at most ``2**63 / block_tokens``: C-level passes."""
+    return not ids or (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) <= _MAX_ID // block_tokens)
+
+
+def _parse(obj: object, where: str, block_tokens: int, last_ts: float, line: int) -> MooncakeRequest:
     if not isinstance(obj, dict):
         raise InvalidArgumentError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - set(MOONCAKE_FIELDS))
+    unknown = sorted(obj.keys() - _FIELD_SET)
     if unknown:
         raise InvalidArgumentError(
             f"{where}: unknown field {unknown[0]!r} (Mooncake fields: {', '.join(MOONCAKE_FIELDS)})"
@@ -100,7 +107,7 @@ def _parse(obj: object, where: str, block_tokens: int, last_ts: float) -> Moonca
     if not _nonneg_int(n_out):
         raise InvalidArgumentError(f"{where}: output_length must be a non-negative int, got {n_out!r}")
     ids = obj["hash_ids"]
-    if not isinstance(ids, list) or not all(_nonneg_int(h) and h <= _MAX_ID // block_tokens for h in ids):
+    if not isinstance(ids, list) or not _ids_ok(ids, block_tokens):
         raise InvalidArgumentError(f"{where}: hash_ids must be a list of non-negative ints (below 2**63 / block size)")
     if len(set(ids)) != len(ids):
         raise InvalidArgumentError(
@@ -112,7 +119,7 @@ def _parse(obj: object, where: str, block_tokens: int, last_ts: float) -> Moonca
             f"{where}: hash_ids has {len(ids)} entries, input_length {n_in} needs {need} "
             f"(one per block of {block_tokens} tokens, the last one may be partial; see --trace-block-size)"
         )
-    return MooncakeRequest(float(ts), n_in, n_out, tuple(ids))
+    return MooncakeRequest(float(ts), n_in, n_out, tuple(ids), line)
 
 
 def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[MooncakeRequest]:
@@ -134,9 +141,9 @@ def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOK
     out: list[MooncakeRequest] = []
     last_ts = 0.0
     for lineno, obj in read_jsonl(p):
-        req = _parse(obj, f"{p}:{lineno}", block_tokens, last_ts)
+        req = _parse(obj, f"{p}:{lineno}", block_tokens, last_ts, lineno)
         last_ts = req.timestamp
-        out.append(MooncakeRequest(req.timestamp, req.input_length, req.output_length, req.hash_ids, lineno))
+        out.append(req)
     if not out:
         raise InvalidArgumentError(f"trace {p} holds no request")
     return out

@@ -27,21 +27,22 @@ import numpy as np
 from kvoffload.sim.block_trace import BlockTrace
 from kvoffload.sim.cache_replay import ReplayResult, hit_tokens_of
 
-__all__ = ["BeladyPlan", "replay_belady", "replay_infinite"]
+__all__ = ["BeladyPlan", "replay_belady", "replay_belady_heap", "replay_infinite"]
 
 
 def replay_infinite(trace: BlockTrace) -> ReplayResult:
     """Hits with a cache that never evicts (module docstring)."""
     t0 = time.perf_counter()
-    seen = np.zeros(trace.num_blocks, dtype=bool)
     ids, st = trace.ids, trace.starts
-    hits = np.zeros(trace.num_requests, dtype=np.int64)
-    for r in range(trace.num_requests):
-        blk = ids[st[r] : st[r + 1]]
-        found = seen[blk]
-        miss = np.flatnonzero(~found)
-        hits[r] = miss[0] if len(miss) else len(blk)
-        seen[blk] = True
+    n = len(ids)
+    first = np.zeros(n, dtype=bool)  # the access that sees its block first
+    first[np.unique(ids, return_index=True)[1]] = True
+    at = np.where(first, np.arange(n, dtype=np.int64), n)
+    full = np.diff(st) > 0
+    miss = np.full(trace.num_requests, n, dtype=np.int64)  # each request's first unseen block
+    if full.any():
+        miss[full] = np.minimum.reduceat(at, st[:-1][full])
+    hits = np.minimum(miss, st[1:]) - st[:-1]
     return ReplayResult(
         policy="infinite",
         capacity=trace.num_blocks,
@@ -74,6 +75,18 @@ class BeladyPlan:
         nxt[order[:-1][same]] = req[order[1:][same]]
         width = int(depth.max()) + 1 if n else 1
         prio = np.where(nxt >= 0, nxt * width + depth, -1)
+        # blocks held after each request while nothing was evicted: an access with a next use
+        # holds its block from its request up to (not counting) that next request
+        reused = nxt >= 0
+        change = np.bincount(req[reused], minlength=trace.num_requests + 1)
+        change -= np.bincount(nxt[reused], minlength=trace.num_requests + 1)
+        #: the most blocks ever held at once with a capacity that never evicts: at or above it
+        #: Belady's replay evicts nothing and is computed without the replay
+        self.peak_held = int(np.cumsum(change).max()) if n else 0
+        first = np.ones(n, dtype=bool)
+        first[order[1:][same]] = False  # an access whose block was seen before
+        #: blocks stored when nothing is evicted: first accesses that have a next use
+        self.stored_without_eviction = int(np.count_nonzero(first & reused))
         self.trace = trace
         self.ids: list[int] = ids.tolist()
         self.starts: list[int] = st.tolist()
@@ -81,7 +94,36 @@ class BeladyPlan:
 
 
 def replay_belady(plan: BeladyPlan, capacity: int) -> ReplayResult:
-    """Belady's offline optimum at ``capacity`` offloaded blocks (module docstring)."""
+    """Belady's offline optimum at ``capacity`` offloaded blocks (module docstring).
+
+    At or above ``plan.peak_held`` nothing is ever evicted: every block with a next use stays, so
+    a request hits the leading run of its blocks seen before (the infinite cache's hits), and the
+    result is computed from the plan without the replay."""
+    if capacity >= plan.peak_held:
+        return _belady_without_eviction(plan, capacity)
+    return replay_belady_heap(plan, capacity)
+
+
+def _belady_without_eviction(plan: BeladyPlan, capacity: int) -> ReplayResult:
+    t0 = time.perf_counter()
+    trace = plan.trace
+    hits = replay_infinite(trace).per_request
+    stored = plan.stored_without_eviction
+    return ReplayResult(
+        policy="belady",
+        capacity=capacity,
+        prompt_tokens=trace.total_prompt_tokens,
+        hit_blocks=int(hits.sum()),
+        hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, trace.block_tokens),
+        stored_blocks=stored,
+        distinct_stored=stored,
+        per_request=hits,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def replay_belady_heap(plan: BeladyPlan, capacity: int) -> ReplayResult:
+    """:func:`replay_belady` by replaying the trace with a heap of next uses, at any capacity."""
     t0 = time.perf_counter()
     trace = plan.trace
     ids, st, prio = plan.ids, plan.starts, plan.prio

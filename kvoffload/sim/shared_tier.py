@@ -1,6 +1,6 @@
 """The shared tier beneath host memory in the cache-level replay: Redis with ``allkeys-lru``, as an LRU.
 
-A Redis server configured as kvoffload's tests and README configure it (``maxmemory`` and
+A Redis server configured as kvoffload's tests and docs (docs/tiers.md) configure it (``maxmemory`` and
 ``maxmemory-policy allkeys-lru``) holding offloaded blocks, one value per block, is modelled by
 :class:`LRUTierModel`: an exact LRU over block ids with room for ``capacity`` blocks (the tier's
 bytes divided by one block's bytes; keys and Redis's per-key overhead are not counted). What

@@ -16,9 +16,7 @@ import torch
 from kvoffload.cache.tiered import TieredManager
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.sim.config import EngineConfig
-from kvoffload.tiers import Tier, TierNamespace, open_tier
-from kvoffload.tiers.factory import parse_disk_spec
-from kvoffload.tiers.redis_url import parse_redis_url
+from kvoffload.tiers import Tier, TierNamespace, TierSpec, check_tier_spec, open_tier
 
 __all__ = ["engine_namespace", "check_tier_specs", "open_engine_tiers", "tiered_manager"]
 
@@ -50,27 +48,20 @@ def engine_namespace(cfg: EngineConfig, tag: str = "") -> TierNamespace:
     )
 
 
-def check_tier_specs(specs: Sequence[str]) -> None:
+def check_tier_specs(specs: Sequence[TierSpec]) -> None:
     """Check every tier spec's syntax and options before anything is allocated (typed errors
-    naming the spec; nothing connects)."""
+    naming the spec; nothing connects; see :mod:`kvoffload.tiers.registry`)."""
     if isinstance(specs, str):
         raise InvalidTypeError("tiers must be a list of tier specs, not a single str")
     for spec in specs:
-        if not isinstance(spec, str):
-            raise InvalidTypeError(f"tier spec must be a str, got {type(spec).__name__}")
-        scheme = spec.split(":", 1)[0].lower() if ":" in spec else ""
-        if scheme in ("redis", "rediss", "unix"):
-            parse_redis_url(spec)
-        elif scheme == "disk":
-            parse_disk_spec(spec)
-        else:
-            raise InvalidArgumentError(f"tier spec {spec!r}: expected redis://, rediss://, unix:// or disk:<directory>")
+        check_tier_spec(spec)
 
 
 def open_engine_tiers(
-    specs: Sequence[str], records: Any, cfg: EngineConfig, options: dict[str, Any] | None = None
+    specs: Sequence[TierSpec], records: Any, cfg: EngineConfig, options: dict[str, Any] | None = None
 ) -> list[Tier]:
-    """Open one tier per spec (``redis://…``, ``disk:/path…``, see :func:`kvoffload.tiers.open_tier`)
+    """Open one tier per spec (``redis://…``, ``disk:/path…``, any registered scheme or
+    ``{"type", "module_path", …}``; see :func:`kvoffload.tiers.open_tier`)
     over ``records`` (the host pool's ``(num_slots, slot_bytes)`` uint8 view). On an error the
     tiers already opened are closed."""
     if isinstance(records, torch.Tensor):
@@ -88,7 +79,7 @@ def open_engine_tiers(
 
 
 def tiered_manager(
-    manager: Any, worker: Any, specs: Sequence[str], cfg: EngineConfig, options: dict[str, Any] | None = None
+    manager: Any, worker: Any, specs: Sequence[TierSpec], cfg: EngineConfig, options: dict[str, Any] | None = None
 ) -> TieredManager:
     """``manager`` wrapped in a :class:`TieredManager` over one tier per spec, opened on ``worker``'s
     host pool records (the worker needs a ``host_pool``: its records are what tiers move)."""

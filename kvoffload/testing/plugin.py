@@ -4,10 +4,12 @@ Load it with ``-p kvoffload.testing.plugin``; it adds
 
 * ``--kvoffload-backend NAME`` (repeatable): a registered backend name or ``module:Class``;
 * ``--kvoffload-device DEVICE`` (repeatable): device of the KV cache (default ``cpu`` and ``cuda``;
-  ``cuda`` cases are skipped without a GPU).
+  ``cuda`` cases are skipped without a GPU);
+* ``--kvoffload-tier NAME`` (repeatable): a tier harness for the tier suite, ``redis``,
+  ``redis-cluster``, ``disk`` or ``module:Class`` (a :class:`kvoffload.testing.tier_harness.TierHarness`).
 
-Without the plugin the suite reads the same choices from the environment variables
-``KVOFFLOAD_BACKEND`` and ``KVOFFLOAD_TEST_DEVICE`` (comma-separated).
+Without the plugin the suites read the same choices from the environment variables
+``KVOFFLOAD_BACKEND``, ``KVOFFLOAD_TEST_DEVICE`` and ``KVOFFLOAD_TIER`` (comma-separated).
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="DEVICE",
         help="device of the KV cache (repeatable; default: cpu and cuda)",
+    )
+    group.addoption(
+        "--kvoffload-tier",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="tier harness for the tier suite: redis, redis-cluster, disk or 'module:Class' (repeatable)",
     )
 
 

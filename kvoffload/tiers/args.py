@@ -99,7 +99,7 @@ def redact_query(spec: str) -> str:
 
 
 _QUERY_INTS = ("io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
-_QUERY_FLOATS = ("backoff_initial", "backoff_max")
+_QUERY_FLOATS = ("backoff_initial", "backoff_max", "probe_wait")
 
 
 def tier_options_from_query(spec: str, pairs: list[tuple[str, str]]) -> tuple[dict[str, Any], list[tuple[str, str]]]:

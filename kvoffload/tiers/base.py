@@ -28,12 +28,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
 from kvoffload.checks import check_int
-from kvoffload.errors import InvalidArgumentError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
 from kvoffload.tiers.health import Health, TierUnavailable
 from kvoffload.tiers.jobs import Job
@@ -75,9 +75,24 @@ class Tier(ABC):
         max_pending_write_bytes: record bytes of accepted, unfinished stores above which new
             stores are dropped (back-pressure).
         lookup_ttl_steps: engine steps a probed verdict is reused before the key is probed again.
+        probe_wait: seconds :meth:`end_step` waits for the step's probe batch to be answered
+            (0: never waits; see :meth:`end_step`).
         backoff_initial: first back-off after the store is unreachable, in seconds.
         backoff_max: longest back-off (it doubles up to this), in seconds.
+
+    A backend found by URL scheme (:mod:`kvoffload.tiers.registry`) turns its URL into
+    constructor keywords with :meth:`options_from_url`.
     """
+
+    #: ``"LOCAL"`` (one machine's store) or ``"REMOTE"`` (shared over the network): what the vLLM
+    #: adapter reports as the tier's locality unless configured.
+    locality: ClassVar[str] = "REMOTE"
+
+    @classmethod
+    def options_from_url(cls, url: str) -> dict[str, Any]:
+        """The constructor keywords ``url`` stands for, checked (nothing connects); by default
+        ``{"url": url}``."""
+        return {"url": url}
 
     def __init__(
         self,
@@ -92,6 +107,7 @@ class Tier(ABC):
         lookup_ttl_steps: int = 8,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
+        probe_wait: float = 0.0005,
     ) -> None:
         self.records = check_records(records)
         if not isinstance(namespace, TierNamespace):
@@ -99,6 +115,11 @@ class Tier(ABC):
         check_tier_options(
             io_threads, batch_keys, max_pending_write_bytes, lookup_ttl_steps, backoff_initial, backoff_max
         )
+        if isinstance(probe_wait, bool) or not isinstance(probe_wait, (int, float)):
+            raise InvalidTypeError(f"probe_wait must be a number of seconds, got {type(probe_wait).__name__}")
+        if not 0 <= probe_wait <= 1:
+            raise InvalidArgumentError(f"probe_wait must be in [0, 1] seconds, got {probe_wait}")
+        self._probe_wait = float(probe_wait)
         self.name = name
         self.io_threads = io_threads
         self.namespace = namespace
@@ -118,6 +139,8 @@ class Tier(ABC):
         self._logged: set[str] = set()
         self._closed = False
         self._verdicts = Verdicts(lookup_ttl_steps)  # engine-thread lookup state
+        self._unanswered = 0  # probe batches sent and not applied yet (engine thread)
+        self._removed: list[bytes] = []  # keys the store removed, not taken yet
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
         self._probe_q: queue.SimpleQueue[list[bytes] | _Tasks | None] = queue.SimpleQueue()
@@ -140,13 +163,30 @@ class Tier(ABC):
         return self._verdicts.answer(keys, self._health.is_down())
 
     def end_step(self) -> None:
-        """Send this step's queued lookups as one probe batch; call once per engine step."""
+        """Send this step's queued lookups as one probe batch; call once per engine step.
+
+        Then wait for its answer up to ``probe_wait`` seconds (one round trip on a healthy store):
+        the engine thread sleeps, so the tier's lookup thread gets a core and the GIL at once, and
+        a request deferred on the probe is answered at the engine's next step (without the wait
+        it waits for the lookup thread to be scheduled behind the engine thread, steps longer).
+        """
         self._apply_probe_results()
         batch = self._verdicts.take_batch()
         if batch:
             with self._lock:
                 self._probes_in_flight += 1
+            self._unanswered += 1
             self._probe_q.put(batch)
+        if not self._unanswered or self._probe_wait <= 0 or self._health.is_down():
+            return
+        deadline = time.monotonic() + self._probe_wait  # this step's probe, or a late one of earlier steps
+        while self._unanswered and (left := deadline - time.monotonic()) > 0:
+            try:
+                done = self._probe_done.get(timeout=left)
+            except queue.Empty:
+                return
+            self._unanswered -= 1
+            self._verdicts.probed(*done)
 
     def take_answered(self) -> list[bytes]:
         """The keys whose probe has returned since the last call (their verdicts are applied first),
@@ -224,6 +264,27 @@ class Tier(ABC):
             return self._probe(keys)
         except TierUnavailable:
             return [False] * len(keys)
+
+    def take_removed(self) -> list[bytes]:
+        """The keys the store removed since the last call, as the tier learned of them (a Redis
+        tier with ``removal_events``: evicted, expired, deleted by any client); each key once per
+        removal. Their cached verdicts become misses."""
+        with self._lock:
+            out, self._removed = self._removed, []
+        self._verdicts.forget(out)
+        return out
+
+    def _note_removed(self, keys: list[bytes]) -> None:
+        """Backends: ``keys`` were removed from the store (any thread)."""
+        with self._lock:
+            self._removed.extend(keys)
+            self._stats.removals += len(keys)
+
+    def _removal_events_off(self, why: str) -> None:
+        """Backends: removal events were asked for but the store will not send them all (any thread)."""
+        with self._lock:
+            self._stats.removal_events_off = 1
+            self._log_once("removal-events-off", "tier %s: removal events incomplete: %s", why)
 
     def stats(self) -> TierStats:
         """A snapshot of the tier's cumulative counters."""
@@ -350,6 +411,7 @@ class Tier(ABC):
     def _apply_probe_results(self) -> None:
         done = self._probe_done
         while not done.empty():  # the engine thread is the only consumer
+            self._unanswered -= 1
             self._verdicts.probed(*done.get_nowait())
 
     def _run_store(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:

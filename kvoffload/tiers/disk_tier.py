@@ -18,13 +18,14 @@ import errno
 import hashlib
 import logging
 import os
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl
 
 import numpy as np
 
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.tiers.args import check_records
+from kvoffload.tiers.args import check_records, tier_options_from_query
 from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.disk_index import VALUE_SUFFIX, DiskIndex
 from kvoffload.tiers.disk_io import (
@@ -38,9 +39,34 @@ from kvoffload.tiers.disk_io import (
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
 
-__all__ = ["DiskTier"]
+__all__ = ["DiskTier", "parse_disk_spec"]
 
 logger = logging.getLogger(__name__)
+
+
+def parse_disk_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``disk:/path?max_bytes=N&o_direct=0`` -> ``("/path", {"max_bytes": N, "o_direct": False})``;
+    the options of every tier (``integrity_key``, ``io_threads``...) are accepted too."""
+    rest = spec[len("disk:") :]
+    if rest.startswith("//"):
+        rest = rest[2:]
+    path, _, query = rest.partition("?")
+    if not path:
+        raise InvalidArgumentError(f"tier spec {spec!r}: a disk tier needs a directory, e.g. disk:/var/cache/kv")
+    opts, backend_pairs = tier_options_from_query(spec, parse_qsl(query, keep_blank_values=True))
+    for k, v in backend_pairs:
+        if k == "max_bytes":
+            try:
+                opts[k] = int(v)
+            except ValueError:
+                raise InvalidArgumentError(f"tier spec {spec!r}: {k} must be an integer, got {v!r}") from None
+        elif k == "o_direct":
+            if v.lower() not in ("0", "1", "true", "false", "auto"):
+                raise InvalidArgumentError(f"tier spec {spec!r}: o_direct must be 0, 1 or auto, got {v!r}")
+            opts[k] = None if v.lower() == "auto" else v.lower() in ("1", "true")
+        else:
+            raise InvalidArgumentError(f"tier spec {spec!r}: unknown disk tier option {k!r}")
+    return path, opts
 
 
 def _file_id(key: bytes) -> bytes:
@@ -48,7 +74,7 @@ def _file_id(key: bytes) -> bytes:
 
 
 class DiskTier(Tier):
-    """A tier on a directory (docs/contract.md §8).
+    """A tier on a directory (docs/contract.md §8); opened from ``disk:/path?…`` by :func:`open_tier`.
 
     Args:
         records: the host pool's records (see :class:`~kvoffload.tiers.Tier`).
@@ -61,6 +87,8 @@ class DiskTier(Tier):
         **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
             :class:`~kvoffload.tiers.Tier`.
     """
+
+    locality: ClassVar[str] = "LOCAL"
 
     def __init__(
         self,
@@ -106,6 +134,12 @@ class DiskTier(Tier):
         self._in_place = is_page_aligned(self.records)
         self._subdirs: set[str] = set()
         self._make_subdirs()
+
+    @classmethod
+    def options_from_url(cls, url: str) -> dict[str, Any]:
+        """``disk:/path?max_bytes=N&o_direct=0`` -> ``{"path": "/path", "max_bytes": N, "o_direct": False}``."""
+        path, opts = parse_disk_spec(url)
+        return {"path": path, **opts}
 
     def _make_subdirs(self) -> None:
         """Create the 256 ``<id[:2]>`` subdirectories now, off the store path (best effort: a

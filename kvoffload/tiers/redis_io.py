@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError
 
-__all__ = ["Redirect", "Mismatch", "pipeline", "command", "exists", "set_nx", "get_into", "delete_if_head"]
+__all__ = ["Redirect", "Mismatch", "pipeline", "command", "exists", "set_nx", "get_into", "delete_if_head", "Dest"]
 
 #: Bytes of a value kept by :class:`Mismatch` (the record header and key fit in them).
 HEAD_BYTES = 256
@@ -82,6 +82,10 @@ def _parse_redirect(msg: str) -> Redirect | None:
     return Redirect(kind == "ASK", int(slot_s), host, int(port_s))
 
 
+#: Where a bulk reply goes: one buffer, or several filled in order.
+Dest = memoryview | tuple[memoryview, ...]
+
+
 class _Reader:
     """Buffered reads of RESP2/RESP3 replies from a socket, bulk payloads straight into a caller buffer."""
 
@@ -138,9 +142,11 @@ class _Reader:
         self.read_into(memoryview(buf))
         return bytes(buf[:n])
 
-    def reply(self, dest: memoryview | None = None) -> Any:
-        """The next reply (push messages skipped). A bulk string goes into ``dest`` when given: its
-        length is returned when it is ``len(dest)``, else a :class:`Mismatch` (not copied)."""
+    def reply(self, dest: Dest | None = None) -> Any:
+        """The next reply (push messages skipped). A bulk string goes into ``dest`` when given (a
+        buffer, or several filled in order: a value's header, then its payload straight into the
+        host record): its length is returned when it is the buffers' total length, else a
+        :class:`Mismatch` (not copied)."""
         while True:
             line = self.line()
             if line[:1] != b">":
@@ -148,15 +154,17 @@ class _Reader:
             for _ in range(int(line[1:])):  # a RESP3 push message: not a reply
                 self.reply()
 
-    def _value(self, line: bytes, dest: memoryview | None = None) -> Any:
+    def _value(self, line: bytes, dest: Dest | None = None) -> Any:
         t, body = line[:1], line[1:]
         if t in (b"$", b"=", b"!"):
             n = int(body)
             if n < 0:
                 return None
             if t == b"$" and dest is not None:
-                if n == len(dest):
-                    self.read_into(dest)
+                parts = dest if isinstance(dest, tuple) else (dest,)
+                if n == sum(len(d) for d in parts):
+                    for d in parts:
+                        self.read_into(d)
                     self.skip(2)
                     return n
                 head = self.bulk(n) if n <= HEAD_BYTES else self._head_then_skip(n)
@@ -202,7 +210,7 @@ def pipeline(
     pool: Any,
     commands: Sequence[list[bytes | memoryview]],
     asking: Sequence[bool],
-    dests: Sequence[memoryview | None] | None = None,
+    dests: Sequence[Dest | None] | None = None,
 ) -> list[Any]:
     """Send ``commands`` (each from :func:`command`) on one connection of ``pool`` and read their replies.
 
@@ -229,7 +237,7 @@ def pipeline(
 
 
 def _exchange(
-    pool: Any, chunks: list[bytes | memoryview], asking: Sequence[bool], dests: Sequence[memoryview | None] | None
+    pool: Any, chunks: list[bytes | memoryview], asking: Sequence[bool], dests: Sequence[Dest | None] | None
 ) -> list[Any]:
     conn = pool.get_connection()
     ok = False
@@ -287,7 +295,7 @@ def set_nx(pool: Any, items: Sequence[tuple[bytes, bytes, memoryview]], asking: 
     return pipeline(pool, cmds, asking)
 
 
-def get_into(pool: Any, keys: Sequence[bytes], dests: Sequence[memoryview], asking: Sequence[bool]) -> list[Any]:
+def get_into(pool: Any, keys: Sequence[bytes], dests: Sequence[Dest], asking: Sequence[bool]) -> list[Any]:
     """``GET`` per key into ``dests[i]``: ``len(dests[i])`` (the bytes are there), None (absent), a
     :class:`Mismatch` (another length; not copied), or a :class:`Redirect` / ``ResponseError``."""
     return pipeline(pool, [command(b"GET", k) for k in keys], asking, dests)

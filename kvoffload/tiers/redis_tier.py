@@ -19,13 +19,15 @@ import threading
 from typing import Any
 
 import numpy as np
+import redis
 from redis.exceptions import ResponseError
 
-from kvoffload.errors import InvalidArgumentError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.base import DROPPED, FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.health import TierUnavailable
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
+from kvoffload.tiers.redis_events import KeyspaceWatcher
 from kvoffload.tiers.redis_io import HEAD_BYTES, Mismatch, Redirect, delete_if_head, exists, get_into, set_nx
 from kvoffload.tiers.redis_nodes import DOWN, RedisNodes, Unreached
 from kvoffload.tiers.redis_url import RedisConfig, parse_redis_url
@@ -54,6 +56,9 @@ class RedisTier(Tier):
         ssl_ca_certs: CA bundle that signs the server's certificate (``rediss://``).
         ssl_cert_reqs: ``"required"`` (default) or ``"none"`` (``rediss://``).
         protocol: RESP version, 2 or 3 (default: redis-py's).
+        removal_events: watch the server's keyspace notifications (:mod:`kvoffload.tiers.redis_events`;
+            the server needs ``notify-keyspace-events Egex`` or more): every key of this tier the
+            server evicts, expires or sees deleted is reported by :meth:`take_removed`.
         **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
             :class:`~kvoffload.tiers.Tier` (they override the same options in the URL's query).
 
@@ -77,8 +82,11 @@ class RedisTier(Tier):
         ssl_ca_certs: str | None = None,
         ssl_cert_reqs: str | None = None,
         protocol: int | None = None,
+        removal_events: bool = False,
         **tier_options: Any,
     ) -> None:
+        if not isinstance(removal_events, bool):
+            raise InvalidTypeError(f"removal_events must be a bool, got {type(removal_events).__name__}")
         self.config: RedisConfig = parse_redis_url(
             url,
             cluster=cluster,
@@ -110,12 +118,43 @@ class RedisTier(Tier):
             (tier_options.get("backoff_initial", 0.1), tier_options.get("backoff_max", 5.0)),
             self._count,
         )
+        self._watcher: KeyspaceWatcher | None = None
+        if removal_events:
+            if self.config.cluster:
+                self._removal_events_off("Redis Cluster: keyspace notifications are per node, not watched")
+            else:
+                self._watcher = KeyspaceWatcher(
+                    self._watch_client,
+                    self.config.db,
+                    self._prefix,
+                    self._note_removed,
+                    self._removal_events_off,
+                    self.name,
+                )
         if not self.codec.signs:
             logger.warning(
                 "tier %s has no integrity_key: any client that can write to this Redis can make the "
-                "engines load KV it forged (see the README's Security section)",
+                "engines load KV it forged (see docs/tiers.md, Security)",
                 self.name,
             )
+
+    def _watch_client(self) -> redis.Redis:
+        """A client of its own for the keyspace watcher (standalone server)."""
+        c = self.config
+        kw: dict[str, Any] = {"username": c.username, "password": c.password, "db": c.db}
+        kw.update(socket_connect_timeout=c.connect_timeout)
+        if c.scheme == "unix":
+            return redis.Redis(unix_socket_path=c.path, **kw)
+        host, port = c.nodes[0]
+        if c.scheme == "rediss":
+            kw.update(ssl=True, **c.ssl)
+        return redis.Redis(host=host, port=port, **kw)
+
+    @classmethod
+    def options_from_url(cls, url: str) -> dict[str, Any]:
+        """``{"url": url}`` once the URL and its query options are checked."""
+        parse_redis_url(url)
+        return {"url": url}
 
     def store_key(self, key: bytes) -> bytes:
         """The Redis key of ``key``'s value."""
@@ -150,20 +189,25 @@ class RedisTier(Tier):
                 out.append(PRESENT if r is None else STORED)
         return out
 
-    def _bounce(self, nbytes: int) -> memoryview:
-        """This thread's receive buffer of at least ``nbytes`` (values are checked there, then copied)."""
+    def _headers(self, nbytes: int) -> memoryview:
+        """This thread's buffer for the value headers of one load batch (at least ``nbytes``)."""
         buf = getattr(self._local, "buf", None)
         if buf is None or len(buf) < nbytes:
             buf = self._local.buf = bytearray(nbytes)
         return memoryview(buf)
 
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
+        """``GET`` pipelines whose replies land with no copy: each value's header in a small
+        buffer, its payload straight into its host record, checked there (a record that fails a
+        check holds unspecified bytes: its key fails and the caller frees the slot)."""
         sk = [self._prefix + k for k in keys]
-        expected = [self.codec.value_bytes(k) for k in keys]
-        buf = self._bounce(sum(expected))
-        dests, offset = [], 0
-        for n in expected:
-            dests.append(buf[offset : offset + n])
+        head_len = [self.codec.header_bytes(k) for k in keys]
+        heads = self._headers(sum(head_len))
+        records = self.records
+        dests: list[tuple[memoryview, memoryview]] = []
+        offset = 0
+        for n, slot in zip(head_len, slots.tolist(), strict=True):
+            dests.append((heads[offset : offset + n], records[slot].data))
             offset += n
         replies = self._nodes.run(
             sk, lambda pool, idx, asking: get_into(pool, [sk[i] for i in idx], [dests[i] for i in idx], asking)
@@ -176,17 +220,19 @@ class RedisTier(Tier):
             elif isinstance(r, ResponseError):
                 self._count_error("load", r)
             elif isinstance(r, int) and not isinstance(r, bool):
+                header, row = dests[i]
                 try:
-                    payload = self.codec.check(keys[i], dests[i])
+                    self.codec.check_parts(keys[i], header, row)
                 except ValueRejected as rej:
                     self._count_rejected(rej)
                     if rej.delete:
-                        bad.append((i, r, bytes(dests[i][:HEAD_BYTES])))
+                        bad.append((i, r, (bytes(header) + bytes(row[:HEAD_BYTES]))[:HEAD_BYTES]))
                     continue
-                self.records[slots[i]] = np.frombuffer(payload, dtype=np.uint8)
                 ok[i] = True
             elif isinstance(r, Mismatch):
-                self._count_rejected(ValueRejected("truncated" if r.length < expected[i] else "length"))
+                self._count_rejected(
+                    ValueRejected("truncated" if r.length < head_len[i] + self.record_bytes else "length")
+                )
                 bad.append((i, r.length, r.head))
             # else: not answered (node down, failed, still redirected): a failed key, nothing else
         if bad:
@@ -206,4 +252,6 @@ class RedisTier(Tier):
         self._count("deleted_values", sum(1 for r in replies if r == 1 and not isinstance(r, bool)))
 
     def _close_backend(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
         self._nodes.close()

@@ -82,6 +82,9 @@ class TierStats:
         timed_out: keys whose command timed out (the tier or their node then backs off).
         evictions: values the tier itself removed to stay in its byte budget (disk).
         errors: backend errors seen (error replies, I/O errors, a backend bug).
+        removals: keys the tier learned the store removed (:meth:`~kvoffload.tiers.Tier.take_removed`).
+        removal_events_off: 1 when removal events were asked for and the store will not send
+            them all (a Redis ``notify-keyspace-events`` without ``Egex``, a cluster), else 0.
     """
 
     lookups: int = 0
@@ -107,3 +110,5 @@ class TierStats:
     timed_out: int = 0
     evictions: int = 0
     errors: int = 0
+    removals: int = 0
+    removal_events_off: int = 0

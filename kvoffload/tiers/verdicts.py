@@ -74,6 +74,12 @@ class Verdicts:
             if ok == is_store:
                 self._known[key] = (code, self._step)
 
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """Keys the store removed: answered as misses from now on (until probed again)."""
+        for key in keys:
+            if key in self._known:
+                self._known[key] = (LOOKUP_MISS, self._step)
+
     def take_answered(self) -> list[bytes]:
         """Keys answered by a probe since the last call (recorded from the first call on)."""
         out = self._answered or []

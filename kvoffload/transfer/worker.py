@@ -19,7 +19,12 @@ Ordering and completion on CUDA:
   worker stream; no host sync). Stores therefore read the KV cache only once the forward pass that
   wrote it is done; loads overwrite GPU blocks only once earlier kernels that might still read them
   are done. Submitting while the current stream captures a CUDA graph raises StreamCaptureError.
-* jobs run in submission order (one stream), so a load never overtakes an earlier store.
+* jobs run in submission order (one stream), so a load never overtakes an earlier store --
+  except **expedited** loads (``transfer_async(..., expedited=True)``, vLLM 0.33's loads that the
+  engine waits for within the step), which run on a second stream of the same priority and so do
+  not queue behind the transfers submitted before them. The caller guarantees what vLLM's
+  scheduler does: an expedited load reads host slots whose stores have completed and writes GPU
+  blocks that no unfinished store reads.
 * completion is an event per job, polled with ``event.query()`` in :meth:`get_finished`.
 * **the engine must not read GPU blocks written by a load (nor reuse GPU blocks read by a store)
   before the job is reported by** :meth:`get_finished` **or waited for with** :meth:`wait`.
@@ -42,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvoffload.checks import check_int
+from kvoffload.checks import check_bool, check_int
 from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
@@ -193,8 +198,10 @@ class TransferWorker:
         self.paths = DataPath(self.backend, table, path, config=config)
         self.host_pool = HostPool(num_slots, slot_bytes, device=self.device, memory=host_memory, offset=host_offset)
         self._stream: Any = None
+        self._expedited_stream: Any = None
         if self._cuda:
             self._stream = torch.cuda.Stream(device=self.device, priority=STREAM_PRIORITY)
+            self._expedited_stream = torch.cuda.Stream(device=self.device, priority=STREAM_PRIORITY)
         # every host offset is slot * slot_bytes + k * record_bytes_g: one alignment for all jobs
         host_bits = self.host_pool.buffer.data_ptr() | slot_bytes | int(np.bitwise_or.reduce(record_bytes))
         stream_ctx = torch.cuda.stream(self._stream) if self._cuda else contextlib.nullcontext()
@@ -235,7 +242,9 @@ class TransferWorker:
             f"GPULoadStoreSpec) for a load, got ({type(src).__name__}, {type(dst).__name__})"
         )
 
-    def transfer_async(self, job_id: int, spec: tuple[LoadStoreSpec, LoadStoreSpec], *, after: Any = None) -> bool:
+    def transfer_async(
+        self, job_id: int, spec: tuple[LoadStoreSpec, LoadStoreSpec], *, after: Any = None, expedited: bool = False
+    ) -> bool:
         """Submit one job. Never waits for the device.
 
         Args:
@@ -247,6 +256,8 @@ class TransferWorker:
                 wrote the KV a store reads), a ``torch.cuda.Stream`` (everything enqueued on it so
                 far), or a sequence of them. None (default): the calling thread's current stream
                 of the cache's device. Must be None without CUDA.
+            expedited: a load that must not queue behind earlier transfers (see the module
+                docstring); it runs on the worker's second stream. Only for loads.
 
         Returns:
             True: the job was accepted and exactly one :class:`TransferResult` will be reported
@@ -264,13 +275,17 @@ class TransferWorker:
             return False
         check_not_capturing(self.device, "TransferWorker.transfer_async")
         producers = worker_args.producer_events(after, self._cuda)
+        expedited = check_bool(expedited, "expedited")
         jid, arrays, store = self._parse(job_id, spec)
+        if expedited and store:
+            raise InvalidArgumentError(f"job {jid}: only loads can be expedited, got a store")
         kind = STORE if store else LOAD
         if len(arrays) == 0:
             self._finished.append(TransferResult(jid, True, 0, 0.0, kind))
             return True
         if self._cuda:
-            self._submit_cuda(jid, arrays, store, kind, producers)
+            stream = self._expedited_stream if expedited else self._stream
+            self._submit_cuda(jid, arrays, store, kind, producers, stream)
         else:
             self._run_sync(jid, arrays, store, kind)
         return True
@@ -303,9 +318,8 @@ class TransferWorker:
         self._finished.append(TransferResult(jid, True, arrays.transfer_size, time.perf_counter() - t0, kind))
 
     def _submit_cuda(
-        self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str], producers: list[Any]
+        self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str], producers: list[Any], stream: Any
     ) -> None:
-        stream = self._stream
         ok = True
         try:
             with torch.cuda.device(self.device):
@@ -400,6 +414,7 @@ class TransferWorker:
         if self._stream is not None and self._inflight:
             try:
                 self._stream.synchronize()
+                self._expedited_stream.synchronize()
             except Exception:
                 logger.exception("transfer worker: CUDA error while draining at shutdown")
                 for job in self._inflight.values():

@@ -195,7 +195,7 @@ def test_on_request_finished_list_and_array_forms_agree(policy: str) -> None:
     rng = random.Random(3)
     cores = [CPUOffloadingManager(16, cache_policy=policy) for _ in range(2)]
     for step in range(60):
-        keys = [k(rng.randrange(40)) for _ in range(rng.randint(1, 8))]
+        keys = list(dict.fromkeys(k(rng.randrange(40)) for _ in range(rng.randint(1, 8))))  # distinct: the contract
         uniq = list(dict.fromkeys(keys))
         inserted = {x for x in uniq if rng.random() < 0.4}
         reused = {x for x in uniq if rng.random() < 0.4}

@@ -36,8 +36,9 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 class _Backend:
-    """Wraps the transfer worker's data path (its ``pack``/``unpack``): ``fail_pack``/``fail_unpack``
-    make that many calls raise, ``noop_unpack`` makes loads move nothing."""
+    """Wraps the transfer worker's data path (its checked ``pack``/``unpack`` and the ``run`` of a
+    job the worker mapped): ``fail_pack``/``fail_unpack`` make that many stores/loads raise,
+    ``noop_unpack`` makes loads move nothing."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -45,17 +46,25 @@ class _Backend:
         self.fail_unpack = 0
         self.noop_unpack = False
 
-    def pack(self, *args: Any) -> None:
-        if self.fail_pack:
+    def _moves(self, store: bool) -> bool:
+        """Raise an injected failure, or say whether the copy is to run."""
+        if store and self.fail_pack:
             self.fail_pack -= 1
             raise RuntimeError("injected store failure")
-        self.inner.pack(*args)
-
-    def unpack(self, *args: Any) -> None:
-        if self.fail_unpack:
+        if not store and self.fail_unpack:
             self.fail_unpack -= 1
             raise RuntimeError("injected load failure")
-        if not self.noop_unpack:
+        return store or not self.noop_unpack
+
+    def run(self, job: Any, to_host: bool) -> Any:
+        return self.inner.run(job, to_host) if self._moves(to_host) else "direct"
+
+    def pack(self, *args: Any) -> None:
+        if self._moves(True):
+            self.inner.pack(*args)
+
+    def unpack(self, *args: Any) -> None:
+        if self._moves(False):
             self.inner.unpack(*args)
 
     def __getattr__(self, name: str) -> Any:

@@ -72,6 +72,11 @@ def test_failed_store_makes_its_chunks_unloadable_and_is_reported() -> None:
         def unpack(self, *args: object) -> None:
             inner.unpack(*args)
 
+        def run(self, job: object, to_host: bool) -> object:
+            if to_host:
+                raise RuntimeError("injected")
+            return inner.run(job, to_host)
+
         def __getattr__(self, name: str) -> object:
             return getattr(inner, name)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.mooncake import read_mooncake_trace
 from kvoffload.sim.null_worker import NullTransferWorker
-from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_infinite
+from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_belady_heap, replay_infinite
 from tests.keys import POLICIES
 from tests.sim.mooncake_traces import random_mooncake, write_mooncake
 
@@ -28,19 +29,31 @@ def _trace(tmp_path: Path, n: int, seed: int, trace_block: int = 64, block: int 
     return BlockTrace.from_mooncake(read_mooncake_trace(path, trace_block), trace_block, block)
 
 
-def reference_lru(requests: list[list[int]], capacity: int) -> tuple[list[int], int]:
-    """Per-request hits and evictions of an LRU over block ids, written from the rules alone:
-    a hit is the leading run of the request's blocks in the cache; then every present block of
-    the request is used (the head of the prompt most recently); the blocks after the hit that are
-    absent are stored, evicting the least recent blocks not present in that store batch; if that
-    cannot make room, nothing is stored."""
+@dataclass
+class LRUTotals:
+    """What :func:`reference_lru` counts: hit blocks per request, blocks evicted, blocks stored,
+    requests whose store found no room, and the distinct blocks ever stored."""
+
+    hits: list[int] = field(default_factory=list)
+    evictions: int = 0
+    stored: int = 0
+    failed: int = 0
+    ever_stored: set[int] = field(default_factory=set)
+
+
+def reference_lru(requests: list[list[int]], capacity: int) -> LRUTotals:
+    """An LRU over block ids, written from the rules alone: a hit is the leading run of the
+    request's blocks in the cache; then every present block of the request is used (the head of
+    the prompt most recently); the blocks after the hit that are absent are stored, evicting the
+    least recent blocks not present in that store batch; if that cannot make room, nothing is
+    stored (a failed store)."""
     cache: OrderedDict[int, None] = OrderedDict()  # least recent first
-    hits, evictions = [], 0
+    out = LRUTotals()
     for blocks in requests:
         h = 0
         while h < len(blocks) and blocks[h] in cache:
             h += 1
-        hits.append(h)
+        out.hits.append(h)
         for b in reversed(blocks):
             if b in cache:
                 cache.move_to_end(b)
@@ -53,13 +66,16 @@ def reference_lru(requests: list[list[int]], capacity: int) -> tuple[list[int], 
             keep = set(offered)
             victims = list(islice((b for b in cache if b not in keep), need))
             if len(victims) < need:
+                out.failed += 1
                 continue
             for v in victims:
                 del cache[v]
-            evictions += need
+            out.evictions += need
         for b in new:
             cache[b] = None
-    return hits, evictions
+        out.stored += len(new)
+        out.ever_stored.update(new)
+    return out
 
 
 def _requests(bt: BlockTrace) -> list[list[int]]:
@@ -72,10 +88,11 @@ def test_lru_matches_an_independent_ordered_dict_lru(tmp_path: Path, seed: int) 
     reqs = _requests(bt)
     for capacity in (1, 4, 9, 25, 60, 200, bt.num_blocks):
         got = replay_cache(bt, "lru", capacity)
-        hits, evictions = reference_lru(reqs, capacity)
-        assert got.per_request.tolist() == hits, capacity
-        assert got.evictions == evictions
-        assert got.hit_blocks == sum(hits)
+        want = reference_lru(reqs, capacity)
+        assert got.per_request.tolist() == want.hits, capacity
+        assert (got.evictions, got.stored_blocks, got.failed_stores) == (want.evictions, want.stored, want.failed)
+        assert got.distinct_stored == len(want.ever_stored)
+        assert got.hit_blocks == sum(want.hits)
 
 
 def test_belady_bounds_every_policy_and_infinite_bounds_belady(tmp_path: Path) -> None:
@@ -124,6 +141,21 @@ def test_belady_is_the_optimum_on_tiny_traces(tmp_path: Path) -> None:
         plan = BeladyPlan(bt)
         for capacity in (1, 2, 3):
             assert replay_belady(plan, capacity).hit_blocks == _brute_force_best(reqs, capacity), (seed, capacity)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_belady_without_eviction_equals_the_heap_replay(tmp_path: Path, seed: int) -> None:
+    """At or above the plan's peak of held blocks Belady is computed without the replay: the same
+    result as the heap replay, field for field; the peak is exact (one block less evicts)."""
+    bt = _trace(tmp_path, 120, 40 + seed)
+    plan = BeladyPlan(bt)
+    assert replay_belady_heap(plan, plan.peak_held - 1).evictions > 0
+    assert replay_belady_heap(plan, plan.peak_held).evictions == 0
+    for capacity in (plan.peak_held - 1, plan.peak_held, plan.peak_held + 1, bt.num_blocks):
+        got, want = replay_belady(plan, capacity), replay_belady_heap(plan, capacity)
+        assert got.per_request.tolist() == want.per_request.tolist(), capacity
+        same = ("hit_blocks", "hit_tokens", "stored_blocks", "evictions", "distinct_stored", "prompt_tokens")
+        assert [getattr(got, f) for f in same] == [getattr(want, f) for f in same], capacity
 
 
 def test_infinite_hits_the_leading_run_of_blocks_seen_before(tmp_path: Path) -> None:

@@ -210,7 +210,7 @@ def test_permission_denied_fails_the_stores_counted() -> None:
         ("disk:/tmp/x?colour=red", {}, ValueError, "colour"),
         ("disk:/tmp/x", {"max_bytes": 0}, ValueError, "max_bytes"),
         ("disk:/tmp/x", {"o_direct": "yes"}, TypeError, "o_direct"),
-        ("s3://bucket", {}, ValueError, "expected redis"),
+        ("s3://bucket", {}, ValueError, "unknown scheme .s3.; expected one of disk:, redis:"),
     ],
 )
 def test_bad_specs_and_options_raise_typed_errors(spec: str, kw: dict, err: type, needle: str) -> None:

@@ -55,9 +55,13 @@ def _stored_then(redis_url: str, protocol: int, tamper: bytes | None, integrity_
             r.delete(t.store_key(KEY))
         else:
             r.set(t.store_key(KEY), tamper)
-        before = recs[1].copy()
+        before = recs.copy()
         assert run_job(t, "load", 2, [KEY], [1]) == (False,)
-        np.testing.assert_array_equal(recs[1], before)  # nothing written into the slot
+        # a load lands in its slot and is checked there: a rejected value leaves the failed slot's
+        # bytes unspecified (contract §8), an absent one writes nothing; no other slot changes
+        if tamper is None:
+            np.testing.assert_array_equal(recs[1], before[1])
+        np.testing.assert_array_equal(recs[0], before[0])
         return t.stats()
 
 

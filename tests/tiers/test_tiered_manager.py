@@ -62,7 +62,7 @@ def test_write_through_then_promotion_in_another_manager(redis_url: str) -> None
     a.close()
 
     rec_b = np.zeros((8, RB), np.uint8)
-    b = TieredManager(CPUOffloadingManager(8), [RedisTier(rec_b, NS, redis_url)])
+    b = TieredManager(CPUOffloadingManager(8), [RedisTier(rec_b, NS, redis_url)], max_promoted_blocks=8)
     codes = b.lookup_batch(keys, CTX)  # host pool misses, tier not probed yet: defer
     assert (codes == LOOKUP_PENDING).all()
     assert (_settle(b, keys) == LOOKUP_HIT).all()
@@ -132,7 +132,7 @@ def test_no_room_in_the_host_pool_means_miss_not_deferral(redis_url: str) -> Non
     assert out is not None
     primary.complete_store(other, CTX)
     primary.prepare_load(other, CTX)  # both slots pinned: nothing can be evicted
-    m = TieredManager(primary, [RedisTier(np.zeros((2, RB), np.uint8), NS, redis_url)])
+    m = TieredManager(primary, [RedisTier(np.zeros((2, RB), np.uint8), NS, redis_url)], max_promoted_blocks=3)
     assert (_settle(m, keys) == LOOKUP_MISS).all()
     assert m.usage()[0].promotions_refused == 3
     primary.complete_load(other, CTX)
@@ -210,7 +210,7 @@ def test_bad_arguments_are_typed_errors(redis_url: str) -> None:
 
 
 def test_the_readme_acl_is_enough(redis_server: RedisServer) -> None:
-    """The README's least-privilege ACL user can probe, write, read and delete (rejected values)."""
+    """The least-privilege ACL user of docs/tiers.md can probe, write, read and delete (rejected values)."""
     redis_server.cli("flushall")
     redis_server.cli(
         "acl", "setuser", "kvoffload", "reset", "on", ">readme-pw", "~kvo:*", "-@all",
@@ -227,7 +227,7 @@ def test_the_readme_acl_is_enough(redis_server: RedisServer) -> None:
     assert a.usage()[0].blocks_written == 3 and a.tiers[0].stats().errors == 0
     a.close()
     rec_b = np.zeros((4, RB), np.uint8)
-    b = TieredManager(CPUOffloadingManager(4), [RedisTier(rec_b, NS, url)])
+    b = TieredManager(CPUOffloadingManager(4), [RedisTier(rec_b, NS, url)], max_promoted_blocks=4)
     assert (_settle(b, keys) == LOOKUP_HIT).all()
     np.testing.assert_array_equal(rec_b[b.prepare_load(keys, CTX).block_ids], src)
     b.complete_load(keys, CTX)

@@ -113,14 +113,12 @@ class ARCPolicy(CachePolicy):
         to T2 or is refreshed in T2; other keys are left alone. Ghost lists are not consulted
         here (that happens at store time, :meth:`on_store_miss`)."""
         if slots.__class__ is list:
-            seen: set[int] = set()
             member = self._member_mv
             stay, promote, to_t2 = [], [], []
-            # last key first, each slot at its first occurrence only: walk forward, prepend in reverse
+            # last key first: walk forward, prepend in reverse
             for s, ins, reu in zip(slots, inserted_only, reused, strict=True):
-                if s < 0 or s in seen:
+                if s < 0:
                     continue
-                seen.add(s)
                 if member[s] == _T1:
                     if ins:
                         stay.append(s)
@@ -138,12 +136,7 @@ class ARCPolicy(CachePolicy):
         present = slots >= 0  # type: ignore[operator]
         if not present.any():
             return
-        idx = present.nonzero()[0]
-        sl = slots[idx]  # type: ignore[call-overload]
-        _, first = np.unique(sl, return_index=True)
-        if len(first) != len(sl):  # keep each slot's first occurrence
-            idx = idx[np.sort(first)]
-        idx = idx[::-1]
+        idx = present.nonzero()[0][::-1]
         rp = slots[idx]  # type: ignore[call-overload]
         ins, reu = inserted_only[idx], reused[idx] & ~inserted_only[idx]  # type: ignore[call-overload]
         in_t1 = self.member[rp] == _T1

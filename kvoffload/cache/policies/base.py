@@ -100,7 +100,7 @@ class CachePolicy(ABC):
     ) -> None:
         """One finished request's accesses, applied at once (request-scoped engines).
 
-        ``keys`` head first (the first ends up most recent), ``slots[i]`` its slot or -1;
+        ``keys`` distinct, head first (the first ends up most recent), ``slots[i]`` its slot or -1;
         ``inserted_only[i]`` / ``reused[i]`` (bools): the request only stored the key /
         read a ready copy of it. The default treats every key as touched.
         """

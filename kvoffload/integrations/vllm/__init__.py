@@ -12,13 +12,13 @@ Turn it on with vLLM's ``--kv-transfer-config``::
 
 ``KVOffloadConnector`` is vLLM's own ``OffloadingConnector`` plus the one thing it lacks: it reports
 blocks whose load failed, so that vLLM recomputes them. With ``"kv_connector": "OffloadingConnector"``
-everything else works the same (see :class:`KVOffloadSpec` for the keys and the README's
-"Use it from vLLM" section).
+everything else works the same (see :class:`KVOffloadSpec` for the keys and docs/vllm.md).
 
-Shared tiers: ``KVOffloadRedisTier`` and ``KVOffloadDiskTier`` are vLLM secondary tiers
-(``"secondary_tiers": [{"type": "KVOffloadRedisTier", "module_path":
-"kvoffload.integrations.vllm", "url": "redis://..."}]``), usable in vLLM's own
-``TieringOffloadingSpec`` and in ``KVOffloadSpec`` (which also takes vLLM's ``fs``, ``obj``...).
+Shared tiers: ``KVOffloadTier`` is any registered kvoffload tier as a vLLM secondary tier
+(``"secondary_tiers": [{"type": "KVOffloadTier", "module_path": "kvoffload.integrations.vllm",
+"url": "redis://..."}]``; ``KVOffloadRedisTier`` and ``KVOffloadDiskTier`` are its older names),
+usable in vLLM's own ``TieringOffloadingSpec`` and in ``KVOffloadSpec`` (which also takes vLLM's
+``fs``, ``obj``...).
 
 Importing this module imports vLLM; ``import kvoffload`` never does.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 from kvoffload.integrations.vllm.connector import KVOffloadConnector
 from kvoffload.integrations.vllm.manager import KVOffloadManager
 from kvoffload.integrations.vllm.spec import KVOffloadSpec
-from kvoffload.integrations.vllm.tiers import KVOffloadDiskTier, KVOffloadRedisTier
+from kvoffload.integrations.vllm.tiers import KVOffloadDiskTier, KVOffloadRedisTier, KVOffloadTier
 from kvoffload.integrations.vllm.worker import KVOffloadWorker
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "KVOffloadConnector",
     "KVOffloadManager",
     "KVOffloadWorker",
+    "KVOffloadTier",
     "KVOffloadRedisTier",
     "KVOffloadDiskTier",
 ]

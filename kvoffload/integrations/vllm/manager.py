@@ -2,7 +2,7 @@
 :class:`~kvoffload.cache.manager.CPUOffloadingManager` (request recording on, the reuse filter
 counting store offers as vLLM does), converted to vLLM's types here.
 
-Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in the README):
+Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in docs/vllm.md):
 
 * keys repeated inside one call are reduced to their first occurrence (kvoffload's manager
   rejects repeats; vLLM's manager tolerates them) -- once, at this door: each call's keys are

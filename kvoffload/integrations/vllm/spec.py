@@ -17,9 +17,12 @@ Keys read from ``kv_connector_extra_config`` (the same as vLLM's own CPU spec, p
 * ``offload_prompt_only``: read by vLLM's connector itself (default True).
 * ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``page_loop`` / ``module:Class``;
   default: ``KVOFFLOAD_BACKEND`` or the device's default (Triton on CUDA).
+* ``canonical_layout`` (vLLM 0.33): not implemented; set, it is an ``InvalidArgumentError`` at start
+  (never accepted and ignored).
 * ``secondary_tiers``: tiers beneath the CPU pool, as in vLLM's ``TieringOffloadingSpec``: a list
-  of ``{"type": ..., ["module_path": ...], ...tier options}`` -- kvoffload's ``KVOffloadRedisTier``
-  / ``KVOffloadDiskTier`` (``module_path`` ``kvoffload.integrations.vllm``) or vLLM's own ``fs``,
+  of ``{"type": ..., ["module_path": ...], ...tier options}`` -- kvoffload's ``KVOffloadTier``
+  (any registered kvoffload tier by ``url``; aliases ``KVOffloadRedisTier`` / ``KVOffloadDiskTier``;
+  ``module_path`` ``kvoffload.integrations.vllm``) or vLLM's own ``fs``,
   ``obj``, ``p2p``... (``backpressure``, per tier or top-level, as in vLLM). Checked at start: not
   a list, or an unknown type, is an ``InvalidArgumentError`` (a ``ValueError``). With tiers, the
   scheduler runs vLLM's own ``TieringOffloadingManager`` with kvoffload's manager as its primary
@@ -94,6 +97,12 @@ class KVOffloadSpec(OffloadingSpec):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         extra = self.extra_config
+        if extra.get("canonical_layout") or getattr(config, "canonical_layout", False):
+            raise InvalidArgumentError(
+                "kv_connector_extra_config['canonical_layout']: kvoffload does not implement vLLM's canonical "
+                "per-layer host layout (KV shared across tensor-parallel sizes); its host records are laid out "
+                "per worker. Remove canonical_layout, or use vLLM's own CPU offloading for it."
+            )
         cpu_bytes = _int(extra, "cpu_bytes_to_use", 0)
         if cpu_bytes <= 0:
             raise InvalidArgumentError("kv_connector_extra_config['cpu_bytes_to_use'] must be a positive byte count")

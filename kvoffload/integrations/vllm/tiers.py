@@ -1,8 +1,12 @@
-"""kvoffload's tiers as vLLM secondary tiers: ``KVOffloadRedisTier`` and ``KVOffloadDiskTier``.
+"""Any kvoffload tier as a vLLM secondary tier: ``KVOffloadTier`` (and its aliases ``KVOffloadRedisTier``,
+``KVOffloadDiskTier``).
 
-Both implement vLLM's ``SecondaryTierManager`` (``vllm/v1/kv_offload/tiering/base.py``, vLLM 0.32 and
-0.33) over a :class:`kvoffload.tiers.Tier` whose records are the rows of the primary tier's
-memoryview (one CPU chunk per row). They run in vLLM's scheduler process and never block it:
+``KVOffloadTier`` implements vLLM's ``SecondaryTierManager`` (``vllm/v1/kv_offload/tiering/base.py``,
+vLLM 0.32 and 0.33) over any :class:`kvoffload.tiers.Tier` the tier registry resolves
+(:mod:`kvoffload.tiers.registry`: a URL scheme -- built-in, registered, or an installed package's
+``kvoffload.tiers`` entry point -- or a class named by ``tier_class`` + ``tier_module_path``), whose
+records are the rows of the primary tier's memoryview (one CPU chunk per row). It runs in vLLM's
+scheduler process and never blocks it:
 
 * ``lookup`` answers HIT / MISS from the tier's known verdicts and RETRY for a key whose probe is
   queued or in flight; ``on_schedule_end`` sends the step's queued keys as one probe batch;
@@ -12,29 +16,33 @@ memoryview (one CPU chunk per row). They run in vLLM's scheduler process and nev
 * ``get_stats`` reports the tier's own counters (values absent, rejected by namespace, by
   integrity, corrupt, deleted; redirected, timed-out, dropped writes, errors, probe round trips)
   under the metric names of :meth:`build_metric_definitions`;
-* with ``enable_kv_events`` (and vLLM's KV events on) ``take_events`` announces stored blocks.
+* with ``enable_kv_events`` (and vLLM's KV events on) ``take_events`` announces stored blocks,
+  and blocks the store removed (``removed=True``: a Redis tier then watches the server's keyspace
+  notifications, which need ``notify-keyspace-events Egex``; ``removal_events_off`` in its stats
+  says when they are off).
 
 Use from vLLM's own ``TieringOffloadingSpec`` (or kvoffload's ``KVOffloadSpec``)::
 
-    "secondary_tiers": [{"type": "KVOffloadRedisTier", "module_path": "kvoffload.integrations.vllm",
+    "secondary_tiers": [{"type": "KVOffloadTier", "module_path": "kvoffload.integrations.vllm",
                          "url": "redis://redis.internal:6379/0"},
-                        {"type": "KVOffloadDiskTier", "module_path": "kvoffload.integrations.vllm",
-                         "root_dir": "/mnt/kv", "max_bytes": 1099511627776}]
+                        {"type": "KVOffloadTier", "module_path": "kvoffload.integrations.vllm",
+                         "url": "disk:/mnt/kv", "max_bytes": 1099511627776}]
 
-Keys common to both (besides vLLM's own ``type``, ``module_path``, ``backpressure``): ``locality``
-(``LOCAL`` / ``REMOTE``), ``enable_kv_events``, ``namespace_tag``, ``hash_algo``, ``name``,
-``integrity_key`` (a secret, or a list of secrets: the first signs, all are accepted),
-``io_threads``, ``batch_keys``, ``max_pending_write_bytes``,
-``lookup_ttl_steps``, ``backoff_initial``, ``backoff_max``. Redis: ``url`` (required),
-``cluster``, ``username``, ``password``, ``socket_timeout``, ``connect_timeout``,
-``max_connections``, ``key_prefix``, ``ssl_ca_certs``, ``ssl_cert_reqs``, ``protocol``. Disk: ``root_dir``
-(required), ``max_bytes``, ``o_direct``. See the README's "Use it from vLLM".
+Keys (besides vLLM's own ``type``, ``module_path``, ``backpressure``): ``url`` (a tier URL) and/or
+``tier_class`` + ``tier_module_path`` (an out-of-tree :class:`~kvoffload.tiers.Tier` subclass),
+``locality`` (``LOCAL`` / ``REMOTE``; default: the tier class's), ``enable_kv_events``,
+``namespace_tag``, ``hash_algo``; every other key is an option of the tier's constructor
+(``probe_wait`` defaults to 0 here: vLLM's scheduler never waits on a tier)
+(``integrity_key``: a secret or a list, the first signs; ``io_threads``…; Redis: ``cluster``,
+``password``, ``protocol``…; disk: ``max_bytes``,
+``o_direct``), an unknown one a typed error at start. The aliases keep older configurations
+working: ``KVOffloadRedisTier`` (``url`` of a Redis), ``KVOffloadDiskTier`` (``root_dir``).
+See docs/vllm.md.
 """
 
 from __future__ import annotations
 
 import logging
-from abc import abstractmethod
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any, ClassVar
@@ -59,24 +67,12 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.integrations.vllm.manager import VLLM_LOOKUP
 from kvoffload.integrations.vllm.tier_namespace import namespace_from_offloading_spec
-from kvoffload.tiers import DiskTier, RedisTier, Tier, TierStats
+from kvoffload.tiers import RedisTier, Tier, TierSpec, TierStats, check_tier_spec
+from kvoffload.tiers.registry import resolve_tier, tier_options
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVOffloadRedisTier", "KVOffloadDiskTier", "KVOffloadSecondaryTier", "TIER_METRICS"]
-
-_GENERIC_OPTIONS = frozenset(
-    (
-        "name",
-        "integrity_key",
-        "io_threads",
-        "batch_keys",
-        "max_pending_write_bytes",
-        "lookup_ttl_steps",
-        "backoff_initial",
-        "backoff_max",
-    )
-)
+__all__ = ["KVOffloadTier", "KVOffloadRedisTier", "KVOffloadDiskTier", "TIER_METRICS"]
 
 #: metric name -> (TierStats field, documentation); counters labeled by ``tier``.
 TIER_METRICS: dict[str, tuple[str, str]] = {
@@ -139,14 +135,12 @@ def _records(primary_kv_view: memoryview) -> np.ndarray:
     return arr.view(np.uint8)
 
 
-class KVOffloadSecondaryTier(SecondaryTierManager):
-    """A vLLM secondary tier over a kvoffload :class:`~kvoffload.tiers.Tier` (see the module docstring).
+class KVOffloadTier(SecondaryTierManager):
+    """A vLLM secondary tier over any registered kvoffload :class:`~kvoffload.tiers.Tier` (see the
+    module docstring). Subclasses may turn their own keys into the tier spec (:meth:`_tier_spec`)."""
 
-    Subclasses set :attr:`backend_options` (the backend's own keys) and implement :meth:`_open`.
-    """
-
-    backend_options: ClassVar[frozenset[str]] = frozenset()
-    default_locality: ClassVar[Locality | None] = None
+    medium: ClassVar[Medium] = Medium.STORAGE
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
 
     def __init__(
         self,
@@ -161,19 +155,20 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
         hash_algo: str = "sha256",
         **options: Any,
     ) -> None:
-        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        unknown = sorted(set(options) - self.backend_options - _GENERIC_OPTIONS)
-        if unknown:
-            raise InvalidArgumentError(
-                f"secondary tier {tier_type!r}: unknown option(s) {unknown}; expected some of "
-                f"{sorted(self.backend_options | _GENERIC_OPTIONS | {'locality', 'enable_kv_events'})}"
-            )
+        # vLLM's scheduler must never wait on a tier: probes are answered by the next step's lookups
+        options.setdefault("probe_wait", 0.0)
+        where = f"secondary tier {tier_type!r}"
+        spec = self._tier_spec(where, options)
         try:
-            self.locality = Locality(locality) if locality is not None else self.default_locality
+            tier_cls, tier_kwargs = resolve_tier(spec, **options)
+        except (InvalidArgumentError, InvalidTypeError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+        try:
+            tier_locality = Locality(locality if locality is not None else tier_cls.locality)
         except ValueError:
-            raise InvalidArgumentError(
-                f"secondary tier {tier_type!r}: locality must be 'LOCAL' or 'REMOTE', got {locality!r}"
-            ) from None
+            raise InvalidArgumentError(f"{where}: locality must be 'LOCAL' or 'REMOTE', got {locality!r}") from None
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.locality = tier_locality
         records = _records(primary_kv_view)
         self.namespace = namespace_from_offloading_spec(
             offloading_spec, records.shape[1], hash_algo=hash_algo, tag=namespace_tag
@@ -183,15 +178,30 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
             if offloading_spec.kv_events_config.enable_kv_cache_events:
                 self._events = []
             else:
-                logger.warning("secondary tier %r: enable_kv_events is set but vLLM's KV events are off", tier_type)
-        self.tier: Tier = self._open(records, options)
+                logger.warning("%s: enable_kv_events is set but vLLM's KV events are off", where)
+        if self._events is not None and "removal_events" in tier_options(tier_cls):
+            tier_kwargs.setdefault("removal_events", True)  # the store's own removals become events too
+        self.tier: Tier = tier_cls(records, self.namespace, **tier_kwargs)
         self._label = (f"{tier_type}:{self.tier.name}",)
         self._open_jobs: set[int] = set()  # submitted, not yet reported
         self._reported = TierStats()
 
-    @abstractmethod
-    def _open(self, records: np.ndarray, options: dict[str, Any]) -> Tier:
-        """The kvoffload tier over ``records`` (the primary rows), from the backend's ``options``."""
+    def _tier_spec(self, where: str, options: dict[str, Any]) -> TierSpec:
+        """The registry spec of this configuration, its keys popped from ``options``: ``url``
+        and/or ``tier_class`` + ``tier_module_path``."""
+        url = options.pop("url", None)
+        cls_name, module_path = options.pop("tier_class", None), options.pop("tier_module_path", None)
+        if cls_name is None and module_path is None:
+            if not isinstance(url, str) or not url:
+                raise InvalidTypeError(
+                    f"{where}: 'url' (a tier URL: redis://…, disk:/…, a registered scheme) or 'tier_class' and "
+                    f"'tier_module_path' is required, got url={url!r}"
+                )
+            return url
+        spec: dict[str, Any] = {"type": cls_name, "module_path": module_path}
+        if url is not None:
+            spec["url"] = url
+        return spec
 
     # ------------------------------------------------------------------ lookups
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -244,6 +254,13 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
         self.tier.drain()
 
     def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events is None:
+            return
+        removed = self.tier.take_removed()
+        if removed:  # evicted, expired or deleted in the store (removal_events)
+            self._events.append(
+                OffloadingEvent(keys=removed, medium=Medium.STORAGE, removed=True, locality=self.locality)
+            )
         if self._events:
             events, self._events = self._events, []
             yield from events
@@ -280,52 +297,27 @@ class KVOffloadSecondaryTier(SecondaryTierManager):
         return {"kvoffload_namespace": self.tier.fingerprint.hex()}
 
 
-class KVOffloadRedisTier(KVOffloadSecondaryTier):
-    """kvoffload's :class:`~kvoffload.tiers.RedisTier` as a vLLM secondary tier (key ``url`` required).
+class KVOffloadRedisTier(KVOffloadTier):
+    """``KVOffloadTier`` on a Redis URL (``redis://``, ``rediss://``, ``unix://``; key ``url`` required).
 
     Values are shared by every engine of the same namespace on that Redis (or Redis Cluster).
     """
 
-    medium: ClassVar[Medium] = Medium.STORAGE
-    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
-    default_locality: ClassVar[Locality | None] = Locality.REMOTE
-    backend_options: ClassVar[frozenset[str]] = frozenset(
-        (
-            "url",
-            "cluster",
-            "username",
-            "password",
-            "socket_timeout",
-            "connect_timeout",
-            "max_connections",
-            "protocol",
-            "key_prefix",
-            "ssl_ca_certs",
-            "ssl_cert_reqs",
-        )
-    )
-
-    def _open(self, records: np.ndarray, options: dict[str, Any]) -> Tier:
+    def _tier_spec(self, where: str, options: dict[str, Any]) -> TierSpec:
         url = options.pop("url", None)
-        if not isinstance(url, str) or not url:
-            raise InvalidTypeError(
-                f"secondary tier {self.tier_type!r}: 'url' (redis://host:port, rediss://..., unix://...) is required"
-            )
-        return RedisTier(records, self.namespace, url, **options)
+        if not isinstance(url, str) or not url or not issubclass(check_tier_spec(url), RedisTier):
+            raise InvalidTypeError(f"{where}: 'url' (redis://host:port, rediss://..., unix://...) is required")
+        return url
 
 
-class KVOffloadDiskTier(KVOffloadSecondaryTier):
-    """kvoffload's :class:`~kvoffload.tiers.DiskTier` as a vLLM secondary tier (key ``root_dir`` required).
+class KVOffloadDiskTier(KVOffloadTier):
+    """``KVOffloadTier`` on a directory (key ``root_dir`` required; engines sharing it share its values)."""
 
-    Engines sharing ``root_dir`` (a shared volume) share its values.
-    """
+    medium: ClassVar[Medium] = Medium.STORAGE  # vLLM derives the DISK hit source from it
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.DISK
 
-    medium: ClassVar[Medium] = Medium.STORAGE
-    default_locality: ClassVar[Locality | None] = Locality.LOCAL
-    backend_options: ClassVar[frozenset[str]] = frozenset(("root_dir", "max_bytes", "o_direct"))
-
-    def _open(self, records: np.ndarray, options: dict[str, Any]) -> Tier:
+    def _tier_spec(self, where: str, options: dict[str, Any]) -> TierSpec:
         root = options.pop("root_dir", None)
         if not isinstance(root, str) or not root:
-            raise InvalidTypeError(f"secondary tier {self.tier_type!r}: 'root_dir' (a directory) is required")
-        return DiskTier(records, self.namespace, root, **options)
+            raise InvalidTypeError(f"{where}: 'root_dir' (a directory) is required")
+        return {"type": "DiskTier", "module_path": "kvoffload.tiers.disk_tier", "path": root}

@@ -97,17 +97,22 @@ class KVOffloadWorker(OffloadingWorker):
         self._load_errors: set[int] = set()
         self._failed_stores: set[int] = set()
         self._failed_loads: set[int] = set()
-        #: jobs reported so far, by outcome: "stores", "loads", "failed_stores", "failed_loads"
-        self.counts = dict.fromkeys(("stores", "loads", "failed_stores", "failed_loads"), 0)
+        #: jobs reported so far, by outcome: "stores", "loads", "failed_stores", "failed_loads";
+        #: "expedited_loads": loads submitted as expedited
+        self.counts = dict.fromkeys(("stores", "loads", "failed_stores", "failed_loads", "expedited_loads"), 0)
 
     # ------------------------------------------------------------------ submit
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         return self._submit(job_id, src_spec, dst_spec, store=True)
 
     def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
-        return self._submit(job_id, dst_spec, src_spec, store=False)
+        """A CPU -> GPU load; ``expedited`` (vLLM 0.33: a load the engine waits for within the step)
+        runs on the transfer worker's second stream, ahead of the transfers queued before it."""
+        if expedited:
+            self.counts["expedited_loads"] += 1
+        return self._submit(job_id, dst_spec, src_spec, store=False, expedited=bool(expedited))
 
-    def _submit(self, job_id: int, gpu: Any, cpu: Any, store: bool) -> bool:
+    def _submit(self, job_id: int, gpu: Any, cpu: Any, store: bool, expedited: bool = False) -> bool:
         try:
             gspec, cspec = _gpu_spec(gpu), CPULoadStoreSpec(np.asarray(cpu.block_ids, dtype=np.int64))
         except Exception:
@@ -126,7 +131,7 @@ class KVOffloadWorker(OffloadingWorker):
             return True
         pair = (gspec, cspec) if store else (cspec, gspec)
         try:
-            accepted = self.transfer_worker.transfer_async(job_id, pair)
+            accepted = self.transfer_worker.transfer_async(job_id, pair, expedited=expedited)
         except Exception:
             logger.exception("offloading job %d rejected", job_id)
             accepted = False

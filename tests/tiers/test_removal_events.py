@@ -1,0 +1,114 @@
+"""Removal events of the Redis tier against a real ``redis-server``: every key of the tier the server
+evicts (small ``maxmemory``, ``allkeys-lru``), expires or sees deleted by another client is reported
+once by ``take_removed``, and nothing else is; with notifications off the stats say so."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS
+from kvoffload.testing.redis_server import RedisServer
+from kvoffload.tiers import RedisTier
+from kvoffload.tiers.redis_events import notifications_missing
+from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job, settle
+
+RB = 256 << 10
+
+
+def _removed_until(t: RedisTier, want: int, timeout: float = 10.0) -> list[bytes]:
+    out: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        out += t.take_removed()
+        time.sleep(0.02)
+    time.sleep(0.2)  # and nothing more arrives
+    return out + t.take_removed()
+
+
+def test_every_evicted_key_yields_one_event_and_nothing_else(tmp_path: Path) -> None:
+    require_redis()
+    srv = RedisServer(tmp_path / "small", maxmemory="6mb", extra=("--notify-keyspace-events", "Egex")).start()
+    try:
+        n = 48  # 12 MiB of values into 6 MiB: the server evicts
+        recs = make_records(n, RB, seed=1)
+        keys = make_keys(n)
+        with RedisTier(recs, NS, srv.url, io_threads=1, batch_keys=1, removal_events=True) as t:
+            assert t._watcher is not None and t._watcher.wait_subscribed(10)
+            # another client's keys, outside the tier's prefix: their evictions are not the tier's
+            redis.Redis(port=srv.port).set(b"someone-else", b"x" * 1000)
+            assert all(run_job(t, "store", 1, keys, list(range(n))))
+            client = redis.Redis(port=srv.port)
+            evicted = int(client.info("stats")["evicted_keys"])
+            present = {k for k in keys if client.exists(t.store_key(k))}
+            assert evicted > 0 and 0 < len(present) < n
+            removed = _removed_until(t, n - len(present))
+            assert len(removed) == len(set(removed))  # one event per key
+            assert set(removed) == set(keys) - present  # exactly the evicted keys of this tier
+            assert t.stats().removals == len(removed) and t.stats().removal_events_off == 0
+            # another client deletes one: one event; the tier's cached hit becomes a miss
+            keep = sorted(present)[0]
+            assert settle(t, [keep])[0] == LOOKUP_HIT
+            client.delete(t.store_key(keep))
+            assert _removed_until(t, 1) == [keep]
+            assert t.lookup([keep])[0] == LOOKUP_MISS
+            # an expiry: one event
+            other = sorted(present)[1]
+            client.pexpire(t.store_key(other), 1)
+            assert _removed_until(t, 1) == [other]
+    finally:
+        srv.stop()
+
+
+def test_notifications_off_are_reported_never_fatal(redis_server: RedisServer, redis_url: str) -> None:
+    redis_server.cli("config", "set", "notify-keyspace-events", "")
+    recs = make_records(2, 4096, seed=2)
+    with RedisTier(recs, NS, redis_url, removal_events=True) as t:
+        assert t._watcher is not None and t._watcher.wait_subscribed(10)
+        assert run_job(t, "store", 1, make_keys(1), [0]) == (True,)
+        redis.Redis.from_url(redis_url).delete(t.store_key(make_keys(1)[0]))
+        time.sleep(0.3)
+        assert t.take_removed() == []
+        st = t.stats()
+        assert st.removal_events_off == 1 and st.removals == 0
+        np.testing.assert_array_equal(recs[0], make_records(2, 4096, seed=2)[0])
+
+
+def test_notification_flags() -> None:
+    assert notifications_missing("Egex") == ""
+    assert notifications_missing("KEA") == ""
+    assert notifications_missing("") == "Eexg"
+    assert notifications_missing("Ex") == "eg"
+
+
+def test_removals_are_the_tiered_managers_events(tmp_path: Path) -> None:
+    """kvoffload's own event stream: a key another client deletes comes out of the tiered manager's
+    ``take_events`` once, as a removal on the tier's medium."""
+    from kvoffload.cache.manager import CPUOffloadingManager
+    from kvoffload.cache.tiered import TieredManager
+
+    require_redis()
+    srv = RedisServer(tmp_path / "ev", extra=("--notify-keyspace-events", "Egex")).start()
+    try:
+        recs = make_records(4, 4096, seed=3)
+        tier = RedisTier(recs, NS, srv.url, removal_events=True)
+        m = TieredManager(CPUOffloadingManager(4), [tier])
+        try:
+            assert tier._watcher is not None and tier._watcher.wait_subscribed(10)
+            keys = make_keys(2)
+            assert run_job(tier, "store", 1, keys, [0, 1]) == (True, True)
+            redis.Redis(port=srv.port).delete(tier.store_key(keys[0]))
+            events: list = []
+            deadline = time.monotonic() + 10
+            while not events and time.monotonic() < deadline:
+                events = [e for e in m.take_events() if e.removed]
+                time.sleep(0.02)
+            assert [(e.keys, e.medium) for e in events] == [([keys[0]], tier.name)]
+            assert [e for e in m.take_events() if e.removed] == []
+        finally:
+            m.close()
+    finally:
+        srv.stop()
