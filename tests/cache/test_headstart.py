@@ -189,3 +189,17 @@ def test_two_turn_conversations_choose_no_head_start() -> None:
         if out is not None:
             m.complete_store(out.keys_to_store, CTX)
     assert m.policy.head_start == 0  # type: ignore[attr-defined]
+
+
+def test_small_touch_reaches_an_array_only_policy() -> None:
+    """headstart takes arrays only (``takes_lists`` False): a touch of a few keys, which the
+    manager resolves with scalar code, must still reach it (as an array)."""
+    m = CPUOffloadingManager(8, cache_policy="headstart")
+    assert not m.policy.takes_lists
+    keys = [key(i) for i in range(3)]
+    out = m.prepare_store(keys, CTX)
+    assert out is not None
+    m.complete_store(out.keys_to_store, CTX)
+    m.touch(keys[:2], CTX)
+    new, seen = m.policy.ordered_slots()  # type: ignore[attr-defined]
+    assert [m.table.keys[s] for s in seen] == [keys[1], keys[0]] and [m.table.keys[s] for s in new] == [keys[2]]
