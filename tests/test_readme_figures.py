@@ -1,0 +1,87 @@
+"""Every figure the README quotes comes from a committed results file (``bench/results/``) or is
+printed by a command shown beside it (an ``output of`` block, which ``tests/test_readme.py`` runs).
+
+``QUOTED`` reads each figure from its file and formats it as the README writes it; the README must
+contain it exactly, and every measured-looking number in the README's prose (a ratio, a share, a
+time, a rate) must be one of them: a hand-copied number that drifts from its file fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import pytest
+
+from tests.readme_blocks import README, marked_blocks
+
+RESULTS = README.parent / "bench" / "results"
+
+
+@cache
+def _results(name: str) -> dict[str, Any]:
+    return dict(json.loads((RESULTS / name).read_text())["sections"])
+
+
+def _vllm_manager_ratio() -> str:
+    rows = _results("cpu-intel-r-xeon-r-processor-vllm.json")["vllm"]["results"]["rows"]
+    (row,) = [r for r in rows if (r["setting"], r["policy"]) == ("256req-1e5", "lru")]
+    return f"{row['manager_ratio']:.2f}×"
+
+
+def _redis_load_ratios() -> str:
+    loads = [r["load_ratio"] for r in _results("cpu-intel-r-xeon-r-processor.json")["tiers"]["results"]["redis"]]
+    return f"{min(loads):.2f}–{max(loads):.2f}×"
+
+
+def _decode_step() -> str:
+    decode = _results("cpu-amd-epyc.json")["scheduler"]["results"]["decode"]
+    return f"{decode['us_per_step_mean']:.0f} µs"
+
+
+def _newcomer(step: str) -> Callable[[], str]:
+    def figure() -> str:
+        return f"{_results('cpu-intel-r-xeon-r-processor-newcomer.json')['newcomer']['results'][step]['wall_s']:.0f} s"
+
+    return figure
+
+
+def _newcomer_load() -> str:
+    steps = _results("cpu-intel-r-xeon-r-processor-newcomer.json")["newcomer"]["results"]
+    return f"load average {steps['first_make_demo']['load_average_before']:.0f}"
+
+
+#: the README's figures: what each is, and how to read it from its results file
+QUOTED: dict[str, Callable[[], str]] = {
+    "kvoffload's manager / vLLM's per step, LRU, 256req-1e5": _vllm_manager_ratio,
+    "Redis tier loads / redis-benchmark GETs, 1-4 MiB": _redis_load_ratios,
+    "scheduler decode step, 256 running requests": _decode_step,
+    "first make demo in a fresh clone": _newcomer("first_make_demo"),
+    "second make demo": _newcomer("second_make_demo"),
+    "machine load during the newcomer run": _newcomer_load,
+}
+
+#: a measured-looking number: a ratio, a share, a time or a rate (a range counts as one)
+FIGURE = re.compile(r"\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?(?:×|%|µs|ms|GB/s|s\b|min\b)")
+
+
+def _prose() -> str:
+    """The README without its code blocks, inline code and comments."""
+    text = re.sub(r"```.*?```", "", README.read_text(), flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    return re.sub(r"`[^`]*`", "", text)
+
+
+@pytest.mark.parametrize("what", sorted(QUOTED))
+def test_quoted_figure_matches_its_results_file(what: str) -> None:
+    assert QUOTED[what]() in README.read_text(), what
+
+
+def test_every_figure_in_the_prose_has_a_source() -> None:
+    sources = [f() for f in QUOTED.values()] + list(marked_blocks("output of").values())
+    found = FIGURE.findall(_prose())
+    assert len(found) >= len(QUOTED) - 1  # the load average is not a unit-bearing figure
+    assert [f for f in found if not any(f in s for s in sources)] == []
