@@ -294,6 +294,35 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
     return rows
 
 
+def compare_policies(s: Setting, repeats: int, policies: tuple[str, ...]) -> list[dict[str, Any]]:
+    """kvoffload's manager alone, one run per policy alternated, best of ``repeats``: µs per step
+    in the manager's calls and in the timed connector calls, each relative to the first policy's
+    (the cost of a policy inside vLLM; the policies may load differently, so tokens are not compared)."""
+    waves = _trace(s)
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+    for _ in range(repeats):
+        for p in policies:
+            runs[p].append(_run_once(s, waves, False, p))
+    best = {p: min(rs, key=lambda r: r["manager_us_per_step"]) for p, rs in runs.items()}
+    base = best[policies[0]]
+    rows = []
+    for p in policies:
+        b = best[p]
+        row = {
+            "setting": s.name,
+            "policy": p,
+            "steps": b["steps"],
+            "cpu_tier_loads": b["loads"],
+            "manager_us_per_step": round(b["manager_us_per_step"], 1),
+            "connector_us_per_step": round(b["us_per_step"], 1),
+            f"manager_vs_{policies[0]}": round(b["manager_us_per_step"] / base["manager_us_per_step"], 3),
+            f"connector_vs_{policies[0]}": round(b["us_per_step"] / base["us_per_step"], 3),
+        }
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def run(
     quick: bool = False,
     settings: tuple[str, ...] | None = None,
@@ -323,8 +352,30 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=None, help="runs per manager and policy (best counts)")
     ap.add_argument("--chunk-tokens", type=int, default=None, help="tokens per CPU chunk (default: the setting's)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument(
+        "--compare-policies",
+        default=None,
+        help="e.g. lru,headstart: kvoffload's manager alone with each policy (cost relative to the first), "
+        "written to bench/results/<machine>-vllm-policies.json",
+    )
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the harness's model config is local
+    if args.compare_policies:
+        pols = tuple(p for p in args.compare_policies.split(",") if p)
+        names = tuple(args.setting) if args.setting else REALISTIC
+        reps = args.repeats or 2
+        res: dict[str, Any] = {"repeats": reps, "policies": list(pols), "rows": []}
+        for name in names:
+            res["rows"] += compare_policies(SETTINGS[name], reps, pols)
+        if not args.no_write:
+            if str(ROOT) not in sys.path:
+                sys.path.insert(0, str(ROOT))
+            from bench import common
+
+            out = common.results_path()
+            path = out.with_name(out.stem + "-vllm-policies.json")
+            print(f"results: {common.write_section('vllm_policies', res, path)}")
+        return 0
     result = run(
         quick=args.quick,
         settings=tuple(args.setting) if args.setting else None,

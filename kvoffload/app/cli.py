@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from kvoffload.app.logs import add_log_level_option, configure_logging
 from kvoffload.errors import KVOffloadError
+from kvoffload.sim.suite import SUITE
 from kvoffload.sim.sweep import DTYPE_BYTES, MODEL_SHAPES
 
 
@@ -153,10 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace", default=None, help="JSONL trace (see docs/simulate.md); default: the demo's chat workload"
     )
     p_sim.add_argument(
+        "--suite",
+        choices=tuple(SUITE),
+        default=None,
+        help="a generated workload that breaks policies instead of a trace (kvoffload.sim.suite; --seed applies)",
+    )
+    p_sim.add_argument(
         "--trace-format",
-        choices=("auto", "kvoffload", "mooncake"),
+        choices=("auto", "kvoffload", "mooncake", "bailian"),
         default="auto",
-        help="trace format (default auto: mooncake when the first line has hash_ids/input_length)",
+        help="trace format (default auto: bailian when the first line has chat_id/parent_chat_id, mooncake when "
+        "it has hash_ids/input_length)",
     )
     p_sim.add_argument(
         "--trace-block-size",

@@ -32,6 +32,7 @@ from typing import Any
 from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.cache.policies.base import available_policies, get_policy_class
 from kvoffload.errors import InvalidArgumentError
+from kvoffload.sim.bailian import BAILIAN_BLOCK_TOKENS, read_bailian_trace
 from kvoffload.sim.model_config import ConfigShape, read_model_config
 from kvoffload.sim.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
@@ -42,6 +43,7 @@ from kvoffload.sim.mooncake import (
     read_mooncake_trace,
 )
 from kvoffload.sim.request import SimRequest
+from kvoffload.sim.suite import suite_workload
 from kvoffload.sim.sweep import (
     DTYPE_BYTES,
     HASH_BLOCK_TOKENS,
@@ -247,12 +249,22 @@ def _shape(args: argparse.Namespace) -> ModelShape | ConfigShape:
 
 def _read_workload(args: argparse.Namespace, settings: DemoSettings) -> tuple[list[Any], str, int]:
     """The workload's items, its description and the trace block size (tokens per hash)."""
+    if getattr(args, "suite", None):
+        if args.trace:
+            raise InvalidArgumentError("--suite and --trace are exclusive: pick one workload")
+        generated = suite_workload(args.suite, args.seed)
+        return generated, f"suite workload {args.suite} ({len(generated):,} requests)", HASH_BLOCK_TOKENS
     if not args.trace:
         if args.trace_format != "auto" or args.trace_block_size is not None:
             raise InvalidArgumentError("--trace-format and --trace-block-size need --trace")
         items = list(settings.workload())
         return items, f"chat workload ({settings.conversations} conversations x {settings.turns} turns)", 16
     fmt = detect_trace_format(args.trace) if args.trace_format == "auto" else args.trace_format
+    if fmt == "bailian":
+        if args.trace_block_size not in (None, BAILIAN_BLOCK_TOKENS):
+            raise InvalidArgumentError(f"--trace-block-size: a Bailian trace has {BAILIAN_BLOCK_TOKENS}-token blocks")
+        breqs = read_bailian_trace(args.trace)
+        return breqs, f"Bailian trace {args.trace} ({len(breqs):,} requests)", BAILIAN_BLOCK_TOKENS
     if fmt == "mooncake":
         tb = MOONCAKE_BLOCK_TOKENS if args.trace_block_size is None else args.trace_block_size
         reqs = read_mooncake_trace(args.trace, tb)

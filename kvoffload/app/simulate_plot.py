@@ -67,6 +67,25 @@ def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
     )
 
 
+def legend_ranges(policy: str, points: list[SimPoint], ref: CacheSweepPoints | None) -> str:
+    """``" (0.43-0.95 of Belady, 1.00-2.00x LRU)"``: the ranges over the one-tier capacities of the
+    policy's share of Belady's optimum (with ``ref``) and of its hit tokens relative to LRU's (when
+    LRU ran), for the plot's legend; ``""`` when there is neither."""
+    mine = {p.cpu_blocks: p.cpu_hit_tokens for p in points if p.policy == policy and not p.tier_blocks}
+    parts = []
+    if ref is not None:
+        best = {p.cpu_blocks: p.cpu_hit_tokens for p in ref.belady}
+        shares = [h / best[c] for c, h in mine.items() if best.get(c)]
+        if shares:
+            parts.append(f"{min(shares):.2f}-{max(shares):.2f} of Belady")
+    lru = {p.cpu_blocks: p.cpu_hit_tokens for p in points if p.policy == "lru" and not p.tier_blocks}
+    if policy != "lru" and lru:
+        ratios = [h / lru[c] for c, h in mine.items() if lru.get(c)]
+        if ratios:
+            parts.append(f"{min(ratios):.2f}-{max(ratios):.2f}x LRU")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def plot_hit_rates(
     points: list[SimPoint],
     path: Path,
@@ -91,7 +110,10 @@ def plot_hit_rates(
     for policy in report.policies:
         pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
         (line,) = ax.plot(
-            [p.cpu_blocks * gib_per_block for p in pts], [100 * p.cpu_hit_rate for p in pts], marker="o", label=policy
+            [p.cpu_blocks * gib_per_block for p in pts],
+            [100 * p.cpu_hit_rate for p in pts],
+            marker="o",
+            label=policy + legend_ranges(policy, points, ref),
         )
         colors[policy] = line.get_color()
     styles = ("-.", (0, (5, 2)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1)))

@@ -106,7 +106,8 @@ class SweepReport:
     def table(self, points: list[SimPoint], ref: CacheSweepPoints | None = None) -> str:
         """Share of prompt tokens loaded from the CPU tier, one row per capacity, one column per
         policy (and Belady's optimum and the infinite cache when given); then, with ``ref``, each
-        policy's share of Belady's optimum."""
+        policy's share of Belady's optimum; then, when ``lru`` is among several policies, each
+        policy's hit tokens relative to LRU's at the same capacity."""
         by = {(p.policy, p.cpu_blocks): p for p in points}
         cols = list(self.policies)
         if ref is not None:
@@ -141,6 +142,15 @@ class SweepReport:
                 best = by[("belady", cap)].cpu_hit_tokens
                 cells = "  ".join(
                     f"{_share(by[(p, cap)].cpu_hit_tokens, best):>{w}}"
+                    for p, w in zip(self.policies, widths, strict=False)
+                )
+                lines.append(row(cap, cells))
+        if "lru" in self.policies and len(self.policies) > 1:
+            lines += ["each policy's hit tokens relative to LRU's (x LRU):", head(self.policies)]
+            for cap in self.capacities:
+                base = by[("lru", cap)].cpu_hit_tokens
+                cells = "  ".join(
+                    f"{_ratio(by[(p, cap)].cpu_hit_tokens, base):>{w}}"
                     for p, w in zip(self.policies, widths, strict=False)
                 )
                 lines.append(row(cap, cells))
@@ -320,6 +330,13 @@ class SweepReport:
                 f"wrote {', '.join(map(str, written))}",
             ]
         )
+
+
+def _ratio(hit: int, base: int) -> str:
+    """``hit / base`` as ``1.23x`` (``inf`` when the base loaded nothing but this did)."""
+    if base == 0:
+        return "1.00x" if hit == 0 else "inf"
+    return f"{hit / base:.2f}x"
 
 
 def _share(hit: int, best: int) -> str:

@@ -268,8 +268,11 @@ class CPUOffloadingManager(OffloadingManager):
         if small is not None:
             self._policy.touch(keys, small)  # type: ignore[arg-type]  # the policy takes_lists
             return
-        _, _, r = self._at(keys, True, remember=True)
-        if r is not None and r.keys:
+        ks, slots, r = self._at(keys, True, remember=True)
+        if r is None:  # a few keys, slots as a list: an array for a policy that takes only arrays
+            if slots:
+                self._policy.touch(ks, np.array(slots, dtype=np.int64))
+        elif r.keys:
             self._policy.touch(r.keys, r.slots, unique=r.unique)
 
     # ------------------------------------------------------------------ stores

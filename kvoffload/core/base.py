@@ -33,6 +33,7 @@ __all__ = [
     "get_offload_group_idx",
     "validate_keys",
     "ReqContext",
+    "workload_tag",
     "check_req_context",
     "LoadStoreSpec",
     "BlockIDsLoadStoreSpec",
@@ -146,10 +147,27 @@ class ReqContext:
     Attributes:
         req_id: the engine's request id ("" when unknown).
         kv_transfer_params: the request's ``kv_transfer_params`` (e.g. ``max_offload_tokens``).
+        workload: an optional workload tag (e.g. ``"text/2"``: request type and turn) a policy
+            may use; vLLM requests set it as ``kv_transfer_params["kv_workload"]``
+            (:func:`workload_tag`). None (the default) costs nothing.
     """
 
     req_id: str = ""
     kv_transfer_params: dict[str, Any] | None = None
+    workload: str | None = None
+
+
+def workload_tag(req_context: object) -> str | None:
+    """The workload tag of a request context: :attr:`ReqContext.workload`, else a ``str``
+    ``kv_transfer_params["kv_workload"]`` (vLLM's own context), else None."""
+    tag = getattr(req_context, "workload", None)
+    if tag is not None:
+        return tag if isinstance(tag, str) else None
+    params = getattr(req_context, "kv_transfer_params", None)
+    if isinstance(params, dict):
+        tag = params.get("kv_workload")
+        return tag if isinstance(tag, str) else None
+    return None
 
 
 def check_req_context(req_context: object) -> None:

@@ -126,7 +126,8 @@ class RequestOffloadState:
         self.req_id: str = request.request_id
         self.request = request
         params = getattr(request, "kv_transfer_params", None)
-        self.req_context = ReqContext(req_id=self.req_id, kv_transfer_params=params)
+        tag = params.get("kv_workload") if isinstance(params, Mapping) else None
+        self.req_context = ReqContext(self.req_id, params, tag if isinstance(tag, str) else None)
         self.max_offload_tokens = parse_max_offload_tokens(params, self.req_id)
         self.groups = [RequestGroupState() for _ in config.groups]
         self.in_flight: set[int] = set()

@@ -31,6 +31,7 @@ class BlockTrace:
         starts: request ``r``'s ids are ``ids[starts[r]:starts[r + 1]]`` (``int64[R + 1]``).
         prompt_tokens: prompt length of every request (``int64[R]``).
         keys: the manager key of every dense id.
+        tags: every request's workload tag (``ReqContext.workload``), or None: no tags.
     """
 
     block_tokens: int
@@ -38,6 +39,7 @@ class BlockTrace:
     starts: np.ndarray
     prompt_tokens: np.ndarray
     keys: list[OffloadKey]
+    tags: tuple[str | None, ...] | None = None
 
     @property
     def num_requests(self) -> int:

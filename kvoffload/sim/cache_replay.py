@@ -152,14 +152,15 @@ class HostReplay:
         return h
 
     def serve(
-        self, keys: list[OffloadKey], ids: np.ndarray, tier: LRUTierModel
+        self, keys: list[OffloadKey], ids: np.ndarray, tier: LRUTierModel, tag: str | None = None
     ) -> tuple[int, list[int], np.ndarray | None]:
-        """One request (``keys`` and their dense ``ids``, head first, non-empty) over ``tier``.
+        """One request (``keys`` and their dense ``ids``, head first, non-empty) over ``tier``;
+        ``tag`` its workload tag (``ReqContext.workload``), if any.
 
         Returns its hit blocks, the positions promoted from the tier, and the ids its store made
         ready (written through to the tier), or None when nothing was stored.
         """
-        m, ctx = self.manager, self.ctx
+        m, ctx = self.manager, self.ctx if tag is None else ReqContext("replay", workload=tag)
         n = len(keys)
         codes = m.lookup_batch(keys, ctx)
         hit = _leading_hits(codes, n)
@@ -221,11 +222,12 @@ def replay_cache(
     stored_ids: list[np.ndarray] = []  # the ids each request's store made ready
     ids, starts = trace.ids, trace.starts.tolist()
     serve, keep = node.serve, stored_ids.append
+    tags = trace.tags
     for r, keys in enumerate(lists):
         if not keys:
             continue
         s = starts[r]
-        hit, promoted, new_ids = serve(keys, ids[s : s + len(keys)], tier)
+        hit, promoted, new_ids = serve(keys, ids[s : s + len(keys)], tier, None if tags is None else tags[r])
         if new_ids is not None:
             keep(new_ids)
         hit_list[r] = hit

@@ -150,8 +150,10 @@ def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOK
 
 
 def detect_trace_format(path: str | Path) -> str:
-    """``"mooncake"`` when the first request line has a ``hash_ids`` or ``input_length`` field, else
-    ``"kvoffload"`` (the engine's own JSONL format); a file that cannot be read is left to the reader."""
+    """``"bailian"`` when the first request line has a ``chat_id`` or ``parent_chat_id`` field (an
+    Alibaba Bailian trace, :mod:`kvoffload.sim.bailian`), ``"mooncake"`` when it has a ``hash_ids``
+    or ``input_length`` field, else ``"kvoffload"`` (the engine's own JSONL format); a file that
+    cannot be read is left to the reader."""
     try:
         with Path(path).open() as f:
             for line in f:
@@ -162,6 +164,8 @@ def detect_trace_format(path: str | Path) -> str:
                     obj = json.loads(line)
                 except json.JSONDecodeError:
                     return "kvoffload"
+                if isinstance(obj, dict) and ("chat_id" in obj or "parent_chat_id" in obj):
+                    return "bailian"
                 if isinstance(obj, dict) and ("hash_ids" in obj or "input_length" in obj):
                     return "mooncake"
                 return "kvoffload"

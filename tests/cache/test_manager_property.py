@@ -45,6 +45,10 @@ def real_order(m: CPUOffloadingManager) -> object:
     keys = m.table.keys
     if m.cache_policy == "lru":
         return [keys[s] for s in p.ordered_slots()]  # type: ignore[attr-defined]
+    if m.cache_policy == "headstart":
+        new, seen = p.ordered_slots()  # type: ignore[attr-defined]
+        stamps = sorted((keys[s], int(p.stamp[s])) for s in new + seen)  # type: ignore[attr-defined]
+        return ([keys[s] for s in new], [keys[s] for s in seen], stamps, p.head_start, p.clock)  # type: ignore[attr-defined]
     if m.cache_policy == "arc":
         t1, t2 = p.ordered_slots()  # type: ignore[attr-defined]
         return ([keys[s] for s in t1], [keys[s] for s in t2], list(p.b1), list(p.b2), p.target_t1_size)  # type: ignore[attr-defined]
@@ -211,6 +215,7 @@ def _machine(policy: str) -> type[RuleBasedStateMachine]:
 TestLRUMachine = _machine("lru").TestCase
 TestARCMachine = _machine("arc").TestCase
 TestS3FIFOMachine = _machine("s3fifo").TestCase
+TestHeadStartMachine = _machine("headstart").TestCase
 
 
 # ---------------------------------------------------------------------------- seeded fuzzer

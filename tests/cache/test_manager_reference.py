@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from tests.cache.headstart_reference import RefHeadStart
+
 PENDING = -1
 
 
@@ -237,7 +239,7 @@ class RefS3FIFO:
         return (list(self.s), list(self.m), list(self.ghost), sorted(self.freq.items()))
 
 
-POLICIES = {"lru": RefLRU, "arc": RefARC, "s3fifo": RefS3FIFO}
+POLICIES = {"lru": RefLRU, "arc": RefARC, "s3fifo": RefS3FIFO, "headstart": RefHeadStart}
 
 
 class RefManager:
@@ -332,6 +334,8 @@ class RefManager:
             return list(p.blocks)
         if isinstance(p, RefARC):
             return list(p.t1) + list(p.t2)
+        if isinstance(p, RefHeadStart):
+            return p.keys()
         return list(p.s) + list(p.m)
 
     def reset(self) -> None:

@@ -93,7 +93,7 @@ def run_twice(e: Engine, prompts: dict[str, list[int]], max_tokens: int = 3) -> 
 
 
 @pytest.mark.parametrize("factor", [1, 2])
-@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "kvoffload.cache.policies.lru:LRUPolicy"])
+@pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "headstart", "kvoffload.cache.policies.lru:LRUPolicy"])
 def test_offload_then_reload(policy: str, factor: int) -> None:
     e = Engine(extra(factor=factor, eviction_policy=policy))
     run_twice(e, {"a": prompt(1, 29)})
@@ -112,8 +112,9 @@ def test_plain_offloading_connector() -> None:
     assert e.worker.counts["loads"] == 1
 
 
-def test_eviction_pressure_many_prompts() -> None:
-    e = Engine(extra(chunks=12, eviction_policy="arc"))
+@pytest.mark.parametrize("policy", ["arc", "headstart"])
+def test_eviction_pressure_many_prompts(policy: str) -> None:
+    e = Engine(extra(chunks=12, eviction_policy=policy))
     prompts = {f"p{i}": prompt(10 + i, 17 + i % 5) for i in range(10)}
     for rid, p in prompts.items():
         e.add(rid, p, 2)
@@ -128,6 +129,24 @@ def test_eviction_pressure_many_prompts() -> None:
         assert e.outputs[rid + "-again"] == e.outputs[rid]
     assert st.num_pending == 0 and e.manager.core.table.num_pending == 0
     assert e.worker.counts["loads"] >= 1
+
+
+def test_headstart_learns_seen_before_from_finished_requests() -> None:
+    """vLLM never calls ``touch``: the request-scoped hooks must tell ``headstart`` which chunks a
+    later request read (seen list) and which a request only stored (first-sight list)."""
+    e = Engine(extra(chunks=12, eviction_policy="headstart"))
+    shared = prompt(3, 3 * BLOCK_SIZE + 1)
+    e.add("a", shared, 2)
+    e.run()
+    e.reset_gpu()
+    e.add("b", shared, 2)  # loads a's chunks
+    e.add("c", prompt(4, 2 * BLOCK_SIZE + 1), 2)  # stores its own
+    e.run()
+    assert e.outputs["b"] == e.outputs["a"]
+    core = e.manager.core
+    new, seen = core.policy.ordered_slots()
+    assert (len(new), len(seen)) == (2, 3)
+    assert e.worker.counts["loads"] == 1
 
 
 def test_kv_page_size_changes_no_scheduling() -> None:

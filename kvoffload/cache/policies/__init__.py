@@ -1,4 +1,4 @@
-"""Cache policies of the CPU offloading manager: ``lru``, ``arc``, ``s3fifo`` and a registry.
+"""Cache policies of the CPU offloading manager: ``lru``, ``arc``, ``s3fifo``, ``headstart`` and a registry.
 
 Select one by name (``CPUOffloadingManager(..., cache_policy="arc")``), register your own with
 :func:`register_policy`, or name an out-of-tree class as ``"package.module:ClassName"``.

@@ -127,6 +127,7 @@ POLICIES: Registry[CachePolicy] = Registry(
         "lru": "kvoffload.cache.policies.lru:LRUPolicy",
         "arc": "kvoffload.cache.policies.arc:ARCPolicy",
         "s3fifo": "kvoffload.cache.policies.s3fifo:S3FIFOPolicy",
+        "headstart": "kvoffload.cache.policies.headstart:HeadStartPolicy",
     },
 )
 
@@ -139,7 +140,7 @@ def register_policy(name: str, cls: type[CachePolicy], *, replace: bool = False)
         cls: a concrete :class:`CachePolicy` subclass (abstract classes are refused here rather
             than failing when a manager is built).
         replace: replace a name that is already taken -- a built-in (``lru``, ``arc``,
-            ``s3fifo``) or an earlier registration of another class. Without it, that is an
+            ``s3fifo``, ``headstart``) or an earlier registration of another class. Without it, that is an
             :class:`~kvoffload.errors.InvalidArgumentError`; registering the same class again
             is a no-op.
     """

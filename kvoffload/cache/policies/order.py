@@ -301,6 +301,61 @@ class SlotOrder:
             return chunks[1]
         return np.concatenate(chunks)
 
+    def peek(self, k: int, ref: np.ndarray, protected: np.ndarray, prot_mark: np.ndarray) -> np.ndarray:
+        """The slots :meth:`take` would return for ``k``, without taking them.
+
+        No observable change: the entries before the first evictable one are passed as
+        :meth:`take` passes them (stale ones dropped, pinned or pending ones parked), so repeated
+        peeks do not rescan them. A following ``take(j)`` for ``j <= k`` returns the first ``j``.
+        """
+        if k <= 0:
+            return _EMPTY_I64
+        member, pos, lid = self.member, self.pos, self.lid
+        has_prot = len(protected) > 0
+        out: list[int] = []
+        heap, pushed = self._heap, self._pushed
+        while heap:  # drop what take() would drop: moved or removed since parked, or pinned again
+            ps, s = heap[0]
+            if member[s] == lid and pos[s] == ps and ref[s] == 0:
+                break
+            heapq.heappop(heap)
+            if pushed.get(s) == ps:
+                del pushed[s]
+        if heap:
+            ahead = heap if len(heap) <= 4 * k + 16 else heapq.nsmallest(4 * k + 16, heap)
+            for ps, s in sorted(ahead):
+                if len(out) == k:
+                    break
+                if member[s] == lid and pos[s] == ps and ref[s] == 0 and not (has_prot and prot_mark[s]):
+                    out.append(s)
+            if len(out) < k and len(ahead) < len(heap):
+                out = []
+                for ps, s in sorted(heap):
+                    if len(out) == k:
+                        break
+                    if member[s] == lid and pos[s] == ps and ref[s] == 0 and not (has_prot and prot_mark[s]):
+                        out.append(s)
+        chunks = [np.array(out, dtype=np.int64)] if out else []
+        need = k - len(out)
+        h = self.head
+        while need > 0 and h < self.tail:
+            end = min(self.tail, h + need + max(64, need // 4))
+            seg = self.buf[h:end].astype(np.int64)
+            ev = ref[seg] == 0
+            ev &= member[seg] == lid
+            ev &= pos[seg] == np.arange(self.base + h, self.base + end, dtype=np.int64)
+            if h == self.head:  # pass the leading entries no scan needs (stale) or may (parked)
+                self.head = h + (int(ev.argmax()) if ev.any() else len(seg))
+            if has_prot:
+                ev &= ~prot_mark[seg].astype(bool)
+            idx = ev.nonzero()[0][:need]
+            chunks.append(seg[idx])
+            need -= len(idx)
+            h = end
+        if not chunks:
+            return _EMPTY_I64
+        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+
     # ------------------------------------------------------------------ internals
     def _compact(self, extra: int) -> None:
         h, t = self.head, self.tail

@@ -13,6 +13,14 @@ hit (a 2-bit hit counter gives them up to three extra passes). A block evicted f
 queue whose key comes back is admitted straight into the main queue. Touching is a counter
 increment (no list reordering), so ``touch`` is also the cheapest of the three policies.
 
+Where it fails: traffic whose blocks are read exactly twice, long apart (every conversation of
+exactly two turns, the second after the small queue's lifetime). First turns leave the small
+queue before their second turn and enter the ghost; the second turn is admitted straight into the
+main queue, where it is dead, and the main queue (90 % of the pool) fills with dead blocks: on
+``kvoffload simulate --suite two-turn`` S3-FIFO loads about 0.6x what LRU loads at a pool of a
+fifth of the working set (``tests/sim/test_suite.py``). ``headstart`` measures this case and
+falls back to LRU.
+
 Rules (the reference model in the tests implements exactly these):
 
 * insert (pending blocks, call order): key in the ghost queue -> leaves it, goes to the

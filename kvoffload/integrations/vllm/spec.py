@@ -7,7 +7,7 @@ Keys read from ``kv_connector_extra_config`` (the same as vLLM's own CPU spec, p
   world_size)`` chunks per worker.
 * ``block_size``: tokens per offloaded chunk, a multiple of the GPU block size (vLLM derives
   ``blocks_per_chunk`` from it; default: the GPU block size).
-* ``eviction_policy``: ``lru`` (default), ``arc``, ``s3fifo``, a kvoffload ``module:Class`` cache
+* ``eviction_policy``: ``lru`` (default), ``arc``, ``s3fifo``, ``headstart``, a kvoffload ``module:Class`` cache
   policy, or a vLLM ``CachePolicy``: a name registered with vLLM's ``CachePolicyFactory``, or a
   class name in ``cache_policy_module_path`` (which may also hold a kvoffload policy class); see
   :mod:`kvoffload.integrations.vllm.policy`.

@@ -1,0 +1,102 @@
+"""A compact, bounded history of evicted keys: the last ``G`` of them, as 4-byte fingerprints.
+
+An exact FIFO of ``G`` keys in Python (an ``OrderedDict``) costs ~100 bytes per key and keeps the
+key objects alive; this keeps a ``uint32`` fingerprint and a ``uint32`` sequence number per entry.
+Every added key gets the next sequence number; a key is remembered while fewer than ``G`` keys were
+added after it -- a sharp window, like a FIFO of ``G`` keys (a key first seen again just inside the
+window and one just outside are told apart, which matters to a policy sizing its history from
+capacity). Entries live in ``B`` buckets of :data:`WAYS`, ``B`` the power of two at least
+``2 * G / WAYS``; fingerprint ``f`` goes to bucket ``f & (B - 1)``, each bucket overwriting its
+entries in turn (a cursor per bucket). With at least twice ``G`` entries, a key is overwritten
+before it leaves the window only when :data:`WAYS` of the next ``G`` keys share its bucket
+(about 0.4 % of keys at ``2 * G`` entries, Poisson); false positives need equal 32-bit fingerprints.
+
+Rules (the reference model in the tests implements exactly these): an entry holds ``f | 1``
+(``0``: empty) and its sequence number; :meth:`GhostKeys.contains_pop` reports, per fingerprint,
+whether its bucket has an entry holding ``f | 1`` among the last ``G`` added, and empties
+the first such entry; :meth:`GhostKeys.add` writes ``f | 1`` and the next sequence number at the
+bucket's cursor and advances the cursor modulo :data:`WAYS`, in order.
+Memory: ``8 * WAYS * B + B`` bytes, 16.1 to 32.2 bytes per remembered key.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WAYS", "GhostKeys"]
+
+#: entries per bucket
+WAYS = 16
+
+
+class GhostKeys:
+    """The fingerprints of the last ``size`` keys added (module docstring).
+
+    Args:
+        size: ``G``, how many keys to remember (``1 <= size < 2**31``).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.buckets = 1 << max(0, (-(-2 * size // WAYS) - 1).bit_length())
+        self.mask = self.buckets - 1
+        self.fp = np.zeros((self.buckets, WAYS), dtype=np.uint32)
+        self.seq = np.zeros((self.buckets, WAYS), dtype=np.uint32)
+        self.cursor = np.zeros(self.buckets, dtype=np.uint8)
+        self.added = 0  # sequence number of the next key (mod 2**32)
+
+    def contains_pop(self, fp: np.ndarray) -> np.ndarray:
+        """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied."""
+        b = fp & np.uint32(self.mask)
+        match = self.fp[b] == (fp | np.uint32(1))[:, None]
+        rows, ways = match.nonzero()
+        if len(rows) == 0:
+            return np.zeros(len(fp), dtype=bool)
+        live = (np.uint32(self.added) - self.seq[b[rows], ways]) <= np.uint32(self.size)  # among the last size
+        rows, ways = rows[live], ways[live]
+        rows, first = np.unique(rows, return_index=True)  # the first matching entry of each key
+        self.fp[b[rows], ways[first]] = 0
+        hit = np.zeros(len(fp), dtype=bool)
+        hit[rows] = True
+        return hit
+
+    def add(self, fp: np.ndarray) -> None:
+        """Remember fingerprints (``uint32``), in order."""
+        k = len(fp)
+        if k == 0:
+            return
+        b = (fp & np.uint32(self.mask)).astype(np.int64)
+        seq = (np.arange(self.added, self.added + k, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32)
+        self.added = (self.added + k) & 0xFFFFFFFF
+        way = self.cursor[b]
+        val = fp | np.uint32(1)
+        self.fp[b, way] = val
+        self.seq[b, way] = seq
+        ok = self.seq[b, way] == seq
+        if ok.all():  # one key per bucket (the common case): done
+            self.cursor[b] = (way + 1) % WAYS
+            return
+        # keys sharing a bucket: write those again one by one, in order (each at its bucket's cursor)
+        dup = np.isin(b, b[~ok])
+        single = ~dup
+        self.cursor[b[single]] = (way[single] + 1) % WAYS
+        fps, seqs, cursor = self.fp, self.seq, self.cursor
+        for i in np.flatnonzero(dup).tolist():
+            bi = int(b[i])
+            c = int(cursor[bi])
+            fps[bi, c] = val[i]
+            seqs[bi, c] = seq[i]
+            cursor[bi] = (c + 1) % WAYS
+
+    def clear(self) -> None:
+        self.fp[:] = 0
+        self.seq[:] = 0
+        self.cursor[:] = 0
+        self.added = 0
+
+    def nbytes(self) -> int:
+        return self.fp.nbytes + self.seq.nbytes + self.cursor.nbytes

@@ -1,0 +1,196 @@
+"""``headstart``: LRU in which blocks seen before get a head start sized online.
+
+Why: in an offloading cache most blocks are one-shot (the tail of a prompt that never comes back:
+76 % of the distinct blocks of the Mooncake conversation trace), and under plain LRU they push out
+the prefixes that are read again. The one strong online signal is "this block was held by an
+earlier request": such blocks are read again far more often than blocks on first sight. So the
+policy keeps two LRU lists, *first sight* and *seen*, and evicts from the seen list only when its
+oldest block is older than the first-sight list's oldest by more than a head start ``H``: a seen
+block outlives a first-sight block of the same age by ``H`` blocks of inserts. How large ``H``
+should be depends on the workload (where conversations have exactly two turns, "seen before" means
+"done", and ``H = 0``, plain LRU, is best); :class:`~kvoffload.cache.policies.headstart_tuner.
+HeadStartTuner` measures the candidates on a sample of the keys and picks one online.
+
+Rules (the reference model in the tests implements exactly these):
+
+* a clock counts inserted blocks; every block carries the clock value of its last insert or touch
+  (its *stamp*).
+* insert (pending blocks, call order): the tuner observes the keys; a key found in the ghost
+  history leaves it and goes to the seen list, any other key to the first-sight list (most recent
+  end); stamps ``clock, clock+1, ...`` in call order, then the clock advances by the number of
+  blocks.
+* touch: the present keys (first occurrences) are observed by the tuner in order and move to the
+  seen list so that ``keys[0]`` ends up most recent, stamped with the clock.
+* a finished request (request-scoped engines): its present keys (first occurrences) that it did
+  not only store are observed by the tuner in order; keys it only stored keep their list, the
+  others move to the seen list; both get the most-recent position of their list (``keys[0]``
+  most recent), stamped with the clock.
+* evict ``n``: repeatedly, of the oldest evictable, unprotected block of each list, the
+  first-sight one goes if there is no seen one or its stamp ``<=`` the seen one's stamp ``+ H``,
+  else the seen one. The victim's key enters the ghost history.
+* ghost history: :class:`~kvoffload.cache.policies.ghost.GhostKeys` of about ``4 * capacity`` key
+  fingerprints (``headstart_tuner.fingerprints``), victims added in eviction order; a key found
+  there on insert leaves it. ``H`` is the tuner's ``head_start``.
+
+Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + ``uint32``
+fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
+keys (64 to 129 B): 101 to 166 bytes, plus the tuner's small caches (four of at most 128 blocks
+with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch or insert is O(keys)
+numpy work (a CRC-32 per inserted key); evicting ``n`` blocks peeks at ``n`` candidates of each
+list and takes the victims (O(n) amortised); the tuner does Python work for a fraction
+``min(1, 128 / capacity)`` of the accesses (its sample).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvoffload.cache.keytable import SlotTable
+from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.policies.ghost import GhostKeys
+from kvoffload.cache.policies.headstart_tuner import HeadStartTuner, fingerprints
+from kvoffload.cache.policies.lru import first_occurrences
+from kvoffload.cache.policies.order import SlotOrder
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HeadStartPolicy"]
+
+_NEW = 1
+_SEEN = 2
+#: the ghost history remembers about this many evicted keys per block of capacity
+GHOST_FACTOR = 4
+
+
+class HeadStartPolicy(CachePolicy):
+    """Two LRU lists, first sight and seen, with an adaptive head start (module docstring)."""
+
+    name = "headstart"
+
+    def __init__(self, capacity: int, table: SlotTable) -> None:
+        super().__init__(capacity, table)
+        self.member = np.zeros(capacity, dtype=np.int8)
+        self.pos = np.zeros(capacity, dtype=np.int64)
+        self.stamp = np.zeros(capacity, dtype=np.int64)
+        self.fp = np.zeros(capacity, dtype=np.uint32)  # each block's key fingerprint
+        self.new = SlotOrder(_NEW, self.member, self.pos, capacity)
+        self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
+        self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
+        self.tuner = HeadStartTuner(max(1, capacity))
+        self.clock = 0
+
+    @property
+    def head_start(self) -> int:
+        """``H``: how many inserts longer a seen block stays than a first-sight one."""
+        return self.tuner.head_start
+
+    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
+        k = len(slots)
+        if k == 0:
+            return
+        fp = fingerprints(keys)
+        self.fp[slots] = fp
+        self.tuner.observe(fp)
+        hit = self.ghost.contains_pop(fp)
+        self.stamp[slots] = np.arange(self.clock, self.clock + k, dtype=np.int64)
+        self.clock += k
+        if hit.any():
+            self.new.push_back(slots[~hit], fresh=True)
+            self.seen.push_back(slots[hit], fresh=True)
+        else:
+            self.new.push_back(slots, fresh=True)
+
+    def remove(self, slots: np.ndarray) -> None:
+        self.new.discard(slots)
+        self.seen.discard(slots)
+
+    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
+        present = slots[slots >= 0]
+        if len(present):
+            if not unique:
+                present = first_occurrences(present)
+            self.tuner.observe(self.fp[present])
+            self._to_seen(present[::-1])
+
+    def _to_seen(self, slots: np.ndarray) -> None:
+        """Move ``slots`` (distinct, oldest first) to the seen list's most recent end."""
+        self.new.discard(slots)
+        self.seen.push_back(slots)
+        self.stamp[slots] = self.clock
+
+    def on_request_finished(
+        self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
+    ) -> None:
+        idx = np.flatnonzero(slots >= 0)
+        if len(idx) == 0:
+            return
+        present = slots[idx]
+        if len(first_occurrences(present)) < len(present):
+            _, at = np.unique(present, return_index=True)
+            idx = idx[np.sort(at)]
+            present = slots[idx]
+        own = inserted_only[idx]
+        self.tuner.observe(self.fp[present[~own]])
+        rev = present[::-1]
+        keep_new = own[::-1] & (self.member[rev] == _NEW)
+        if keep_new.any():
+            self.new.push_back(rev[keep_new], members=True)
+            self.stamp[rev[keep_new]] = self.clock
+            rev = rev[~keep_new]
+        self._to_seen(rev)
+
+    def on_evictable(self, slots: np.ndarray) -> None:
+        self.new.on_evictable(slots)
+        self.seen.on_evictable(slots)
+
+    def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
+        ref, mark, h = self.table.ref, self.table.prot_mark, self.tuner.head_start
+        a = self.new.peek(n, ref, protected, mark)
+        b = self.seen.peek(1, ref, protected, mark)  # usually enough: the seen list's oldest
+        if len(b) and not (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
+            b = self.seen.peek(n, ref, protected, mark)
+        if len(a) + len(b) < n:
+            return None
+        if len(b) == 0 or (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
+            victims = a[:n]
+            na = n
+        elif len(b) >= n and (len(a) == 0 or self.stamp[a[0]] > self.stamp[b[n - 1]] + h):
+            victims = b[:n]
+            na = 0
+        else:  # merge the two lists' candidates (each oldest first): ties go to the first-sight block
+            both = np.concatenate((a, b))
+            rank = np.concatenate((self.stamp[a], self.stamp[b] + h))
+            victims = both[np.argsort(rank, kind="stable")[:n]]
+            na = int(np.count_nonzero(self.member[victims] == _NEW))
+        if na:
+            self.new.discard(self.new.take(na, ref, protected, mark))
+        if na < n:
+            self.seen.discard(self.seen.take(n - na, ref, protected, mark))
+        self.ghost.add(self.fp[victims])
+        return victims
+
+    def clear(self) -> None:
+        self.member[:] = 0
+        self.new.clear()
+        self.seen.clear()
+        self.ghost.clear()
+        self.tuner.clear()
+        self.clock = 0
+
+    def ordered_slots(self) -> tuple[list[int], list[int]]:
+        """(first-sight, seen) lists, oldest first (O(capacity); tests/debugging)."""
+        return self.new.ordered(), self.seen.ordered()
+
+    def metadata_nbytes(self) -> int:
+        return (
+            self.member.nbytes
+            + self.pos.nbytes
+            + self.stamp.nbytes
+            + self.fp.nbytes
+            + self.new.buf.nbytes
+            + self.seen.buf.nbytes
+            + self.ghost.nbytes()
+        )

@@ -1,0 +1,205 @@
+"""The ``headstart`` policy against its plain-Python reference on request-shaped random traces, its
+request-scoped path, and its ghost history's window."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.cache.policies.ghost import WAYS, GhostKeys
+from kvoffload.cache.policies.headstart import HeadStartPolicy
+from kvoffload.cache.policies.headstart_tuner import fingerprints
+from kvoffload.core.base import ReqContext, make_offload_key
+from kvoffload.core.lookup_code import LOOKUP_HIT
+from tests.cache.headstart_reference import RefHeadStart, fingerprint
+from tests.cache.test_manager_property import real_order
+from tests.cache.test_manager_reference import RefManager
+
+CTX = ReqContext("headstart")
+
+
+def key(i: int) -> bytes:
+    return make_offload_key(i.to_bytes(8, "big"), 0)
+
+
+def conversation_trace(rng: random.Random, n_requests: int, turns: int) -> list[list[bytes]]:
+    """Prompts as key lists: conversations of up to ``turns`` turns over a shared system prompt,
+    each turn its previous prompt plus a few new blocks, interleaved with one-shot prompts."""
+    nxt = iter(range(1, 10**9))
+    system = [key(next(nxt)) for _ in range(3)]
+    live: list[list[bytes]] = []
+    out: list[list[bytes]] = []
+    for _ in range(n_requests):
+        r = rng.random()
+        if live and r < 0.55:
+            i = rng.randrange(len(live))
+            prompt = live[i] + [key(next(nxt)) for _ in range(rng.randint(1, 4))]
+            live[i] = prompt
+            if len(prompt) > 3 + 4 * turns:
+                live.pop(i)
+        else:
+            head = system if r < 0.85 else []
+            prompt = head + [key(next(nxt)) for _ in range(rng.randint(1, 6))]
+            if r < 0.8:
+                live.append(prompt)
+        out.append(prompt)
+    return out
+
+
+def replay_both(trace: list[list[bytes]], capacity: int) -> tuple[CPUOffloadingManager, set[int]]:
+    """The cache-level replay's calls on the real manager and on the reference, compared after
+    every request (outputs, per-key state, both lists, stamps, head start, clock)."""
+    real = CPUOffloadingManager(capacity, cache_policy="headstart")
+    ref = RefManager(capacity, "headstart")
+    head_starts = set()
+    for keys in trace:
+        codes = real.lookup_batch(keys, CTX)
+        miss = np.flatnonzero(codes != LOOKUP_HIT)
+        hit = int(miss[0]) if len(miss) else len(keys)
+        assert [ref.lookup(k) for k in keys[:hit]] == [True] * hit
+        assert hit == len(keys) or not ref.lookup(keys[hit])
+        real.touch(keys, CTX)
+        ref.touch(keys)
+        if hit:
+            assert real.prepare_load(keys[:hit], CTX).block_ids.tolist() == ref.prepare_load(keys[:hit])  # type: ignore[attr-defined]
+            real.complete_load(keys[:hit], CTX)
+            ref.complete_load(keys[:hit])
+        if hit < len(keys):
+            got = real.prepare_store(keys[hit:], CTX)
+            exp = ref.prepare_store(keys[hit:])
+            if exp is None:
+                assert got is None
+            else:
+                assert got is not None
+                assert (got.keys_to_store, got.store_spec.block_ids.tolist(), got.evicted_keys) == exp  # type: ignore[attr-defined]
+                real.complete_store(got.keys_to_store, CTX)
+                ref.complete_store(got.keys_to_store, True)
+        assert real_order(real) == ref.policy.snapshot()
+        head_starts.add(real.policy.head_start)  # type: ignore[attr-defined]
+    return real, head_starts
+
+
+@pytest.mark.parametrize(("capacity", "turns", "seed"), [(12, 6, 1), (40, 2, 2), (40, 8, 3), (1500, 6, 4)])
+def test_request_traces_match_reference(capacity: int, turns: int, seed: int) -> None:
+    """Small capacities sample every key; 1,500 blocks samples about a third (the small caches
+    hold 128). The head start must move during the run, else the tuner went untested."""
+    rng = random.Random(seed)
+    n = 2500 if capacity > 100 else 700
+    real, head_starts = replay_both(conversation_trace(rng, n, turns), capacity)
+    assert len(head_starts) >= 2, head_starts
+    policy = real.policy
+    assert isinstance(policy, HeadStartPolicy)
+    assert len(policy.seen) > 0 and len(policy.new) > 0
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_request_scoped_path_matches_reference(seed: int) -> None:
+    """vLLM's request-scoped recency (``record_requests``, no ``touch``): at each request's end the
+    policy gets its keys with the ones it only stored flagged; those keep their list, the others
+    move to the seen list, and the tuner observes the others."""
+    rng = random.Random(seed)
+    trace = conversation_trace(rng, 300, 5)
+    m = CPUOffloadingManager(24, cache_policy="headstart", record_requests=True)
+    ref = RefManager(24, "headstart")
+    assert isinstance(ref.policy, RefHeadStart)
+    policy = m.policy
+    calls: list[tuple[list[bytes], set[bytes]]] = []
+    finished = policy.on_request_finished
+
+    def record(keys: Any, slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray) -> None:
+        calls.append((list(keys), {k for k, f in zip(keys, inserted_only.tolist(), strict=True) if f}))
+        finished(keys, slots, inserted_only, reused)
+
+    policy.on_request_finished = record  # type: ignore[method-assign]
+    applied = 0
+    for i, keys in enumerate(trace):
+        ctx = ReqContext(f"r{i}")
+        m.on_new_request(ctx)
+        codes = m.lookup_batch(keys, ctx)
+        miss = np.flatnonzero(codes != LOOKUP_HIT)
+        hit = int(miss[0]) if len(miss) else len(keys)
+        if hit:
+            m.prepare_load(keys[:hit], ctx)
+            m.complete_load(keys[:hit], ctx)
+            ref.prepare_load(keys[:hit])
+            ref.complete_load(keys[:hit])
+        got = m.prepare_store(keys[hit:], ctx) if hit < len(keys) else None
+        exp = ref.prepare_store(keys[hit:]) if hit < len(keys) else None
+        assert (got is None) == (exp is None)
+        if got is not None:
+            m.complete_store(got.keys_to_store, ctx)
+            ref.complete_store(got.keys_to_store, True)
+        m.on_request_finished(ctx)
+        if calls:
+            ref.policy.request_finished(*calls.pop())
+            applied += 1
+        assert real_order(m) == ref.policy.snapshot()
+    assert applied > 250 and len(policy.new) and len(policy.seen)  # type: ignore[attr-defined]
+
+
+def test_fingerprints_match_the_documented_mixer() -> None:
+    keys = [key(i) for i in range(200)] + [b"", b"x" * 40]
+    assert fingerprints(keys).tolist() == [fingerprint(k) for k in keys]
+
+
+def test_ghost_remembers_the_last_size_keys() -> None:
+    """A sharp window: of the last ``size`` keys, exactly those whose bucket did not receive
+    ``WAYS`` later keys are found (nearly all), the one before them is not, and a found key is
+    forgotten."""
+    size = 1000
+    g = GhostKeys(size)
+    fp = fingerprints([key(i) for i in range(size + 1)])
+    g.add(fp)
+    bucket = (fp & np.uint32(g.mask)).tolist()
+    later = [bucket[i + 1 :].count(b) for i, b in enumerate(bucket)]
+    expect = [i > 0 and later[i] < WAYS for i in range(size + 1)]
+    found = g.contains_pop(fp.copy())
+    assert found.tolist() == expect
+    assert sum(expect) >= 0.99 * size
+    assert not g.contains_pop(fp[1:].copy()).any()
+    g.add(fp[:1])
+    assert g.contains_pop(fp[:1].copy()).all()
+    g.clear()
+    assert not g.contains_pop(fp.copy()).any()
+
+
+def test_two_turn_conversations_choose_no_head_start() -> None:
+    """Where every conversation has exactly two turns, "seen before" means "done": the tuner must
+    settle on plain LRU (head start 0), and the policy then evicts in LRU order."""
+    rng = random.Random(9)
+    nxt = iter(range(1, 10**9))
+    pending: list[list[bytes]] = []
+    m = CPUOffloadingManager(64, cache_policy="headstart")
+    for _ in range(4000):
+        if pending and rng.random() < 0.5:
+            prompt = pending.pop(rng.randrange(len(pending)))
+            prompt = prompt + [key(next(nxt)) for _ in range(2)]
+        else:
+            prompt = [key(next(nxt)) for _ in range(rng.randint(2, 5))]
+            pending.append(prompt)
+        codes = m.lookup_batch(prompt, CTX)
+        miss = np.flatnonzero(codes != LOOKUP_HIT)
+        hit = int(miss[0]) if len(miss) else len(prompt)
+        m.touch(prompt, CTX)
+        out = m.prepare_store(prompt[hit:], CTX)
+        if out is not None:
+            m.complete_store(out.keys_to_store, CTX)
+    assert m.policy.head_start == 0  # type: ignore[attr-defined]
+
+
+def test_small_touch_reaches_an_array_only_policy() -> None:
+    """headstart takes arrays only (``takes_lists`` False): a touch of a few keys, which the
+    manager resolves with scalar code, must still reach it (as an array)."""
+    m = CPUOffloadingManager(8, cache_policy="headstart")
+    assert not m.policy.takes_lists
+    keys = [key(i) for i in range(3)]
+    out = m.prepare_store(keys, CTX)
+    assert out is not None
+    m.complete_store(out.keys_to_store, CTX)
+    m.touch(keys[:2], CTX)
+    new, seen = m.policy.ordered_slots()  # type: ignore[attr-defined]
+    assert [m.table.keys[s] for s in seen] == [keys[1], keys[0]] and [m.table.keys[s] for s in new] == [keys[2]]
