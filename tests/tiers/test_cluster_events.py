@@ -36,21 +36,29 @@ AFTER_STEPS = 10  # steps each engine makes after SETTLED before it is stopped
 EVENT_TIMEOUT = 60.0  # a loaded machine's cluster elects and gossips slowly
 
 
+def _replicas_ready(cl: RedisCluster3) -> bool:
+    """Every replica in sync with its master, and every node's view lists the three replicas."""
+    infos = [n.cli("info", "replication") for n in cl.nodes]
+    if any("role:slave" in i and "master_link_status:up" not in i for i in infos):
+        return False
+    for n in cl.nodes:
+        rows = [line.split() for line in n.cli("cluster", "nodes").splitlines()]
+        masters = {f[0] for f in rows if len(f) > 3 and "master" in f[2]}
+        if sum("slave" in f[2] and "fail" not in f[2] and f[3] in masters for f in rows if len(f) > 3) != 3:
+            return False
+    return True
+
+
 @pytest.fixture
 def cluster6(tmp_path: Path) -> Iterator[RedisCluster3]:
-    """3 masters with one replica each, replicas in sync."""
+    """3 masters with one replica each, replicas in sync and known to every node."""
     require_redis()
     cl = RedisCluster3(tmp_path / "cluster", maxmemory="64mb", replicas=1).start()
-    deadline = time.monotonic() + EVENT_TIMEOUT
-    while not all(
-        "master_link_status:up" in n.cli("info", "replication")
-        for n in cl.nodes
-        if "role:slave" in n.cli("info", "replication")
-    ):
-        assert time.monotonic() < deadline, "replicas did not sync"
-        time.sleep(0.1)
-    yield cl
-    cl.stop()
+    try:
+        assert _within(lambda: _replicas_ready(cl), EVENT_TIMEOUT), "replicas did not sync"
+        yield cl
+    finally:
+        cl.stop()
 
 
 def _steps_since(out: Path, since: float) -> int:
