@@ -264,16 +264,11 @@ class CPUOffloadingManager(OffloadingManager):
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
         self._check(req_context)
-        small = self._small(keys) if self._lists else None
-        if small is not None:
-            self._policy.touch(keys, small)  # type: ignore[arg-type]  # the policy takes_lists
-            return
         ks, slots, r = self._at(keys, True, remember=True)
-        if r is None:  # a few keys, slots as a list: an array for a policy that takes only arrays
-            if slots:
-                self._policy.touch(ks, np.array(slots, dtype=np.int64))
-        elif r.keys:
-            self._policy.touch(r.keys, r.slots, unique=r.unique)
+        if r is None and not self._lists:  # a few keys: an array for a policy that takes only arrays
+            slots = np.array(slots, dtype=np.int64)
+        if len(slots):
+            self._policy.touch(ks, slots, unique=r is not None and r.unique)
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
