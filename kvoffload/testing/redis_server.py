@@ -177,7 +177,10 @@ class RedisCluster3:
     def __init__(self, workdir: str | Path, maxmemory: str = "256mb", replicas: int = 0) -> None:
         n = 3 * (1 + replicas)
         self.replicas = replicas
-        self.nodes = [RedisServer(Path(workdir) / f"n{i}", maxmemory=maxmemory, cluster=True) for i in range(n)]
+        sync_now = ("--repl-diskless-sync-delay", "0")  # a replica syncs at once, not 5 s later
+        self.nodes = [
+            RedisServer(Path(workdir) / f"n{i}", maxmemory=maxmemory, cluster=True, extra=sync_now) for i in range(n)
+        ]
 
     @property
     def url(self) -> str:

@@ -7,7 +7,8 @@ blocks of the step (keys ``s<step>-<j>``; another engine storing the same keys w
 bytes, so whichever write lands, every reader can check it) and waits for their write-through;
 then it looks up the keys of five steps back (long evicted from its pool: they come back from the
 tier, stored by it or by the other engine), loads the hits and checks every byte against the
-record the key stands for. After 8 steps it creates ``OUT_JSON.ready``; it stops when
+record the key stands for. It appends each step's wall-clock start to ``OUT_JSON.steps`` when
+the step is done; after 8 steps it creates ``OUT_JSON.ready``; it stops when
 ``STOP_FILE`` exists, drains, and writes to ``OUT_JSON``: per step its wall-clock start and how
 many of its writes reached the tier, the blocks loaded and verified, the loaded blocks whose bytes
 were wrong (must be none), the host-pool slots still pinned, pending, reserved or write-pinned
@@ -60,7 +61,7 @@ def _settle(m: TieredManager, keys: list[bytes], ctx: ReqContext) -> np.ndarray:
 
 def main(spec: str, stop_file: str, out_json: str) -> None:
     records = np.zeros((POOL, RB), dtype=np.uint8)
-    tier = open_tier(spec, records, NS, socket_timeout=0.5, connect_timeout=0.5, backoff_max=0.5)
+    tier = open_tier(spec, records, NS, connect_timeout=0.5, backoff_max=0.5)  # 2 s replies: a loaded machine
     m = TieredManager(CPUOffloadingManager(POOL), [tier])
     steps: list[tuple[float, int]] = []
     loaded = verified = wrong = 0
@@ -89,6 +90,8 @@ def main(spec: str, stop_file: str, out_json: str) -> None:
                     verified += same
                     wrong += not same
                 m.complete_load(hits, ctx)
+        with open(out_json + ".steps", "a") as f:  # progress the test waits on
+            f.write(f"{t0!r}\n")
         step += 1
         if step == 8:  # stored and loaded for a while: the test may start its event
             open(out_json + ".ready", "w").close()

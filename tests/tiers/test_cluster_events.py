@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from redis.crc import key_slot
 
-from kvoffload.testing.redis_server import RedisCluster3
+from kvoffload.testing.redis_server import RedisCluster3, RedisServer
 from kvoffload.tiers import RedisTier
 from tests.tiers.cluster_engine import PER_STEP, RB, record_of, step_keys
 from tests.tiers.conftest import NS, require_redis, run_job
@@ -32,28 +32,45 @@ from tests.tiers.scenario_report import report
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTLED = 1.0  # seconds after an event's end from which every store must land
+AFTER_STEPS = 10  # steps each engine makes after SETTLED before it is stopped
+EVENT_TIMEOUT = 60.0  # a loaded machine's cluster elects and gossips slowly
+
+
+def _replicas_ready(cl: RedisCluster3) -> bool:
+    """Every replica in sync with its master, and every node's view lists the three replicas."""
+    infos = [n.cli("info", "replication") for n in cl.nodes]
+    if any("role:slave" in i and "master_link_status:up" not in i for i in infos):
+        return False
+    for n in cl.nodes:
+        rows = [line.split() for line in n.cli("cluster", "nodes").splitlines()]
+        masters = {f[0] for f in rows if len(f) > 3 and "master" in f[2]}
+        if sum("slave" in f[2] and "fail" not in f[2] and f[3] in masters for f in rows if len(f) > 3) != 3:
+            return False
+    return True
 
 
 @pytest.fixture
 def cluster6(tmp_path: Path) -> Iterator[RedisCluster3]:
-    """3 masters with one replica each, replicas in sync."""
+    """3 masters with one replica each, replicas in sync and known to every node."""
     require_redis()
     cl = RedisCluster3(tmp_path / "cluster", maxmemory="64mb", replicas=1).start()
-    deadline = time.monotonic() + 20
-    while not all(
-        "master_link_status:up" in n.cli("info", "replication")
-        for n in cl.nodes
-        if "role:slave" in n.cli("info", "replication")
-    ):
-        assert time.monotonic() < deadline, "replicas did not sync"
-        time.sleep(0.1)
-    yield cl
-    cl.stop()
+    try:
+        assert _within(lambda: _replicas_ready(cl), EVENT_TIMEOUT), "replicas did not sync"
+        yield cl
+    finally:
+        cl.stop()
 
 
-def _through_event(cl: RedisCluster3, tmp: Path, event: Callable[[], None], after: float = 2.0) -> list[dict]:
-    """Two engine processes on ``cl`` before, during and ``after`` seconds after ``event()``; their
-    results, each with ``event_done`` (wall-clock end of the event)."""
+def _steps_since(out: Path, since: float) -> int:
+    """How many steps the engine writing ``out`` has finished that began after ``since``."""
+    steps = Path(f"{out}.steps")
+    return sum(float(t) > since for t in steps.read_text().split()) if steps.exists() else 0
+
+
+def _through_event(cl: RedisCluster3, tmp: Path, event: Callable[[], None]) -> list[dict]:
+    """Two engine processes on ``cl`` before and during ``event()``, and after it until each has
+    made :data:`AFTER_STEPS` steps that began :data:`SETTLED` seconds after its end; their results,
+    each with ``event_done`` (wall-clock end of the event)."""
     stop = tmp / "stop"
     outs = [tmp / f"engine{i}.json" for i in range(2)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -74,7 +91,10 @@ def _through_event(cl: RedisCluster3, tmp: Path, event: Callable[[], None], afte
             time.sleep(0.05)
         event()
         done = time.time()
-        time.sleep(after)
+        deadline = time.monotonic() + 120
+        while not all(_steps_since(out, done + SETTLED) >= AFTER_STEPS for out in outs):
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, "an engine stopped stepping"
+            time.sleep(0.05)
     finally:
         stop.touch()
     results = []
@@ -92,10 +112,15 @@ def _check(name: str, cl: RedisCluster3, results: list[dict]) -> dict[str, int]:
         assert r["wrong"] == 0 and r["verified"] == r["loaded"] > 0 and r["leaked"] == 0
         st = r["stats"]
         assert st["corrupt"] == st["rejected_values"] == st["deleted_values"] == 0, st
-        late = [(t, ok) for t, ok in r["steps"] if t > r["event_done"] + SETTLED]
-        assert late and all(ok == PER_STEP for _, ok in late), late  # stores after the event land
-        first = len(r["steps"]) - len(late)
-        for step in range(first, len(r["steps"])):
+        # stores after the event land. An engine learns the new topology from its first command
+        # refused or redirected after the event (a refused one is dropped, and the slot map is
+        # refreshed at most once per refresh interval): its first two steps after the event may
+        # still meet the old map, however late a loaded machine lets it make them
+        since = [step for step, (t, _) in enumerate(r["steps"]) if t > r["event_done"]]
+        late = [step for step in since[2:] if r["steps"][step][0] > r["event_done"] + SETTLED]
+        assert len(late) >= AFTER_STEPS - 2, r["steps"][since[0] :]
+        assert all(r["steps"][step][1] == PER_STEP for step in late), r["steps"][since[0] :]
+        for step in late:
             after_keys.update(step_keys(step))
     for n in cl.alive():  # kvoffload deletes with EVAL (compare-and-delete) only: none reached any node
         assert "cmdstat_eval:" not in n.cli("info", "commandstats")
@@ -114,11 +139,24 @@ def _check(name: str, cl: RedisCluster3, results: list[dict]) -> dict[str, int]:
     return counters
 
 
-def _until(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+def _within(cond: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``cond()`` holds within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, "the event did not complete"
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
+    return True
+
+
+def _until(cond: Callable[[], bool], timeout: float = EVENT_TIMEOUT) -> None:
+    assert _within(cond, timeout), "the event did not complete"
+
+
+def _served(node: RedisServer) -> list[range]:
+    """The slots ``node`` serves (stable ranges, not those migrating), as it sees itself."""
+    mine = next(line for line in node.cli("cluster", "nodes").splitlines() if "myself" in line).split()[8:]
+    return [range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1) for r in mine if "[" not in r]
 
 
 def _master_and_replica(cl: RedisCluster3) -> tuple[int, str, int]:
@@ -132,7 +170,7 @@ def test_master_sigkill_and_promotion_two_engines(cluster6: RedisCluster3, tmp_p
     def kill() -> None:
         cluster6.node(port).kill()
         _until(lambda: replica in cluster6.masters())  # the replica took over
-        cluster6.wait_ok()
+        cluster6.wait_ok(EVENT_TIMEOUT)
 
     counters = _check("master SIGKILL + replica promotion", cluster6, _through_event(cluster6, tmp_path, kill))
     assert counters["dropped_writes"] + counters["write_failures"] > 0  # the dead master's keys missed
@@ -140,14 +178,43 @@ def test_master_sigkill_and_promotion_two_engines(cluster6: RedisCluster3, tmp_p
 
 def test_graceful_failover_two_engines(cluster6: RedisCluster3, tmp_path: Path) -> None:
     port, _, replica = _master_and_replica(cluster6)
+    served = _served(cluster6.node(port))
+    recs = np.zeros((2 * PER_STEP, RB), dtype=np.uint8)
+    # a client whose slot map predates the failover: the old master's keys go to it, and the
+    # engines may learn the new map from a refused write before they ever meet a MOVED
+    stale = RedisTier(recs, NS, cluster6.url, batch_keys=PER_STEP)  # one pipeline
+    names = (f"stale-{i}".encode().ljust(36, b".") for i in range(10000))
+    keys = [k for k in names if any(key_slot(stale.store_key(k)) in r for r in served)][:PER_STEP]
+    for i, k in enumerate(keys):
+        recs[i] = record_of(k)
+
+    def promoted() -> bool:
+        return replica in cluster6.masters() and port not in cluster6.masters()
 
     def failover() -> None:
-        cluster6.node(replica).cli("cluster", "failover")
-        _until(lambda: replica in cluster6.masters() and port not in cluster6.masters())
-        cluster6.wait_ok()
+        # the replica gives up a manual failover the old master does not complete within 5 s (a
+        # loaded machine): an operator asks again
+        deadline = time.monotonic() + EVENT_TIMEOUT
+        while True:
+            if "role:slave" in cluster6.node(replica).cli("info", "replication"):
+                cluster6.node(replica).cli("cluster", "failover")
+            if _within(promoted, 6.0):
+                break
+            assert time.monotonic() < deadline, "the failover did not complete"
+        cluster6.wait_ok(EVENT_TIMEOUT)
 
-    counters = _check("graceful CLUSTER FAILOVER", cluster6, _through_event(cluster6, tmp_path, failover))
-    assert counters["redirected"] > 0  # the old master answered MOVED: followed, nothing lost
+    try:
+        assert stale.contains(keys) == [False] * PER_STEP  # its slot map: the old master's
+        results = _through_event(cluster6, tmp_path, failover)
+        assert run_job(stale, "store", 1, keys, list(range(PER_STEP))) == (True,) * PER_STEP
+        st = stale.stats()
+    finally:
+        stale.close()
+    assert st.redirected == PER_STEP and st.dropped_writes == st.write_failures == st.deleted_values == 0
+    with RedisTier(recs, NS, cluster6.url) as fresh:  # the old master answered MOVED: followed, nothing lost
+        assert run_job(fresh, "load", 2, keys, list(range(PER_STEP, 2 * PER_STEP))) == (True,) * PER_STEP
+    np.testing.assert_array_equal(recs[PER_STEP:], recs[:PER_STEP])
+    _check("graceful CLUSTER FAILOVER", cluster6, results)
 
 
 def test_reshard_thousands_of_slots_while_engines_run(cluster6: RedisCluster3, tmp_path: Path) -> None:
@@ -160,7 +227,7 @@ def test_reshard_thousands_of_slots_while_engines_run(cluster6: RedisCluster3, t
              "--cluster-to", dst_id, "--cluster-slots", "3000", "--cluster-yes"],
             check=True, capture_output=True, timeout=240,
         )  # fmt: skip
-        cluster6.wait_ok()
+        cluster6.wait_ok(EVENT_TIMEOUT)
 
     counters = _check("reshard of 3000 slots", cluster6, _through_event(cluster6, tmp_path, reshard))
     assert counters["redirected"] > 0
@@ -172,14 +239,13 @@ def test_half_migrated_slot_asks_and_nothing_is_lost(cluster6: RedisCluster3) ->
     a, b = cluster6.node(a_port), cluster6.node(b_port)
     recs = np.zeros((32, RB), dtype=np.uint8)
     # keys with one hash tag share a slot; pick a tag whose slot node A serves
-    mine = next(line for line in a.cli("cluster", "nodes").splitlines() if "myself" in line).split()[8:]
-    served = [range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1) for r in mine if "[" not in r]
+    served = _served(a)
     tag = next(t for t in range(10000) if any(key_slot(f"{{t{t}}}".encode()) in r for r in served))
     keys = [f"{{t{tag}}}old-{j}".encode() for j in range(8)]
     new_keys = [f"{{t{tag}}}new-{j}".encode() for j in range(4)]
     for i, k in enumerate(keys + new_keys):
         recs[i] = record_of(k)
-    with RedisTier(recs, NS, cluster6.url, socket_timeout=0.5) as t:
+    with RedisTier(recs, NS, cluster6.url) as t:
         assert run_job(t, "store", 1, keys, list(range(8))) == (True,) * 8
         slot = key_slot(t.store_key(keys[0]))
         b.cli("cluster", "setslot", str(slot), "importing", a_id)

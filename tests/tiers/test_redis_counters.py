@@ -106,7 +106,7 @@ def test_timeout_counts_timed_out(redis_url: str, redis_server: RedisServer) -> 
     try:
         recs = make_records(4, RB, seed=35)
         keys = make_keys(2)
-        with RedisTier(recs, NS, proxy.url, socket_timeout=0.3, backoff_initial=0.05, backoff_max=0.1) as t:
+        with RedisTier(recs, NS, proxy.url, socket_timeout=1.0, backoff_initial=0.05, backoff_max=0.1) as t:
             assert run_job(t, "store", 1, keys, [0, 1]) == (True, True)
             proxy.stall()
             assert run_job(t, "load", 2, keys, [2, 3]) == (False, False)

@@ -42,8 +42,12 @@ def test_every_evicted_key_yields_one_event_and_nothing_else(tmp_path: Path) -> 
             redis.Redis(port=srv.port).set(b"someone-else", b"x" * 1000)
             assert all(run_job(t, "store", 1, keys, list(range(n))))
             client = redis.Redis(port=srv.port)
-            evicted = int(client.info("stats")["evicted_keys"])
-            present = {k for k in keys if client.exists(t.store_key(k))}
+            snap = client.pipeline(transaction=True)  # one atomic snapshot: no eviction inside it
+            for k in keys:
+                snap.exists(t.store_key(k))
+            *there, info = snap.info("stats").execute()
+            evicted = int(info["evicted_keys"])
+            present = {k for k, x in zip(keys, there, strict=True) if x}
             assert evicted > 0 and 0 < len(present) < n
             removed = _removed_until(t, n - len(present))
             assert len(removed) == len(set(removed))  # one event per key
