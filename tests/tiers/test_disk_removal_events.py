@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kvoffload.tiers import DiskTier
 from kvoffload.tiers.namespace import TierNamespace
+from kvoffload.tiers.record import FIXED_HEADER_BYTES
 from tests.tiers.conftest import NS, make_keys, make_records, run_job
 
 RB = 64 << 10
@@ -17,8 +18,8 @@ MAC_B = b"integrity-key-B-0123456789"
 
 
 def _budget(n: int, key: bytes) -> int:
-    with DiskTier(make_records(1, RB, 0), NS, "/tmp", o_direct=False, removal_events=False) as probe:
-        return n * probe.file_bytes(key) + 50
+    """A ``max_bytes`` that ``n`` values fit in, not ``n + 1`` (buffered I/O: header + record)."""
+    return n * (FIXED_HEADER_BYTES + len(key) + RB) + 50
 
 
 def test_every_budget_evicted_file_yields_one_event_with_its_key(tmp_path: Path) -> None:
@@ -26,6 +27,7 @@ def test_every_budget_evicted_file_yields_one_event_with_its_key(tmp_path: Path)
     src = make_records(n, RB, seed=41)
     keys = make_keys(n)
     with DiskTier(src, NS, tmp_path, o_direct=False, max_bytes=_budget(4, keys[0]), removal_events=True) as t:
+        assert t.file_bytes(keys[0]) == FIXED_HEADER_BYTES + len(keys[0]) + RB
         assert run_job(t, "store", 1, keys[:4], [0, 1, 2, 3]) == (True,) * 4
         assert run_job(t, "load", 2, keys[:1], [11]) == (True,)  # keys[0] most recently used
         assert run_job(t, "load", 3, keys[5:6], [11]) == (False,)  # a miss: no event
