@@ -21,8 +21,8 @@ disk...), through the primary's public interface only:
   tier at :meth:`end_step`; each pin is released (``complete_load``) when that tier reports the
   write, whether it succeeded or not. Promoted keys are not written back.
 * **Removals are events.** Keys a tier's store removed on its own or by another client (a Redis
-  tier with ``removal_events``) come out of :meth:`take_events` as ``removed=True`` events whose
-  ``medium`` is the tier's name.
+  or disk tier with ``removal_events``, values a load rejected included) come out of
+  :meth:`take_events` as ``removed=True`` events whose ``medium`` is the tier's name.
 * **A slow or unreachable tier never stalls a step.** Nothing here waits on a tier: lookups of a
   tier in back-off miss, its writes are dropped (by the tier, or here when more than
   ``max_write_blocks`` blocks are pinned for writes; counted, logged once per tier), its loads fail.
@@ -298,7 +298,7 @@ class TieredManager(OffloadingManager):
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         """The host pool's events, then per tier the keys its store removed (``removed=True``,
-        ``medium`` the tier's name; a Redis tier opened with ``removal_events``)."""
+        ``medium`` the tier's name; a Redis or disk tier opened with ``removal_events``)."""
         yield from self.primary.take_events()
         for tier in self.tiers:
             removed = tier.take_removed()

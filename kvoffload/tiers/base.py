@@ -267,7 +267,8 @@ class Tier(ABC):
 
     def take_removed(self) -> list[bytes]:
         """The keys the store removed since the last call, as the tier learned of them (a Redis
-        tier with ``removal_events``: evicted, expired, deleted by any client); each key once per
+        tier with ``removal_events``: evicted, expired, deleted by any client; a disk tier with
+        ``removal_events``: evicted by its budget; both: values a load rejected); each key once per
         removal. Their cached verdicts become misses."""
         with self._lock:
             out, self._removed = self._removed, []

@@ -1,4 +1,5 @@
-"""The disk tier's in-memory index: value files by key, their sizes, least recently used first."""
+"""The disk tier's in-memory index: value files by file id, their sizes and (when known) the key
+each holds, least recently used first."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ VALUE_SUFFIX = ".kv"
 
 
 class DiskIndex:
-    """Which keys have value files, their sizes in bytes and their recency (thread-safe)."""
+    """Which file ids have value files, their sizes in bytes, their keys (``None`` for a file found
+    by the start-up scan and not used since) and their recency (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sizes: OrderedDict[bytes, int] = OrderedDict()
+        self._sizes: OrderedDict[bytes, tuple[int, bytes | None]] = OrderedDict()
         self.total_bytes = 0
 
     def __len__(self) -> int:
@@ -28,12 +30,17 @@ class DiskIndex:
     def __contains__(self, key: bytes) -> bool:
         return key in self._sizes
 
-    def add(self, key: bytes, size: int) -> None:
-        """Record ``key``'s file (most recently used)."""
+    def add(self, fid: bytes, size: int, key: bytes | None = None) -> None:
+        """Record file ``fid`` of ``size`` bytes holding ``key`` (most recently used; a key
+        already known is kept when ``key`` is ``None``)."""
         with self._lock:
-            old = self._sizes.pop(key, None)
-            self.total_bytes += size - (old or 0)
-            self._sizes[key] = size
+            old = self._sizes.pop(fid, None)
+            if old is None:
+                self.total_bytes += size
+            else:
+                self.total_bytes += size - old[0]
+                key = old[1] if key is None else key
+            self._sizes[fid] = (size, key)
 
     def touch(self, key: bytes) -> None:
         """Mark ``key`` most recently used (no-op when absent)."""
@@ -44,21 +51,23 @@ class DiskIndex:
     def remove(self, key: bytes) -> None:
         """Forget ``key`` (no-op when absent)."""
         with self._lock:
-            size = self._sizes.pop(key, None)
-            if size is not None:
-                self.total_bytes -= size
+            entry = self._sizes.pop(key, None)
+            if entry is not None:
+                self.total_bytes -= entry[0]
 
-    def victims(self, budget: int, keep: bytes) -> list[bytes]:
-        """Remove and return least recently used keys until the total fits ``budget`` (never ``keep``)."""
+    def victims(self, budget: int, keep: bytes) -> list[tuple[bytes, bytes | None]]:
+        """Remove least recently used files until the total fits ``budget`` (never ``keep``);
+        returns their ``(file id, key or None)``."""
         out = []
         with self._lock:
-            for key in list(self._sizes):
+            for fid in list(self._sizes):
                 if self.total_bytes <= budget:
                     break
-                if key == keep:
+                if fid == keep:
                     continue
-                self.total_bytes -= self._sizes.pop(key)
-                out.append(key)
+                size, key = self._sizes.pop(fid)
+                self.total_bytes -= size
+                out.append((fid, key))
         return out
 
     def scan(self, root: str) -> int:

@@ -37,7 +37,7 @@ from kvoffload.tiers.disk_io import (
     write_value,
 )
 from kvoffload.tiers.namespace import TierNamespace
-from kvoffload.tiers.record import ValueRejected
+from kvoffload.tiers.record import ValueRejected, key_in_header
 
 __all__ = ["DiskTier", "parse_disk_spec"]
 
@@ -73,6 +73,15 @@ def _file_id(key: bytes) -> bytes:
     return hashlib.blake2b(key, digest_size=16).digest()
 
 
+def _key_of_file(path: str) -> bytes | None:
+    """The key in the header of the value file at ``path`` (``None`` if unreadable or not a value)."""
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return key_in_header(f.read)
+    except OSError:
+        return None
+
+
 class DiskTier(Tier):
     """A tier on a directory (docs/contract.md §8); opened from ``disk:/path?…`` by :func:`open_tier`.
 
@@ -84,6 +93,9 @@ class DiskTier(Tier):
             first); ``None`` for no budget.
         o_direct: ``None`` probes the filesystem once (O_DIRECT where accepted, else buffered
             I/O); ``True`` requires O_DIRECT; ``False`` uses buffered I/O.
+        removal_events: report by :meth:`take_removed` every key whose file the ``max_bytes``
+            budget evicts and every key whose value a load rejects (namespace, integrity or
+            corruption check), once per eviction or rejection.
         **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
             :class:`~kvoffload.tiers.Tier`.
     """
@@ -98,9 +110,13 @@ class DiskTier(Tier):
         *,
         max_bytes: int | None = None,
         o_direct: bool | None = None,
+        removal_events: bool = False,
         **tier_options: Any,
     ) -> None:
         recs = check_records(records)
+        if not isinstance(removal_events, bool):
+            raise InvalidTypeError(f"removal_events must be a bool, got {type(removal_events).__name__}")
+        self.removal_events = removal_events
         if not isinstance(namespace, TierNamespace):
             raise InvalidTypeError(f"namespace must be a TierNamespace, got {type(namespace).__name__}")
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
@@ -174,7 +190,7 @@ class DiskTier(Tier):
             except FileNotFoundError:
                 out.append(False)
                 continue
-            self.index.add(fid, size)  # written by another process sharing the directory
+            self.index.add(fid, size, key)  # written by another process sharing the directory
             out.append(True)
         return out
 
@@ -205,7 +221,7 @@ class DiskTier(Tier):
                 self._count_error("store", exc)
                 out.append(FAILED)
                 continue
-            self.index.add(fid, size)
+            self.index.add(fid, size, key)
             out.append(STORED)
             if self.max_bytes is not None and self.index.total_bytes > self.max_bytes:
                 self._evict(fid)
@@ -214,14 +230,22 @@ class DiskTier(Tier):
     def _evict(self, keep: bytes) -> None:
         assert self.max_bytes is not None
         victims = self.index.victims(self.max_bytes, keep)
-        for fid in victims:
+        removed = []
+        for fid, key in victims:
             h = fid.hex()
+            path = os.path.join(self.root, h[:2], h + VALUE_SUFFIX)
+            if self.removal_events and key is None:  # a file of the start-up scan: its header names it
+                key = _key_of_file(path)
             try:
-                os.unlink(os.path.join(self.root, h[:2], h + VALUE_SUFFIX))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
+            if key is not None:
+                removed.append(key)
         with self._lock:
             self._stats.evictions += len(victims)
+        if self.removal_events and removed:
+            self._note_removed(removed)
 
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
         ok = [False] * len(keys)
@@ -239,6 +263,8 @@ class DiskTier(Tier):
                 continue
             except ValueRejected as rej:
                 self._count_rejected(rej)
+                if self.removal_events:  # forgotten for this reader, whether deleted or not
+                    self._note_removed([key])
                 if rej.delete:
                     self.index.remove(fid)
                     try:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,7 +44,15 @@ from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["MAGIC", "FIXED_HEADER_BYTES", "ValueRejected", "RecordCodec", "IntegrityKeys", "integrity_keys"]
+__all__ = [
+    "MAGIC",
+    "FIXED_HEADER_BYTES",
+    "ValueRejected",
+    "RecordCodec",
+    "IntegrityKeys",
+    "integrity_keys",
+    "key_in_header",
+]
 
 MAGIC = b"KVOT"
 _FIXED = struct.Struct("<4sHH16sHHQ32s")
@@ -109,6 +117,18 @@ def integrity_keys(value: IntegrityKeys, name: str = "integrity_key") -> tuple[b
             raise InvalidArgumentError(f"{name} must be at least 16 bytes, got {len(k)} (entry {i})")
         out.append(k)
     return tuple(out)
+
+
+def key_in_header(read: Callable[[int], bytes]) -> bytes | None:
+    """The key a value's header names, read through ``read(n)`` (the next ``n`` bytes of the
+    value, e.g. a file's ``read``); ``None`` when it is not a value's header. Nothing is checked
+    beyond the magic: for reporting which key a value held, never for trusting it."""
+    fixed = read(FIXED_HEADER_BYTES)
+    if len(fixed) < FIXED_HEADER_BYTES or fixed[:4] != MAGIC:
+        return None
+    key_len = _FIXED.unpack_from(fixed)[4]
+    key = read(key_len)
+    return key if len(key) == key_len and key_len else None
 
 
 class RecordCodec:

@@ -58,7 +58,10 @@ class RedisTier(Tier):
         protocol: RESP version, 2 or 3 (default: redis-py's).
         removal_events: watch the server's keyspace notifications (:mod:`kvoffload.tiers.redis_events`;
             the server needs ``notify-keyspace-events Egex`` or more): every key of this tier the
-            server evicts, expires or sees deleted is reported by :meth:`take_removed`.
+            server evicts, expires or sees deleted is reported by :meth:`take_removed`, and so is
+            every key whose value a load rejects (namespace, integrity or corruption check): once,
+            by the ``del`` notification of the tier's own delete, or by the tier where it deletes
+            nothing (or the notifications are off).
         **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
             :class:`~kvoffload.tiers.Tier` (they override the same options in the URL's query).
 
@@ -119,6 +122,7 @@ class RedisTier(Tier):
             self._count,
         )
         self._watcher: KeyspaceWatcher | None = None
+        self._removal_events = removal_events
         if removal_events:
             if self.config.cluster:
                 self._removal_events_off("Redis Cluster: keyspace notifications are per node, not watched")
@@ -214,6 +218,7 @@ class RedisTier(Tier):
         )
         ok = [False] * len(keys)
         bad: list[tuple[int, int, bytes]] = []  # (index, length, first bytes) of values to delete
+        kept: list[bytes] = []  # keys of rejected values not deleted (integrity rejections)
         for i, r in enumerate(replies):
             if r is None:
                 self._count("absent")
@@ -227,6 +232,8 @@ class RedisTier(Tier):
                     self._count_rejected(rej)
                     if rej.delete:
                         bad.append((i, r, (bytes(header) + bytes(row[:HEAD_BYTES]))[:HEAD_BYTES]))
+                    else:
+                        kept.append(keys[i])
                     continue
                 ok[i] = True
             elif isinstance(r, Mismatch):
@@ -236,11 +243,15 @@ class RedisTier(Tier):
                 bad.append((i, r.length, r.head))
             # else: not answered (node down, failed, still redirected): a failed key, nothing else
         if bad:
-            self._delete(sk, bad)
+            kept += self._delete(keys, sk, bad)
+        if kept and self._removal_events:
+            self._note_removed(kept)
         return ok
 
-    def _delete(self, sk: list[bytes], bad: list[tuple[int, int, bytes]]) -> None:
-        """Delete the rejected values that are still the values read (counted in ``deleted_values``)."""
+    def _delete(self, keys: list[bytes], sk: list[bytes], bad: list[tuple[int, int, bytes]]) -> list[bytes]:
+        """Delete the rejected values that are still the values read (counted in ``deleted_values``);
+        returns the keys whose removal the keyspace watcher will not report (not deleted here, or
+        no watcher listening)."""
         dk = [sk[i] for i, _, _ in bad]
         try:
             replies = self._nodes.run(
@@ -248,8 +259,11 @@ class RedisTier(Tier):
                 lambda pool, idx, asking: delete_if_head(pool, [(dk[j], bad[j][1], bad[j][2]) for j in idx], asking),
             )
         except TierUnavailable:  # the values stay; the loads of this batch still count
-            return
-        self._count("deleted_values", sum(1 for r in replies if r == 1 and not isinstance(r, bool)))
+            replies = [None] * len(bad)
+        deleted = [r == 1 and not isinstance(r, bool) for r in replies]
+        self._count("deleted_values", sum(deleted))
+        watched = self._watcher is not None and not self._stats.removal_events_off
+        return [keys[i] for (i, _, _), d in zip(bad, deleted, strict=True) if not (d and watched)]
 
     def _close_backend(self) -> None:
         if self._watcher is not None:

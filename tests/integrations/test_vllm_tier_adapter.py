@@ -114,3 +114,34 @@ def test_blocks_the_store_removes_are_kv_events(own_redis: RedisServer) -> None:
         assert tier.tier.stats().removal_events_off == 0
     finally:
         mgr.shutdown()
+
+
+def test_disk_budget_evictions_are_kv_events(tmp_path: Path) -> None:
+    """With ``enable_kv_events``, a file the disk tier's ``max_bytes`` budget evicts comes out of
+    vLLM's ``take_events`` as a removal of its key, once."""
+    import dataclasses
+    import time
+
+    from vllm.v1.kv_offload.base import Medium
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    url = f"disk:{tmp_path / 'kv'}?o_direct=0&max_bytes={2 * roles.ROW + 1024}"  # two values fit
+    extra = {"cpu_bytes_to_use": 16 * roles.ROW, "secondary_tiers": [generic(url=url, enable_kv_events=True)]}
+    config = dataclasses.replace(roles.offloading_config(extra), enable_kv_cache_events=True)
+    mgr = TieringOffloadingSpec(config).get_manager()
+    try:
+        tier = mgr.secondary_tiers[0]
+        assert tier.tier.removal_events
+        ks = roles.keys(3, seed=12)
+        removed: list[Any] = []
+        for k in ks:
+            roles.store(mgr, [k])
+            removed += [ev for ev in mgr.take_events() if ev.medium is Medium.STORAGE and ev.removed]
+        deadline = time.monotonic() + 10
+        while not removed and time.monotonic() < deadline:
+            removed = [ev for ev in mgr.take_events() if ev.medium is Medium.STORAGE and ev.removed]
+            time.sleep(0.05)
+        assert [list(ev.keys) for ev in removed] == [[ks[0]]]
+        assert tier.tier.stats().evictions == 1
+    finally:
+        mgr.shutdown()

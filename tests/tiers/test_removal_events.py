@@ -1,6 +1,7 @@
 """Removal events of the Redis tier against a real ``redis-server``: every key of the tier the server
-evicts (small ``maxmemory``, ``allkeys-lru``), expires or sees deleted by another client is reported
-once by ``take_removed``, and nothing else is; with notifications off the stats say so."""
+evicts (small ``maxmemory``, ``allkeys-lru``), expires or sees deleted by another client, and every
+value a load rejects, is reported once by ``take_removed``, and nothing else is; with notifications
+off the stats say so."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ import redis
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers import RedisTier
+from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.redis_events import notifications_missing
 from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job, settle
 
 RB = 256 << 10
+MAC_A = b"integrity-key-A-0123456789"
+MAC_B = b"integrity-key-B-0123456789"
 
 
 def _removed_until(t: RedisTier, want: int, timeout: float = 10.0) -> list[bytes]:
@@ -116,3 +120,76 @@ def test_removals_are_the_tiered_managers_events(tmp_path: Path) -> None:
             m.close()
     finally:
         srv.stop()
+
+
+def _corrupt(client: redis.Redis, rk: bytes) -> None:
+    """Flip the last payload byte of the value at ``rk`` (another client's ``SET``: no ``del`` event)."""
+    v = bytearray(client.get(rk))
+    v[-1] ^= 0xFF
+    client.set(rk, bytes(v))
+
+
+def test_each_rejected_value_yields_one_event(tmp_path: Path) -> None:
+    """A value a load rejects is one removal: a deleted one through the ``del`` notification of the
+    tier's own delete, one kept (integrity: valid for other readers) by the tier; loads that succeed
+    or miss yield nothing."""
+    require_redis()
+    srv = RedisServer(tmp_path / "rej", extra=("--notify-keyspace-events", "Egex")).start()
+    try:
+        recs = make_records(8, 4096, seed=5)
+        keys = make_keys(5)
+        other_ns = TierNamespace("other/model", "bfloat16", "bfloat16", "flash_attn", (2, 16, 4, 64), 16)
+        client = redis.Redis(port=srv.port)
+        with RedisTier(recs, other_ns, srv.url) as o:
+            assert run_job(o, "store", 1, keys[:1], [0]) == (True,)
+            foreign = client.get(o.store_key(keys[0]))
+        with RedisTier(recs, NS, srv.url, integrity_key=MAC_A) as signer:
+            assert run_job(signer, "store", 1, keys[3:4], [3]) == (True,)
+        with RedisTier(recs, NS, srv.url, integrity_key=MAC_B, removal_events=True) as t:
+            assert t._watcher is not None and t._watcher.wait_subscribed(10)
+            assert run_job(t, "store", 1, keys[1:3], [1, 2]) == (True, True)
+            client.set(t.store_key(keys[0]), foreign)  # another namespace's value under this key
+            _corrupt(client, t.store_key(keys[1]))  # under a MAC: an integrity rejection, kept
+            got = run_job(t, "load", 2, keys + [b"absent"], [4, 5, 6, 7, 4, 5])
+            assert got == (False, False, True, False, False, False)
+            removed = _removed_until(t, 3)
+            assert sorted(removed) == sorted([keys[0], keys[1], keys[3]])  # keys[2] loaded, absent missed
+            st = t.stats()
+            assert st.rejected_values == 3 and st.removals == 3 and st.deleted_values == 1  # keys[0]
+            assert client.exists(t.store_key(keys[3]))  # kept for readers holding MAC_A
+            assert run_job(t, "load", 3, keys[3:4], [7]) == (False,)
+            assert _removed_until(t, 1) == [keys[3]]  # one per rejection
+    finally:
+        srv.stop()
+
+
+def test_rejected_value_is_one_event_with_notifications_off(tmp_path: Path) -> None:
+    """No ``del`` notification will come: the tier reports the value it deleted itself."""
+    require_redis()
+    srv = RedisServer(tmp_path / "off").start()
+    try:
+        recs = make_records(4, 4096, seed=6)
+        keys = make_keys(2)
+        client = redis.Redis(port=srv.port)
+        with RedisTier(recs, NS, srv.url, removal_events=True) as t:
+            assert t._watcher is not None and t._watcher.wait_subscribed(10)
+            assert run_job(t, "store", 1, keys, [0, 1]) == (True, True)
+            _corrupt(client, t.store_key(keys[0]))
+            assert t.stats().removal_events_off == 1
+            assert run_job(t, "load", 2, keys, [2, 3]) == (False, True)
+            assert _removed_until(t, 1) == [keys[0]]
+            assert t.stats().deleted_values == 1
+    finally:
+        srv.stop()
+
+
+def test_rejections_are_no_events_unless_asked(redis_url: str) -> None:
+    recs = make_records(4, 4096, seed=7)
+    keys = make_keys(1, b"noev")
+    client = redis.Redis.from_url(redis_url)
+    with RedisTier(recs, NS, redis_url) as t:
+        assert run_job(t, "store", 1, keys, [0]) == (True,)
+        _corrupt(client, t.store_key(keys[0]))
+        assert run_job(t, "load", 2, keys, [1]) == (False,)
+        assert t.stats().rejected_values == 1
+        assert t.take_removed() == [] and t.stats().removals == 0

@@ -19,7 +19,7 @@ scheduler process and never blocks it:
 * with ``enable_kv_events`` (and vLLM's KV events on) ``take_events`` announces stored blocks,
   and blocks the store removed (``removed=True``: a Redis tier then watches the server's keyspace
   notifications, which need ``notify-keyspace-events Egex``; ``removal_events_off`` in its stats
-  says when they are off).
+  says when they are off; a disk tier reports its budget's evictions; both, rejected values).
 
 Use from vLLM's own ``TieringOffloadingSpec`` (or kvoffload's ``KVOffloadSpec``)::
 
