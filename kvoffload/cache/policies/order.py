@@ -321,6 +321,8 @@ class SlotOrder:
             heapq.heappop(heap)
             if pushed.get(s) == ps:
                 del pushed[s]
+        if heap and k == 1 and not (has_prot and prot_mark[heap[0][1]]):
+            return np.array([heap[0][1]], dtype=np.int64)  # the oldest parked slot is evictable again
         if heap:
             ahead = heap if len(heap) <= 4 * k + 16 else heapq.nsmallest(4 * k + 16, heap)
             for ps, s in sorted(ahead):
