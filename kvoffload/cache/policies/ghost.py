@@ -69,38 +69,24 @@ class GhostKeys:
         k = len(fp)
         if k == 0:
             return
-        b = (fp & np.uint32(self.mask)).astype(np.int64)
-        seq = (np.arange(self.added, self.added + k, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32)
+        b = fp & np.uint32(self.mask)
+        seq = np.arange(self.added, self.added + k, dtype=np.uint64).astype(np.uint32)  # mod 2**32
         self.added = (self.added + k) & 0xFFFFFFFF
-        way = self.cursor[b].astype(np.int64)
-        if k > 1:  # the i-th key of a bucket in this call goes i entries past its cursor
-            order = np.argsort(b, kind="stable")
-            sb = b[order]
-            first = np.empty(k, dtype=bool)
-            first[0] = True
-            np.not_equal(sb[1:], sb[:-1], out=first[1:])
-            if not first.all():
-                start = np.flatnonzero(first)
-                rank_sorted = np.arange(k, dtype=np.int64) - np.repeat(start, np.diff(np.append(start, k)))
-                if int(rank_sorted.max()) >= WAYS:  # a bucket wraps within the call: in order, one by one
-                    self._add_loop(b, fp | np.uint32(1), seq)
-                    return
-                rank = np.empty(k, dtype=np.int64)
-                rank[order] = rank_sorted
-                way += rank
-                way %= WAYS
-                last = np.append(first[1:], True)  # the last key of each bucket sets its cursor
-                self.fp[b, way] = fp | np.uint32(1)
-                self.seq[b, way] = seq
-                self.cursor[sb[last]] = (way[order[last]] + 1) % WAYS
-                return
-        self.fp[b, way] = fp | np.uint32(1)
+        way = self.cursor[b]
+        val = fp | np.uint32(1)
+        self.fp[b, way] = val
         self.seq[b, way] = seq
-        self.cursor[b] = (way + 1) % WAYS
-
-    def _add_loop(self, b: np.ndarray, val: np.ndarray, seq: np.ndarray) -> None:
+        ok = self.seq[b, way] == seq
+        if ok.all():  # one key per bucket (the common case): done
+            self.cursor[b] = (way + 1) % WAYS
+            return
+        # keys sharing a bucket: write those again one by one, in order (each at its bucket's cursor)
+        dup = (b[:, None] == b[~ok]).any(axis=1)
+        single = ~dup
+        self.cursor[b[single]] = (way[single] + 1) % WAYS
         fps, seqs, cursor = self.fp, self.seq, self.cursor
-        for bi, v, q in zip(b.tolist(), val.tolist(), seq.tolist(), strict=True):
+        idx = np.flatnonzero(dup)
+        for bi, v, q in zip(b[idx].tolist(), val[idx].tolist(), seq[idx].tolist(), strict=True):
             c = int(cursor[bi])
             fps[bi, c] = v
             seqs[bi, c] = q
