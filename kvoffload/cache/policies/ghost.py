@@ -44,9 +44,11 @@ class GhostKeys:
         self.size = size
         self.buckets = 1 << max(0, (-(-2 * size // WAYS) - 1).bit_length())
         self.mask = self.buckets - 1
-        self.fp = np.zeros((self.buckets, WAYS), dtype=np.uint32)
-        self.seq = np.zeros((self.buckets, WAYS), dtype=np.uint32)
-        self.cursor = np.zeros(self.buckets, dtype=np.uint8)
+        # written now (np.full, not np.zeros' lazily mapped pages): the first evictions after start
+        # would otherwise pay a page fault per bucket row they reach (~1 us each, at every capacity)
+        self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)
+        self.seq = np.full((self.buckets, WAYS), 0, dtype=np.uint32)
+        self.cursor = np.full(self.buckets, 0, dtype=np.uint8)
         self.added = 0  # sequence number of the next key (mod 2**32)
 
     def contains_pop(self, fp: np.ndarray) -> np.ndarray:
