@@ -44,9 +44,11 @@ class GhostKeys:
         self.size = size
         self.buckets = 1 << max(0, (-(-2 * size // WAYS) - 1).bit_length())
         self.mask = self.buckets - 1
-        self.fp = np.zeros((self.buckets, WAYS), dtype=np.uint32)
-        self.seq = np.zeros((self.buckets, WAYS), dtype=np.uint32)
-        self.cursor = np.zeros(self.buckets, dtype=np.uint8)
+        # written now (np.full, not np.zeros' lazily mapped pages): the first evictions after start
+        # would otherwise pay a page fault per bucket row they reach (~1 us each, at every capacity)
+        self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)
+        self.seq = np.full((self.buckets, WAYS), 0, dtype=np.uint32)
+        self.cursor = np.full(self.buckets, 0, dtype=np.uint8)
         self.added = 0  # sequence number of the next key (mod 2**32)
 
     def contains_pop(self, fp: np.ndarray) -> np.ndarray:
@@ -69,8 +71,8 @@ class GhostKeys:
         k = len(fp)
         if k == 0:
             return
-        b = (fp & np.uint32(self.mask)).astype(np.int64)
-        seq = (np.arange(self.added, self.added + k, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32)
+        b = fp & np.uint32(self.mask)
+        seq = np.arange(self.added, self.added + k, dtype=np.uint64).astype(np.uint32)  # mod 2**32
         self.added = (self.added + k) & 0xFFFFFFFF
         way = self.cursor[b]
         val = fp | np.uint32(1)
@@ -81,15 +83,15 @@ class GhostKeys:
             self.cursor[b] = (way + 1) % WAYS
             return
         # keys sharing a bucket: write those again one by one, in order (each at its bucket's cursor)
-        dup = np.isin(b, b[~ok])
+        dup = (b[:, None] == b[~ok]).any(axis=1)
         single = ~dup
         self.cursor[b[single]] = (way[single] + 1) % WAYS
         fps, seqs, cursor = self.fp, self.seq, self.cursor
-        for i in np.flatnonzero(dup).tolist():
-            bi = int(b[i])
+        idx = np.flatnonzero(dup)
+        for bi, v, q in zip(b[idx].tolist(), val[idx].tolist(), seq[idx].tolist(), strict=True):
             c = int(cursor[bi])
-            fps[bi, c] = val[i]
-            seqs[bi, c] = seq[i]
+            fps[bi, c] = v
+            seqs[bi, c] = q
             cursor[bi] = (c + 1) % WAYS
 
     def clear(self) -> None:

@@ -148,6 +148,14 @@ class HeadStartPolicy(CachePolicy):
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         ref, mark, h = self.table.ref, self.table.prot_mark, self.tuner.head_start
+        b = self.seen.peek(1, ref, protected, mark)
+        # the common case, every victim from the first-sight list: one take, no second scan
+        a = self.new.take(n, ref, protected, mark)
+        if len(a) == n and (len(b) == 0 or self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
+            self.new.discard(a)
+            self.ghost.add(self.fp[a])
+            return a
+        self.new.on_evictable(a)  # give them back (order unchanged), then choose as below
         a = self.new.peek(n, ref, protected, mark)
         b = self.seen.peek(1, ref, protected, mark)  # usually enough: the seen list's oldest
         if len(b) and not (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):

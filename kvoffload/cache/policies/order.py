@@ -321,6 +321,8 @@ class SlotOrder:
             heapq.heappop(heap)
             if pushed.get(s) == ps:
                 del pushed[s]
+        if heap and k == 1 and not (has_prot and prot_mark[heap[0][1]]):
+            return np.array([heap[0][1]], dtype=np.int64)  # the oldest parked slot is evictable again
         if heap:
             ahead = heap if len(heap) <= 4 * k + 16 else heapq.nsmallest(4 * k + 16, heap)
             for ps, s in sorted(ahead):
@@ -335,9 +337,30 @@ class SlotOrder:
                         break
                     if member[s] == lid and pos[s] == ps and ref[s] == 0 and not (has_prot and prot_mark[s]):
                         out.append(s)
+        h = self.head
+        if not out and k <= 8 and not heap:  # a few: entry by entry for a bounded number of steps
+            buf, mm, pm, base = self._bm, self._mm, self._pm, self.base
+            ref_s = ref.data
+            prot = prot_mark.data if has_prot else None
+            stop = min(self.tail, h + SCAN_BUDGET + 4 * k)
+            passing = True
+            while h < stop:
+                s = buf[h]
+                if mm[s] == lid and pm[s] == base + h and ref_s[s] == 0:
+                    if passing:
+                        self.head = h
+                        passing = False
+                    if prot is None or not prot[s]:
+                        out.append(s)
+                        if len(out) == k:
+                            break
+                h += 1
+            if passing:
+                self.head = h
+            if len(out) == k or h >= self.tail:
+                return np.array(out, dtype=np.int64) if out else _EMPTY_I64
         chunks = [np.array(out, dtype=np.int64)] if out else []
         need = k - len(out)
-        h = self.head
         while need > 0 and h < self.tail:
             end = min(self.tail, h + need + max(64, need // 4))
             seg = self.buf[h:end].astype(np.int64)
