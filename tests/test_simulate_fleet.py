@@ -15,6 +15,7 @@ from kvoffload.sim.fleet import FleetTrace, replay_fleet
 from kvoffload.sim.fleet_sweep import FleetSpec, sweep_fleet
 from kvoffload.sim.mooncake import read_mooncake_trace
 from tests.sim.mooncake_traces import random_mooncake, write_mooncake
+from tests.test_simulate_trace import assert_refused
 
 
 def _trace(tmp_path: Path, n: int = 120, seed: int = 4) -> Path:
@@ -107,12 +108,4 @@ def test_peak_rate_is_the_busiest_window() -> None:
 def test_bad_fleet_flags_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
 ) -> None:
-    trace = write_mooncake(tmp_path / "m.jsonl", random_mooncake(10, 1, block_tokens=64))
-    argv = ["simulate", "--trace", str(trace), "--trace-block-size", "64", "--capacities", "8"]
-    try:
-        rc = main([*argv, *extra, "--out", str(tmp_path / "o")])
-    except SystemExit as exc:  # argparse rejects a malformed value itself
-        rc = int(exc.code or 0)
-    assert rc == 2
-    assert needle in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
+    assert_refused(tmp_path, capsys, ["--capacities", "8", *extra], needle)

@@ -114,10 +114,15 @@ def test_tier_capacities_split_the_hits_between_host_memory_and_the_tier(
 def test_bad_tier_capacity_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
 ) -> None:
+    assert_refused(tmp_path, capsys, ["--policies", "lru", "--capacities", "8", *extra], needle)
+
+
+def assert_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str) -> None:
+    """``simulate`` on a small trace with ``args`` exits 2, says ``needle`` and writes nothing."""
     trace = write_mooncake(tmp_path / "m.jsonl", random_mooncake(10, 1, block_tokens=64))
-    argv = ["simulate", "--trace", str(trace), "--trace-block-size", "64", "--policies", "lru", "--capacities", "8"]
+    argv = ["simulate", "--trace", str(trace), "--trace-block-size", "64", *args]
     try:
-        rc = main([*argv, *extra, "--out", str(tmp_path / "o")])
+        rc = main([*argv, "--out", str(tmp_path / "o")])
     except SystemExit as exc:  # argparse rejects a malformed value itself
         rc = int(exc.code or 0)
     assert rc == 2

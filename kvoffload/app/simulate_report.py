@@ -23,6 +23,8 @@ from kvoffload.sim.model_config import ConfigShape
 from kvoffload.sim.sweep import ModelShape, SimPoint, largest_run
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvoffload.app.simulate_cache import CacheSweepPoints
     from kvoffload.sim.trace_block_view import TraceBlockView
 
@@ -135,25 +137,22 @@ class SweepReport:
             lines.append(
                 row(cap, "  ".join(f"{by[(p, cap)].cpu_hit_rate:>{w}.1%}" for p, w in zip(cols, widths, strict=True)))
             )
+
+        def relative(title: str, base: str, fmt: Callable[[int, int], str]) -> None:
+            """A table of each policy's hit tokens against ``base``'s at the same capacity."""
+            lines.extend([title, head(self.policies)])
+            for cap in self.capacities:
+                b = by[(base, cap)].cpu_hit_tokens
+                cells = "  ".join(
+                    f"{fmt(by[(p, cap)].cpu_hit_tokens, b):>{w}}" for p, w in zip(self.policies, widths, strict=False)
+                )
+                lines.append(row(cap, cells))
+
         if ref is not None:
             lines.append(self.infinite_definition())
-            lines += ["each policy's share of Belady's optimum (its hit tokens / Belady's):", head(self.policies)]
-            for cap in self.capacities:
-                best = by[("belady", cap)].cpu_hit_tokens
-                cells = "  ".join(
-                    f"{_share(by[(p, cap)].cpu_hit_tokens, best):>{w}}"
-                    for p, w in zip(self.policies, widths, strict=False)
-                )
-                lines.append(row(cap, cells))
+            relative("each policy's share of Belady's optimum (its hit tokens / Belady's):", "belady", _share)
         if "lru" in self.policies and len(self.policies) > 1:
-            lines += ["each policy's hit tokens relative to LRU's (x LRU):", head(self.policies)]
-            for cap in self.capacities:
-                base = by[("lru", cap)].cpu_hit_tokens
-                cells = "  ".join(
-                    f"{_ratio(by[(p, cap)].cpu_hit_tokens, base):>{w}}"
-                    for p, w in zip(self.policies, widths, strict=False)
-                )
-                lines.append(row(cap, cells))
+            relative("each policy's hit tokens relative to LRU's (x LRU):", "lru", _ratio)
         return "\n".join(lines)
 
     def infinite_definition(self) -> str:

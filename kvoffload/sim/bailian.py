@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.sim.mooncake import MooncakeRequest
+from kvoffload.sim.mooncake import MooncakeRequest, check_hash_ids
 from kvoffload.sim.workload import read_jsonl
 
 __all__ = ["BAILIAN_BLOCK_TOKENS", "BAILIAN_FIELDS", "BailianRequest", "read_bailian_trace"]
@@ -38,7 +38,6 @@ BAILIAN_FIELDS = (
     "turn",
     "hash_ids",
 )
-_MAX_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -90,19 +89,7 @@ def _parse(obj: object, where: str, last_ts: float, line: int) -> BailianRequest
         raise InvalidArgumentError(f"{where}: field 'type' must be a non-empty str, got {kind!r}")
     if not _int(turn) or turn < 1:
         raise InvalidArgumentError(f"{where}: field 'turn' must be a positive int, got {turn!r}")
-    ids = obj["hash_ids"]
-    if not isinstance(ids, list) or not all(_int(h) and 0 <= h <= _MAX_ID // BAILIAN_BLOCK_TOKENS for h in ids):
-        raise InvalidArgumentError(f"{where}: field 'hash_ids' must be a list of non-negative ints (below 2**59)")
-    if len(set(ids)) != len(ids):
-        raise InvalidArgumentError(
-            f"{where}: field 'hash_ids' repeats an id (prefix-block ids are distinct in a prompt)"
-        )
-    need = -(-n_in // BAILIAN_BLOCK_TOKENS)
-    if len(ids) != need:
-        raise InvalidArgumentError(
-            f"{where}: field 'hash_ids' has {len(ids)} entries, input_length {n_in} needs {need} "
-            f"(one per {BAILIAN_BLOCK_TOKENS} tokens, the last one may be partial)"
-        )
+    ids = check_hash_ids(obj["hash_ids"], n_in, BAILIAN_BLOCK_TOKENS, where, "field 'hash_ids'")
     return BailianRequest(float(ts) * 1000, n_in, n_out, tuple(ids), line, chat, parent, kind, turn)
 
 

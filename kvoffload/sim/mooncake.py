@@ -85,6 +85,23 @@ def _ids_ok(ids: list[Any], block_tokens: int) -> bool:
     return not ids or (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) <= _MAX_ID // block_tokens)
 
 
+def check_hash_ids(ids: object, n_in: int, block_tokens: int, where: str, label: str, hint: str = "") -> list[int]:
+    """``ids`` as a trace line's prefix-block ids: a list of distinct non-negative ints, one per
+    ``block_tokens`` of the ``n_in``-token prompt (the last block may be partial); else an
+    :class:`InvalidArgumentError` at ``where`` naming the field as ``label``."""
+    if not isinstance(ids, list) or not _ids_ok(ids, block_tokens):
+        raise InvalidArgumentError(f"{where}: {label} must be a list of non-negative ints (below 2**63 / block size)")
+    if len(set(ids)) != len(ids):
+        raise InvalidArgumentError(f"{where}: {label} repeats an id (prefix-block hashes are distinct within a prompt)")
+    need = -(-n_in // block_tokens)
+    if len(ids) != need:
+        raise InvalidArgumentError(
+            f"{where}: {label} has {len(ids)} entries, input_length {n_in} needs {need} "
+            f"(one per block of {block_tokens} tokens, the last one may be partial{hint})"
+        )
+    return ids
+
+
 def _parse(obj: object, where: str, block_tokens: int, last_ts: float, line: int) -> MooncakeRequest:
     if not isinstance(obj, dict):
         raise InvalidArgumentError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -106,19 +123,7 @@ def _parse(obj: object, where: str, block_tokens: int, last_ts: float, line: int
         raise InvalidArgumentError(f"{where}: input_length must be a positive int, got {n_in!r}")
     if not _nonneg_int(n_out):
         raise InvalidArgumentError(f"{where}: output_length must be a non-negative int, got {n_out!r}")
-    ids = obj["hash_ids"]
-    if not isinstance(ids, list) or not _ids_ok(ids, block_tokens):
-        raise InvalidArgumentError(f"{where}: hash_ids must be a list of non-negative ints (below 2**63 / block size)")
-    if len(set(ids)) != len(ids):
-        raise InvalidArgumentError(
-            f"{where}: hash_ids repeats an id (prefix-block hashes are distinct within a prompt)"
-        )
-    need = -(-n_in // block_tokens)
-    if len(ids) != need:
-        raise InvalidArgumentError(
-            f"{where}: hash_ids has {len(ids)} entries, input_length {n_in} needs {need} "
-            f"(one per block of {block_tokens} tokens, the last one may be partial; see --trace-block-size)"
-        )
+    ids = check_hash_ids(obj["hash_ids"], n_in, block_tokens, where, "hash_ids", "; see --trace-block-size")
     return MooncakeRequest(float(ts), n_in, n_out, tuple(ids), line)
 
 

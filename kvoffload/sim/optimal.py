@@ -107,19 +107,8 @@ def replay_belady(plan: BeladyPlan, capacity: int) -> ReplayResult:
 def _belady_without_eviction(plan: BeladyPlan, capacity: int) -> ReplayResult:
     t0 = time.perf_counter()
     trace = plan.trace
-    hits = replay_infinite(trace).per_request
     stored = plan.stored_without_eviction
-    return ReplayResult(
-        policy="belady",
-        capacity=capacity,
-        prompt_tokens=trace.total_prompt_tokens,
-        hit_blocks=int(hits.sum()),
-        hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, trace.block_tokens),
-        stored_blocks=stored,
-        distinct_stored=stored,
-        per_request=hits,
-        seconds=time.perf_counter() - t0,
-    )
+    return _belady_result(trace, capacity, replay_infinite(trace).per_request, stored, 0, stored, t0)
 
 
 def replay_belady_heap(plan: BeladyPlan, capacity: int) -> ReplayResult:
@@ -165,6 +154,13 @@ def replay_belady_heap(plan: BeladyPlan, capacity: int) -> ReplayResult:
         if len(heap) > 4 * size + 1_000_000:  # drop stale entries
             heap = [-((held[i] << bits) | i) for i in range(trace.num_blocks) if held[i] >= 0]
             heapq.heapify(heap)
+    return _belady_result(trace, capacity, hits, stored, evicted, sum(ever), t0)
+
+
+def _belady_result(
+    trace: BlockTrace, capacity: int, hits: np.ndarray, stored: int, evicted: int, distinct: int, t0: float
+) -> ReplayResult:
+    """Belady's :class:`ReplayResult` from its per-request hit blocks and store counts."""
     return ReplayResult(
         policy="belady",
         capacity=capacity,
@@ -173,7 +169,7 @@ def replay_belady_heap(plan: BeladyPlan, capacity: int) -> ReplayResult:
         hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, trace.block_tokens),
         stored_blocks=stored,
         evictions=evicted,
-        distinct_stored=sum(ever),
+        distinct_stored=distinct,
         per_request=hits,
         seconds=time.perf_counter() - t0,
     )
