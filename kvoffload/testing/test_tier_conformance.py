@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.testing.redis_server import redis_binaries_problem
 from kvoffload.testing.tier_harness import HARNESSES, TierHarness, harness_class
+from kvoffload.testing.tier_steps import make_keys, run_job
+from kvoffload.testing.tier_steps import settle as _settle
 from kvoffload.tiers import Tier, TierNamespace
 
 __all__ = ["pytest_generate_tests", "parametrize_harnesses", "harness_names"]
@@ -109,35 +112,16 @@ def records(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, RB), dtype=np.uint8)
 
 
-def keys(n: int, tag: bytes = b"k") -> list[bytes]:
-    return [(tag + i.to_bytes(4, "big")).ljust(32, b".") + bytes(4) for i in range(n)]
-
-
-def settle(tier: Tier, ks: list[bytes], timeout: float = 20.0) -> np.ndarray:
-    """Engine steps (lookup + end_step) until no key answers RETRY."""
-    deadline = time.monotonic() + timeout
-    while True:
-        codes = tier.lookup(ks)
-        tier.end_step()
-        if not (codes == LOOKUP_RETRY).any():
-            return codes
-        assert time.monotonic() < deadline, "lookups still RETRY after the timeout"
-        tier.drain(timeout=1.0)
-
-
-def run(tier: Tier, kind: str, job_id: int, ks: list[bytes], slots: list[int]) -> tuple[bool, ...]:
-    (tier.submit_store if kind == "store" else tier.submit_load)(job_id, ks, slots)
-    assert tier.drain(timeout=60.0)
-    done = [r for r in tier.get_finished() if r.job_id == job_id]
-    assert len(done) == 1 and done[0].kind == kind and done[0].keys == tuple(ks)
-    return done[0].ok
+#: the suite's waits are longer than kvoffload's own tier tests': a third-party store may be slower
+settle = partial(_settle, timeout=20.0)
+run = partial(run_job, drain_timeout=60.0)
 
 
 # ---------------------------------------------------------------------------------------------- tests
 def test_store_load_round_trip_bytes_exact(store: _Opener) -> None:
     src, dst = records(8, 1), records(8, 2)
     before = dst.copy()
-    ks = keys(5)
+    ks = make_keys(5)
     a = store(src)
     assert run(a, "store", 1, ks, [3, 0, 7, 1, 5]) == (True,) * 5
     assert run(a, "store", 2, ks, [2, 2, 2, 2, 2]) == (True,) * 5  # present: left alone, ok
@@ -152,7 +136,7 @@ def test_store_load_round_trip_bytes_exact(store: _Opener) -> None:
 
 def test_lookup_verdicts_retry_then_hit_or_miss(store: _Opener) -> None:
     src = records(4, 3)
-    ks = keys(4)
+    ks = make_keys(4)
     t = store(src, lookup_ttl_steps=2)
     run(t, "store", 1, ks[:2], [0, 1])
     assert (t.lookup(ks[:2]) == LOOKUP_HIT).all()  # a finished store is a known hit
@@ -170,17 +154,17 @@ def test_probe_answered_within_the_step_it_was_sent(store: _Opener) -> None:
     """``end_step`` waits up to ``probe_wait`` for the step's probe: the next step's lookups have the
     verdicts; a stalled store only delays them (``end_step`` returns, lookups answer RETRY)."""
     t = store(records(4, 22), probe_wait=1.0)
-    run(t, "store", 1, keys(1), [0])
-    other = keys(3, b"pw")
+    run(t, "store", 1, make_keys(1), [0])
+    other = make_keys(3, b"pw")
     assert (t.lookup(other) == LOOKUP_RETRY).all()
     t.end_step()
     assert (t.lookup(other) == LOOKUP_MISS).all()  # answered: no further step or drain needed
     if not store.harness.can_stall:
         return
     s = store(records(4, 23), probe_wait=0.05)
-    settle(s, keys(1, b"warm"))
+    settle(s, make_keys(1, b"warm"))
     store.harness.stall()
-    late = keys(2, b"late")
+    late = make_keys(2, b"late")
     assert (s.lookup(late) == LOOKUP_RETRY).all()
     s.end_step()  # returns after probe_wait without the answer
     assert (s.lookup(late) == LOOKUP_RETRY).all()
@@ -190,10 +174,10 @@ def test_probe_answered_within_the_step_it_was_sent(store: _Opener) -> None:
 
 def test_one_round_trip_per_step_whatever_the_keys(store: _Opener) -> None:
     t = store(records(2, 5))
-    settle(t, keys(1, b"warm"))
+    settle(t, make_keys(1, b"warm"))
     for n, tag in ((1, b"a"), (10, b"b"), (300, b"c")):
         before = t.stats().lookup_round_trips
-        ks = keys(n, tag)
+        ks = make_keys(n, tag)
         for part in range(0, n, max(1, n // 3)):  # several lookup calls in one step
             t.lookup(ks[part : part + max(1, n // 3)])
         t.end_step()
@@ -207,7 +191,7 @@ def test_one_round_trip_per_step_whatever_the_keys(store: _Opener) -> None:
 
 def test_partial_success_per_key(store: _Opener) -> None:
     src = records(6, 6)
-    ks = keys(3)
+    ks = make_keys(3)
     t = store(src)
     assert run(t, "store", 1, ks, [0, 1, 2]) == (True,) * 3
     store.harness.delete_raw(t, ks[1])  # deleted by another client / evicted by the store
@@ -220,7 +204,7 @@ def test_partial_success_per_key(store: _Opener) -> None:
 
 
 def test_namespace_rejection(store: _Opener) -> None:
-    ks = keys(2)
+    ks = make_keys(2)
     a = store(records(4, 7), OTHER_NS)
     run(a, "store", 1, ks, [0, 1])
     b = store(records(4, 8))
@@ -240,7 +224,7 @@ def test_namespace_rejection(store: _Opener) -> None:
 def test_integrity_rejection(store: _Opener, fault: str) -> None:
     secret = b"conformance-secret-0123456789"
     src = records(4, 9)
-    ks = keys(2)
+    ks = make_keys(2)
     t = store(src, integrity_key=secret)
     run(t, "store", 1, ks, [0, 1])
     good = store.harness.read_raw(t, ks[0])
@@ -276,7 +260,7 @@ def test_integrity_key_rotation(store: _Opener) -> None:
     new key only refuses the old values (counted, not deleted)."""
     old_key, new_key = b"conformance-old-key-0123456789", b"conformance-new-key-0123456789"
     src = records(4, 18)
-    ks = keys(2)
+    ks = make_keys(2)
     old = store(src, integrity_key=old_key)
     run(old, "store", 1, ks[:1], [0])
     rotated = store(records(4, 19), integrity_key=[new_key, old_key])
@@ -295,7 +279,7 @@ def test_integrity_key_rotation(store: _Opener) -> None:
 def test_concurrent_writers_of_one_key(store: _Opener) -> None:
     """Two engines store different bytes under one key at once: both report ok, and every later
     load gets exactly one writer's bytes, never a mix."""
-    ks = keys(16)
+    ks = make_keys(16)
     a_src, b_src = records(16, 11), records(16, 12)
     a, b = store(a_src, io_threads=4, batch_keys=1), store(b_src, io_threads=4, batch_keys=1)
     go = threading.Barrier(2)
@@ -324,7 +308,7 @@ def test_concurrent_writers_of_one_key(store: _Opener) -> None:
 
 def test_drain_and_close(store: _Opener) -> None:
     src = records(8, 14)
-    ks = keys(8)
+    ks = make_keys(8)
     t = store(src)
     t.submit_store(1, ks[:4], [0, 1, 2, 3])
     t.submit_store(2, ks[4:], [4, 5, 6, 7])
@@ -342,15 +326,15 @@ def test_drain_and_close(store: _Opener) -> None:
 
 def test_back_pressure_drops_stores_beyond_the_write_budget(store: _Opener) -> None:
     t = store(records(8, 15), max_pending_write_bytes=3 * RB)
-    t.submit_store(1, keys(4, b"big"), [0, 1, 2, 3])  # more than the budget: dropped at once
+    t.submit_store(1, make_keys(4, b"big"), [0, 1, 2, 3])  # more than the budget: dropped at once
     (res,) = t.get_finished()
     assert res.ok == (False,) * 4 and t.stats().dropped_writes == 4
-    assert run(t, "store", 2, keys(3), [0, 1, 2]) == (True,) * 3  # within it: stored
+    assert run(t, "store", 2, make_keys(3), [0, 1, 2]) == (True,) * 3  # within it: stored
     if not store.harness.can_stall:
         return
     store.harness.stall()
-    t.submit_store(3, keys(2, b"a"), [3, 4])  # accepted: its bytes stay pending
-    t.submit_store(4, keys(2, b"b"), [5, 6])  # the budget is full: dropped at once
+    t.submit_store(3, make_keys(2, b"a"), [3, 4])  # accepted: its bytes stay pending
+    t.submit_store(4, make_keys(2, b"b"), [5, 6])  # the budget is full: dropped at once
     done = t.get_finished()
     assert [(r.job_id, r.ok) for r in done] == [(4, (False, False))]
     store.harness.resume()
@@ -362,7 +346,7 @@ def test_store_goes_away_and_comes_back(store: _Opener) -> None:
     if not h.can_go_away:
         pytest.skip(f"{type(h).__name__} cannot take its store away")
     src = records(16, 16)
-    ks = keys(8)
+    ks = make_keys(8)
     t = store(src, **h.fault_options)
     assert run(t, "store", 1, ks, list(range(8))) == (True,) * 8
     before = src.copy()
@@ -373,14 +357,14 @@ def test_store_goes_away_and_comes_back(store: _Opener) -> None:
         for i, good in enumerate(ok):  # a loaded key holds exactly its bytes
             if good:
                 np.testing.assert_array_equal(src[8 + i], before[i])
-        t.lookup(keys(4, b"gone"))  # never raises, never blocks
+        t.lookup(make_keys(4, b"gone"))  # never raises, never blocks
         t.end_step()
-        t.submit_store(3, keys(2, b"while-gone"), [0, 1])
+        t.submit_store(3, make_keys(2, b"while-gone"), [0, 1])
         assert t.drain(timeout=60.0)
         t.get_finished()
     finally:
         h.come_back()
-    fresh = keys(3, b"fresh")
+    fresh = make_keys(3, b"fresh")
     deadline = time.monotonic() + 30.0
     while True:  # after the back-off, the tier is used again
         if run(t, "store", 10 + int(time.monotonic() * 1000) % 10**6, fresh, [0, 1, 2]) == (True,) * 3:
@@ -396,10 +380,10 @@ def test_records_outside_jobs_never_change(store: _Opener) -> None:
     src = records(6, 17)
     before = src.copy()
     t = store(src)
-    ks = keys(2)
+    ks = make_keys(2)
     run(t, "store", 1, ks, [0, 1])
-    settle(t, ks + keys(3, b"absent"))
+    settle(t, ks + make_keys(3, b"absent"))
     np.testing.assert_array_equal(src, before)
-    run(t, "load", 2, ks + keys(1, b"absent"), [4, 5, 3])
+    run(t, "load", 2, ks + make_keys(1, b"absent"), [4, 5, 3])
     np.testing.assert_array_equal(src[[0, 1, 2]], before[[0, 1, 2]])
     np.testing.assert_array_equal(src[[4, 5]], before[[0, 1]])

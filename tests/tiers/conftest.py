@@ -6,16 +6,14 @@ Without ``redis-server`` the Redis tests are skipped with the reason; ``KVOFFLOA
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kvoffload.core.lookup_code import LOOKUP_RETRY
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
-from kvoffload.tiers import Tier, TierNamespace
+from kvoffload.tiers import TierNamespace
 from tests.redis_support import require_redis as _require_redis
 from tests.redis_support import server_of_its_own
 
@@ -58,30 +56,3 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
 def make_records(num_slots: int, record_bytes: int, seed: int) -> np.ndarray:
     """Host records filled with bytes that are a function of (seed, slot)."""
     return np.random.default_rng(seed).integers(0, 256, (num_slots, record_bytes), dtype=np.uint8)
-
-
-def make_keys(n: int, tag: bytes = b"k") -> list[bytes]:
-    """``n`` distinct 36-byte keys (a 32-byte hash + a 4-byte group index)."""
-    return [(tag + i.to_bytes(4, "big")).ljust(32, b".") + (0).to_bytes(4, "big") for i in range(n)]
-
-
-def settle(tier: Tier, keys: list[bytes], timeout: float = 10.0) -> np.ndarray:
-    """Run engine steps (lookup + end_step) until no key answers RETRY; returns the codes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        codes = tier.lookup(keys)
-        tier.end_step()
-        if not (codes == LOOKUP_RETRY).any():
-            return codes
-        assert time.monotonic() < deadline, "lookups still RETRY after the timeout"
-        tier.drain(timeout=1.0)
-
-
-def run_job(tier: Tier, kind: str, job_id: int, keys: list[bytes], slots: list[int]) -> tuple[bool, ...]:
-    """Submit one job, wait for it, return its per-key ok."""
-    submit = tier.submit_store if kind == "store" else tier.submit_load
-    submit(job_id, keys, slots)
-    assert tier.drain(timeout=30.0)
-    done = [r for r in tier.get_finished() if r.job_id == job_id]
-    assert len(done) == 1 and done[0].kind == kind
-    return done[0].ok

@@ -13,8 +13,9 @@ import sys
 import numpy as np
 
 from kvoffload.core.lookup_code import LOOKUP_HIT
+from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import open_tier
-from tests.tiers.conftest import NS, make_keys, make_records, run_job, settle
+from tests.tiers.conftest import NS, make_records
 
 RB = 96 << 10
 

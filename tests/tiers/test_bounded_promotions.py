@@ -14,9 +14,10 @@ from kvoffload.cache.tiered import TieredManager
 from kvoffload.core.base import ReqContext
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidTypeError
+from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier
 from tests.keys import CTX
-from tests.tiers.conftest import NS, make_keys, make_records, run_job
+from tests.tiers.conftest import NS, make_records
 
 RB = 4096
 POOL = 8

@@ -25,9 +25,10 @@ import pytest
 from redis.crc import key_slot
 
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
+from kvoffload.testing.tier_steps import run_job
 from kvoffload.tiers import RedisTier
 from tests.tiers.cluster_engine import PER_STEP, RB, record_of, step_keys
-from tests.tiers.conftest import NS, require_redis, run_job
+from tests.tiers.conftest import NS, require_redis
 from tests.tiers.scenario_report import report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier
 from kvoffload.tiers.disk_io import is_page_aligned
-from tests.tiers.conftest import NS, make_keys, make_records, run_job
+from tests.tiers.conftest import NS, make_records
 from tests.tiers.test_disk_tier import _independent_o_direct_check
 
 PAGE = 4096

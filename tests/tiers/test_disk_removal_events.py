@@ -7,10 +7,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import FIXED_HEADER_BYTES
-from tests.tiers.conftest import NS, make_keys, make_records, run_job
+from tests.tiers.conftest import NS, make_records
 
 RB = 64 << 10
 MAC_A = b"integrity-key-A-0123456789"

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS
+from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import DiskTier, open_tier
 from kvoffload.tiers.disk_io import probe_o_direct, temp_name
-from tests.tiers.conftest import NS, make_keys, make_records, run_job, settle
+from tests.tiers.conftest import NS, make_records
 
 RB = 2 * 4096 + 123
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +140,7 @@ def test_stale_temp_files_cleaned_at_start_and_never_visible(tmp_path: Path) -> 
 def _store_in_child(path: Path, fsize_limit: int | None, uid: int | None) -> dict:
     """Store 4 records in a child process (optionally with RLIMIT_FSIZE, or as ``uid`` once imports are done)."""
     code = (
-        "import json,os,sys; from tests.tiers.conftest import NS,make_keys,make_records,run_job;"
+        "import json,os,sys; from tests.tiers.conftest import NS,make_records; from kvoffload.testing.tier_steps import make_keys,run_job;"
         f"from kvoffload.tiers import DiskTier; r=make_records(4,{RB},34); k=make_keys(4);"
         + (f"os.setgid({uid}); os.setuid({uid});" if uid is not None else "")
         + f"t=DiskTier(r,NS,{str(path)!r},o_direct=False);"

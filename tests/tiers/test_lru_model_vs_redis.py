@@ -18,8 +18,9 @@ import numpy as np
 
 from kvoffload.sim.shared_tier import LRUTierModel
 from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import RedisTier
-from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job
+from tests.tiers.conftest import NS, make_records, require_redis
 
 CAP, BLOCKS, ACCESSES, RB = 48, 160, 1500, 16 << 10
 TOLERANCE = 0.06  # of the accesses

@@ -14,8 +14,9 @@ from redis.crc import key_slot
 
 from kvoffload.core.lookup_code import LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
+from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import RecordCodec, RedisTier, TierNamespace, TierStats
-from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job, settle
+from tests.tiers.conftest import NS, make_records, require_redis
 from tests.tiers.proxy import TurnCountingProxy
 
 RB = 8192

@@ -10,8 +10,9 @@ import redis
 
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import RecordCodec, RedisTier, TierNamespace
-from tests.tiers.conftest import NS, make_keys, make_records, run_job, settle
+from tests.tiers.conftest import NS, make_records
 from tests.tiers.proxy import TurnCountingProxy
 
 RB = 64 << 10

@@ -11,8 +11,9 @@ import redis
 
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import RedisTier
-from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job, settle
+from tests.tiers.conftest import NS, make_records, require_redis
 from tests.tiers.proxy import TurnCountingProxy
 
 RB = 3 * 4096 + 17  # an odd record size: no accidental alignment

@@ -13,10 +13,11 @@ import redis
 
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS
 from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import RedisTier
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.redis_events import notifications_missing
-from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job, settle
+from tests.tiers.conftest import NS, make_records, require_redis
 
 RB = 256 << 10
 MAC_A = b"integrity-key-A-0123456789"

@@ -13,8 +13,9 @@ import redis
 
 from kvoffload.core.lookup_code import LOOKUP_HIT
 from kvoffload.testing.redis_server import RedisCluster3
+from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import RedisTier
-from tests.tiers.conftest import NS, make_keys, make_records, run_job, settle
+from tests.tiers.conftest import NS, make_records
 
 ROOT = Path(__file__).resolve().parents[2]
 

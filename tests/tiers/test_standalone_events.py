@@ -16,8 +16,9 @@ import pytest
 import redis
 
 from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import RecordCodec, RedisTier
-from tests.tiers.conftest import NS, make_keys, make_records, require_redis, run_job
+from tests.tiers.conftest import NS, make_records, require_redis
 from tests.tiers.scenario_report import report
 from tests.tiers.test_redis_counters import COUNTERS, assert_only
 

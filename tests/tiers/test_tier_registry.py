@@ -14,9 +14,10 @@ import pytest
 
 from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
 from kvoffload.sim.engine import Engine
+from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier, RedisTier, check_tier_spec, open_tier, register_tier, tier_schemes
 from kvoffload.tiers.registry import resolve_tier, tier_options
-from tests.tiers.conftest import NS, make_keys, make_records, run_job
+from tests.tiers.conftest import NS, make_records
 from tests.tiers.test_engine_tiers import CFG, _no_leak, _run
 from tests.tiers.toy_tier import STORES, ToyTier, install_entry_point
 

@@ -14,9 +14,10 @@ from kvoffload.core.base import ReqContext
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.testing.redis_server import RedisServer
+from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import RedisTier
 from tests.keys import CTX
-from tests.tiers.conftest import NS, make_keys, make_records, run_job
+from tests.tiers.conftest import NS, make_records
 from tests.tiers.proxy import TurnCountingProxy
 
 RB = 4096 + 24
