@@ -140,7 +140,8 @@ def test_stale_temp_files_cleaned_at_start_and_never_visible(tmp_path: Path) -> 
 def _store_in_child(path: Path, fsize_limit: int | None, uid: int | None) -> dict:
     """Store 4 records in a child process (optionally with RLIMIT_FSIZE, or as ``uid`` once imports are done)."""
     code = (
-        "import json,os,sys; from tests.tiers.conftest import NS,make_records; from kvoffload.testing.tier_steps import make_keys,run_job;"
+        "import json,os,sys; from tests.tiers.conftest import NS,make_records;"
+        "from kvoffload.testing.tier_steps import make_keys,run_job;"
         f"from kvoffload.tiers import DiskTier; r=make_records(4,{RB},34); k=make_keys(4);"
         + (f"os.setgid({uid}); os.setuid({uid});" if uid is not None else "")
         + f"t=DiskTier(r,NS,{str(path)!r},o_direct=False);"
