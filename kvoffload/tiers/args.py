@@ -99,7 +99,7 @@ def redact_query(spec: str) -> str:
 
 
 _QUERY_INTS = ("io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
-_QUERY_FLOATS = ("backoff_initial", "backoff_max", "probe_wait")
+_QUERY_FLOATS = ("backoff_initial", "backoff_max", "probe_wait", "defer_hit_rate")
 
 
 def tier_options_from_query(spec: str, pairs: list[tuple[str, str]]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -122,7 +122,7 @@ def tier_options_from_query(spec: str, pairs: list[tuple[str, str]]) -> tuple[di
             try:
                 opts[k] = float(v)
             except ValueError:
-                raise InvalidArgumentError(f"tier spec {spec!r}: {k} must be a number of seconds, got {v!r}") from None
+                raise InvalidArgumentError(f"tier spec {spec!r}: {k} must be a number, got {v!r}") from None
         elif k == "name":
             opts[k] = v
         elif k == "integrity_key":
