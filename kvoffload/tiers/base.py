@@ -26,7 +26,6 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
@@ -43,13 +42,14 @@ from kvoffload.tiers.record import IntegrityKeys, RecordCodec, ValueRejected
 from kvoffload.tiers.threads import as_background_thread
 from kvoffload.tiers.types import TierJobResult, TierStats
 from kvoffload.tiers.verdicts import Verdicts
+from kvoffload.tiers.workers import LOAD, STORE, IOThreads
 
 __all__ = ["Tier", "STORED", "PRESENT", "FAILED", "DROPPED"]
 
 logger = logging.getLogger(__name__)
 
-#: Store/load batches for the pool: the task function and its argument tuples.
-_Tasks = tuple[Callable[..., None], list[tuple[object, ...]]]
+#: Store/load batches for the I/O threads: their priority, the task function and its argument tuples.
+_Tasks = tuple[int, Callable[..., None], list[tuple[object, ...]]]
 
 
 class _Probe(NamedTuple):
@@ -166,7 +166,7 @@ class Tier(ABC):
         # thread wakes one thread per step at most, and never starts a pool thread)
         self._probe_q: queue.SimpleQueue[_Probe | _Tasks | None] = queue.SimpleQueue()
         self._probe_done: queue.SimpleQueue[tuple[list[bytes], list[bool] | None]] = queue.SimpleQueue()
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvoffload-tier-{name}")
+        self._pool = IOThreads(io_threads, f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
             target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
         )
@@ -262,7 +262,7 @@ class Tier(ABC):
                 return
             self._pending_write_bytes += nbytes
             job = self._jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
-        self._dispatch(self._run_store, job, slots)
+        self._dispatch(STORE, self._run_store, job, slots)
 
     def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the values of ``keys`` into the records in ``slots``, asynchronously.
@@ -276,7 +276,7 @@ class Tier(ABC):
             return
         with self._lock:
             job = self._jobs[job_id] = Job(job_id, "load", keys, len(keys), self._batch_keys)
-        self._dispatch(self._run_load, job, slots)
+        self._dispatch(LOAD, self._run_load, job, slots)
 
     def get_finished(self) -> list[TierJobResult]:
         """The jobs finished since the last call (also updates lookup verdicts from them)."""
@@ -343,7 +343,7 @@ class Tier(ABC):
         self.drain()
         self._probe_q.put(None)
         self._lookup_thread.join()
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
         self._close_backend()
 
     def __enter__(self) -> Tier:
@@ -422,18 +422,20 @@ class Tier(ABC):
                 raise InvalidArgumentError(f"job_id {job_id} is already in flight on tier {self.name}")
         return job_id, keys, slot_arr
 
-    def _dispatch(self, run: Callable[[Job, int, int, np.ndarray], None], job: Job, slots: np.ndarray) -> None:
-        """Hand ``job``'s batches to the lookup thread, which submits them to the pool."""
+    def _dispatch(
+        self, priority: int, run: Callable[[Job, int, int, np.ndarray], None], job: Job, slots: np.ndarray
+    ) -> None:
+        """Hand ``job``'s batches to the lookup thread, which submits them to the I/O threads."""
         tasks: list[tuple[object, ...]] = [(job, a, b, slots[a:b]) for a, b in job.batches()]
-        self._probe_q.put((run, tasks))
+        self._probe_q.put((priority, run, tasks))
 
     def _lookup_loop(self) -> None:
         as_background_thread()
         while (item := self._probe_q.get()) is not None:
             if not isinstance(item, _Probe):
-                run, tasks = item
+                priority, run, tasks = item
                 for args in tasks:
-                    self._pool.submit(run, *args)
+                    self._pool.submit(priority, run, *args)
                 continue
             down = item.fresh and self._health.is_down()  # a late reply is read whatever the health
             found = None if down else self._call_backend("lookup", item.run)
