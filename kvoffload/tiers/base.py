@@ -187,8 +187,8 @@ class Tier(ABC):
     def end_step(self) -> None:
         """Send this step's queued lookups as one probe batch; call once per engine step.
 
-        When a lookup of the step answered ``LOOKUP_RETRY`` (a request waits on the probe), wait
-        for its answer up to ``probe_wait`` seconds (one round trip on a healthy store),
+        While a key answered ``LOOKUP_RETRY`` (a request waits on it) has not been probed, wait
+        for the answers up to ``probe_wait`` seconds (one round trip on a healthy store),
         so a request deferred on the probe is answered at the engine's next step (without the wait
         it waits for the lookup thread to be scheduled behind the engine thread, steps longer). A
         backend that can (:meth:`_probe_now`: a standalone Redis server) sends the batch and reads

@@ -35,8 +35,7 @@ class Verdicts:
         self._defer_at = defer_hit_rate
         #: share of recently probed keys the store held (starts at 1: a new tier is asked)
         self.hit_rate = 1.0
-        #: whether a lookup answered ``LOOKUP_RETRY`` since the last :meth:`take_batch`
-        self.deferred = False
+        self._awaited: set[bytes] = set()  # keys answered RETRY whose probe has not returned
         self._step = 0
         self._known: dict[bytes, tuple[int, int]] = {}  # key -> (code, step resolved)
         self._queued: dict[bytes, None] = {}
@@ -60,14 +59,21 @@ class Verdicts:
             else:
                 self._queued[key] = None
                 out[i] = unknown
-        self.deferred |= unknown == LOOKUP_RETRY and bool((out == LOOKUP_RETRY).any())
+        if unknown == LOOKUP_RETRY:
+            retry = out == LOOKUP_RETRY
+            if retry.any():
+                self._awaited.update(k for k, r in zip(keys, retry.tolist(), strict=True) if r)
         return out
+
+    @property
+    def deferred(self) -> bool:
+        """Whether a key answered ``LOOKUP_RETRY`` (a request waits on it) has not been probed yet."""
+        return bool(self._awaited)
 
     def take_batch(self) -> list[bytes]:
         """The keys queued this step (now in flight), and the step ends."""
         batch = list(self._queued)
         self._queued.clear()
-        self.deferred = False
         self._in_flight.update(batch)
         self._step += 1
         if self._step % 64 == 0:
@@ -80,6 +86,7 @@ class Verdicts:
         if self._answered is not None:
             self._answered.extend(batch)
         rate = self.hit_rate
+        self._awaited.difference_update(batch)
         for i, key in enumerate(batch):
             self._in_flight.discard(key)
             hit = found is not None and found[i]

@@ -86,3 +86,21 @@ def test_a_tier_that_finds_nothing_defers_no_request(redis_url: str) -> None:
 def test_defer_hit_rate_checked(redis_url: str, value: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="defer_hit_rate"):
         RedisTier(make_records(1, 4096, seed=33), NS, redis_url, defer_hit_rate=value)  # type: ignore[arg-type]
+
+
+def test_a_key_awaited_keeps_the_step_waiting_until_probed() -> None:
+    """``end_step`` waits while a key answered RETRY is unprobed, not only in the step it was asked
+    (a deferred request is not looked up again until its key resolves), and never for keys that
+    answered a miss at once."""
+    from kvoffload.tiers.verdicts import Verdicts
+
+    v = Verdicts(ttl_steps=8, defer_hit_rate=0.05)
+    a, b = make_keys(2, b"aw")
+    assert v.answer([a], down=False).tolist() == [LOOKUP_RETRY] and v.deferred
+    assert v.take_batch() == [a]
+    assert v.deferred  # the next step: its probe is still out
+    v.probed([a], [False])
+    assert not v.deferred
+    v.hit_rate = 0.0  # probes find nothing: unknown keys miss at once, no one waits
+    assert v.answer([b], down=False).tolist() == [LOOKUP_MISS] and not v.deferred
+    assert v.take_batch() == [b]  # yet it is probed
