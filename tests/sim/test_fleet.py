@@ -238,6 +238,7 @@ def test_session_routing_follows_bailian_chat_ids(tmp_path: Path) -> None:
     path.write_text("".join(json.dumps(o) + "\n" for o in objs))
     ft = FleetTrace.from_mooncake(read_bailian_trace(path), 16, 32)
     assert ft.conversations.tolist() == [i % 3 for i in range(24)]
+    assert ft.trace.tags == tuple(f"text/{i // 3 + 1}" for i in range(24))  # as the single-node replay's
     got = replay_fleet(ft, "session", 3, "lru", 20, window_s=WINDOW)
     owners = {conv: {int(got.replica[r]) for r in range(conv, 24, 3)} for conv in range(3)}
     assert all(len(reps) == 1 for reps in owners.values())
