@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 import numpy as np
 
 from kvoffload.checks import check_int
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidArgumentError
 from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
 from kvoffload.tiers.health import Health, TierUnavailable
 from kvoffload.tiers.jobs import Job
@@ -86,8 +86,8 @@ class Tier(ABC):
         max_pending_write_bytes: record bytes of accepted, unfinished stores above which new
             stores are dropped (back-pressure).
         lookup_ttl_steps: engine steps a probed verdict is reused before the key is probed again.
-        probe_wait: seconds :meth:`end_step` waits for the step's probe batch to be answered
-            when a lookup of the step is deferred on it (0: never waits; see :meth:`end_step`).
+        probe_wait: seconds :meth:`end_step` waits for probe answers while a key a lookup
+            answered ``LOOKUP_RETRY`` is unprobed (0: never waits; see :meth:`end_step`).
         defer_hit_rate: least share of recently probed keys the store held (a moving average,
             :attr:`hit_rate`) for a key without a verdict to answer ``LOOKUP_RETRY`` (the request
             waits for its probe); below it such keys answer ``LOOKUP_MISS`` at once and are
@@ -130,17 +130,16 @@ class Tier(ABC):
         if not isinstance(namespace, TierNamespace):
             raise InvalidArgumentError(f"namespace must be a TierNamespace, got {type(namespace).__name__}")
         check_tier_options(
-            io_threads, batch_keys, max_pending_write_bytes, lookup_ttl_steps, backoff_initial, backoff_max
+            io_threads,
+            batch_keys,
+            max_pending_write_bytes,
+            lookup_ttl_steps,
+            backoff_initial,
+            backoff_max,
+            probe_wait,
+            defer_hit_rate,
         )
-        if isinstance(probe_wait, bool) or not isinstance(probe_wait, (int, float)):
-            raise InvalidTypeError(f"probe_wait must be a number of seconds, got {type(probe_wait).__name__}")
-        if not 0 <= probe_wait <= 1:
-            raise InvalidArgumentError(f"probe_wait must be in [0, 1] seconds, got {probe_wait}")
         self._probe_wait = float(probe_wait)
-        if isinstance(defer_hit_rate, bool) or not isinstance(defer_hit_rate, (int, float)):
-            raise InvalidTypeError(f"defer_hit_rate must be a number, got {type(defer_hit_rate).__name__}")
-        if not 0 <= defer_hit_rate <= 1:
-            raise InvalidArgumentError(f"defer_hit_rate must be in [0, 1], got {defer_hit_rate}")
         self.name = name
         self.io_threads = io_threads
         self.namespace = namespace
