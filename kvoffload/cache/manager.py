@@ -33,6 +33,7 @@ from kvoffload.core.base import (
     ReqContext,
     check_req_context,
     validate_keys,
+    workload_tag,
 )
 from kvoffload.errors import InvalidTypeError, KeyStateError
 
@@ -90,6 +91,7 @@ class CPUOffloadingManager(OffloadingManager):
         self.cache_policy: str = cache_policy
         self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
         self._lists = self._policy.takes_lists
+        self._tags = self._policy.uses_workload  # set policy.workload before its calls
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._counters = Counters()
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
@@ -214,6 +216,8 @@ class CPUOffloadingManager(OffloadingManager):
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
         self._check(req_context)
         ks, slots, r = self._at(keys, True, remember=True)
+        if self._tags:
+            self._policy.workload = workload_tag(req_context)
         if r is None and not self._lists:  # a few keys: an array for a policy that takes only arrays
             slots = np.array(slots, dtype=np.int64)
         if len(slots):
@@ -230,6 +234,8 @@ class CPUOffloadingManager(OffloadingManager):
         """:meth:`prepare_store`'s decision as a :class:`~kvoffload.cache.batch.StorePlan` (for an
         engine adapter's own output type)."""
         self._check(req_context)
+        if self._tags:
+            self._policy.workload = workload_tag(req_context)
         if self._reuse is None and self._requests is None:
             return self._stores.prepare(*self._at(keys, False))
         batch = self.key_batch(keys, dedup=False)
@@ -275,6 +281,8 @@ class CPUOffloadingManager(OffloadingManager):
         position) and forget them."""
         self._check(req_context)
         if self._requests is not None:
+            if self._tags:
+                self._policy.workload = workload_tag(req_context)
             self._requests.finish(req_context.req_id, key_position)
 
     # ------------------------------------------------------------------ events, stats, lifecycle

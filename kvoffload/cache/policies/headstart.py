@@ -36,9 +36,10 @@ Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64``
 fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
 keys (64 to 129 B): 101 to 166 bytes, plus the tuner's small caches (four of at most 128 blocks
 with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch or insert is O(keys)
-numpy work (a CRC-32 per inserted key); evicting ``n`` blocks peeks at ``n`` candidates of each
-list and takes the victims (O(n) amortised); the tuner does Python work for a fraction
-``min(1, 128 / capacity)`` of the accesses (its sample).
+numpy work (a CRC-32 per inserted key); evicting ``n`` blocks takes the first-sight blocks up to
+the seen list's oldest candidate in one scan (usually all ``n``), then the two lists in turn
+(O(n) amortised); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of the
+accesses (its sample).
 """
 
 from __future__ import annotations
@@ -97,11 +98,11 @@ class HeadStartPolicy(CachePolicy):
         hit = self.ghost.contains_pop(fp)
         self.stamp[slots] = np.arange(self.clock, self.clock + k, dtype=np.int64)
         self.clock += k
-        if hit.any():
+        if hit is None:
+            self.new.push_back(slots, fresh=True)
+        else:
             self.new.push_back(slots[~hit], fresh=True)
             self.seen.push_back(slots[hit], fresh=True)
-        else:
-            self.new.push_back(slots, fresh=True)
 
     def remove(self, slots: np.ndarray) -> None:
         self.new.discard(slots)
@@ -143,42 +144,49 @@ class HeadStartPolicy(CachePolicy):
         self._to_seen(rev)
 
     def on_evictable(self, slots: np.ndarray) -> None:
-        self.new.on_evictable(slots)
-        self.seen.on_evictable(slots)
+        if len(slots) and int(self.pos[slots].min()) < max(self.new.scan_position, self.seen.scan_position):
+            self.new.on_evictable(slots)  # some may be parked (the rare case): each list re-queues its own
+            self.seen.on_evictable(slots)
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        ref, mark, h = self.table.ref, self.table.prot_mark, self.tuner.head_start
+        ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
         b = self.seen.peek(1, ref, protected, mark)
-        # the common case, every victim from the first-sight list: one take, no second scan
-        a = self.new.take(n, ref, protected, mark)
-        if len(a) == n and (len(b) == 0 or self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
+        # the first-sight blocks that go before the seen list's oldest (both lists' stamps only grow
+        # from old to new, so one limited take finds them); usually that is every victim
+        a = self.new.take(n, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
+        if len(a) == n:
             self.new.discard(a)
             self.ghost.add(self.fp[a])
             return a
-        self.new.on_evictable(a)  # give them back (order unchanged), then choose as below
-        a = self.new.peek(n, ref, protected, mark)
-        b = self.seen.peek(1, ref, protected, mark)  # usually enough: the seen list's oldest
-        if len(b) and not (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
-            b = self.seen.peek(n, ref, protected, mark)
-        if len(a) + len(b) < n:
-            return None
-        if len(b) == 0 or (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
-            victims = a[:n]
-            na = n
-        elif len(b) >= n and (len(a) == 0 or self.stamp[a[0]] > self.stamp[b[n - 1]] + h):
-            victims = b[:n]
-            na = 0
-        else:  # merge the two lists' candidates (each oldest first): ties go to the first-sight block
-            both = np.concatenate((a, b))
-            rank = np.concatenate((self.stamp[a], self.stamp[b] + h))
-            victims = both[np.argsort(rank, kind="stable")[:n]]
-            na = int(np.count_nonzero(self.member[victims] == _NEW))
-        if na:
-            self.new.discard(self.new.take(na, ref, protected, mark))
-        if na < n:
-            self.seen.discard(self.seen.take(n - na, ref, protected, mark))
-        self.ghost.add(self.fp[victims])
-        return victims
+        return self._evict_merged(n, a, h, protected)
+
+    def _evict_merged(self, n: int, a: np.ndarray, h: int, protected: np.ndarray) -> np.ndarray | None:
+        """:meth:`evict` once a seen block comes next: takes from the two lists in turn, each up to
+        the other's oldest candidate (ties go to the first-sight block), until ``n`` are taken."""
+        ref, mark, stamp = self.table.ref, self.table.prot_mark, self.stamp
+        new_parts, seen_parts, victims = [a], [], [a]
+        need = n - len(a)
+        while need:
+            nxt = self.new.peek(1, ref, protected, mark)
+            s = self.seen.take(need, ref, protected, mark, stamp, int(stamp[nxt[0]]) - h - 1 if len(nxt) else None)
+            seen_parts.append(s)
+            victims.append(s)
+            need -= len(s)
+            if need and len(nxt) == 0:  # both lists exhausted: give everything back
+                self.new.on_evictable(np.concatenate(new_parts))
+                self.seen.on_evictable(np.concatenate(seen_parts))
+                return None
+            if need:
+                b = self.seen.peek(1, ref, protected, mark)
+                a = self.new.take(need, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
+                new_parts.append(a)
+                victims.append(a)
+                need -= len(a)
+        self.new.discard(np.concatenate(new_parts))
+        self.seen.discard(np.concatenate(seen_parts))
+        out = np.concatenate(victims)
+        self.ghost.add(self.fp[out])
+        return out
 
     def clear(self) -> None:
         self.member[:] = 0
