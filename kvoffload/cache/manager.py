@@ -16,9 +16,8 @@ import numpy as np
 
 from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan, is_distinct
 from kvoffload.cache.keytable import ClosedIndex, SlotTable
-from kvoffload.cache.loads import Loads
-from kvoffload.cache.lookups import LOOKUP_CODES, lookup_codes, make_lookup
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
+from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
 from kvoffload.cache.requests import RequestLog
 from kvoffload.cache.reuse import ReuseFilter
 from kvoffload.cache.stats import Counters, OffloadingStats
@@ -91,7 +90,7 @@ class CPUOffloadingManager(OffloadingManager):
         self.cache_policy: str = cache_policy
         self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
         self._lists = self._policy.takes_lists
-        self._tags = self._policy.uses_workload  # set policy.workload before its calls
+        self._tags = self._policy.uses_workload
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._counters = Counters()
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
@@ -149,6 +148,8 @@ class CPUOffloadingManager(OffloadingManager):
             c is not self._ctx or req_context.req_id.__class__ is not str
         ):
             check_req_context(req_context)
+        if self._tags:  # set policy.workload before its calls
+            self._policy.workload = workload_tag(req_context)
 
     def _at(
         self, keys: Sequence[OffloadKey], repeats: bool, remember: bool = False
@@ -216,8 +217,6 @@ class CPUOffloadingManager(OffloadingManager):
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
         self._check(req_context)
         ks, slots, r = self._at(keys, True, remember=True)
-        if self._tags:
-            self._policy.workload = workload_tag(req_context)
         if r is None and not self._lists:  # a few keys: an array for a policy that takes only arrays
             slots = np.array(slots, dtype=np.int64)
         if len(slots):
@@ -234,8 +233,6 @@ class CPUOffloadingManager(OffloadingManager):
         """:meth:`prepare_store`'s decision as a :class:`~kvoffload.cache.batch.StorePlan` (for an
         engine adapter's own output type)."""
         self._check(req_context)
-        if self._tags:
-            self._policy.workload = workload_tag(req_context)
         if self._reuse is None and self._requests is None:
             return self._stores.prepare(*self._at(keys, False))
         batch = self.key_batch(keys, dedup=False)
@@ -281,8 +278,6 @@ class CPUOffloadingManager(OffloadingManager):
         position) and forget them."""
         self._check(req_context)
         if self._requests is not None:
-            if self._tags:
-                self._policy.workload = workload_tag(req_context)
             self._requests.finish(req_context.req_id, key_position)
 
     # ------------------------------------------------------------------ events, stats, lifecycle
