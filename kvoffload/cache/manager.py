@@ -21,9 +21,10 @@ from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
 from kvoffload.cache.requests import RequestLog
 from kvoffload.cache.reuse import ReuseFilter
 from kvoffload.cache.stats import Counters, OffloadingStats
-from kvoffload.cache.stores import CPU_MEDIUM, Stores, store_output
+from kvoffload.cache.stores import CPU_MEDIUM, Stores
 from kvoffload.checks import check_bool
 from kvoffload.core.base import (
+    CPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -126,15 +127,12 @@ class CPUOffloadingManager(OffloadingManager):
         """Requests recorded, not finished yet (0 without ``record_requests``)."""
         return len(self._requests or ())
 
-    # ------------------------------------------------------------------ the door
-    def key_batch(
-        self, keys: Collection[OffloadKey], *, dedup: bool = True, limit: int = SMALL_BATCH, distinct: bool = False
-    ) -> KeyBatch:
+    def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True) -> KeyBatch:
         """``keys`` checked and resolved once (:meth:`SlotTable.key_batch`), taken as they are by
         this manager's calls while no key was inserted or freed since."""
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return self._table.key_batch(keys, dedup=dedup, limit=limit, distinct=distinct)
+        return self._table.key_batch(keys, dedup=dedup, limit=SMALL_BATCH)
 
     def trust_context_class(self, cls: type) -> None:
         """Check contexts of class ``cls`` (an engine's own, with a ``req_id`` field) by the type of
@@ -164,7 +162,6 @@ class CPUOffloadingManager(OffloadingManager):
         r = self._table.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
         return r.keys, r.slots, r
 
-    # ------------------------------------------------------------------ lookups
     def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
         """:meth:`lookup` answering ``answers`` (ready, absent, pending), taking ``context_cls``
         contexts unchecked, for an engine adapter; valid until :meth:`shutdown`."""
@@ -195,7 +192,6 @@ class CPUOffloadingManager(OffloadingManager):
         _, slots, r = self._at(keys, True, remember=count)
         return lookup_codes(self._table, self._counters if count else None, slots if r is None else None, r)
 
-    # ------------------------------------------------------------------ loads
     def prepare_load(
         self, keys: Sequence[OffloadKey], req_context: ReqContext, *, record_access: bool = True
     ) -> LoadStoreSpec:
@@ -222,12 +218,15 @@ class CPUOffloadingManager(OffloadingManager):
         if len(slots):
             self._policy.touch(ks, slots, unique=r is not None and r.unique)
 
-    # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         """Allocate pending slots for the distinct ``keys`` not present yet (past the reuse filter),
         evicting ready, unpinned blocks not named in ``keys``; None and nothing changed (but the
         filter's counts and the request's record) when room cannot be made."""
-        return store_output(self.store_plan(keys, req_context))
+        plan = self.store_plan(keys, req_context)
+        if plan.slots is None:
+            return None
+        spec = CPULoadStoreSpec(np.asarray(plan.slots, dtype=np.int64))
+        return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=spec, evicted_keys=plan.evicted)
 
     def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan:
         """:meth:`prepare_store`'s decision as a :class:`~kvoffload.cache.batch.StorePlan` (for an
@@ -264,7 +263,6 @@ class CPUOffloadingManager(OffloadingManager):
         removed, in first-occurrence order."""
         return self._stores.discard(np.asarray(self._at(keys, True)[1], dtype=np.int64))
 
-    # ------------------------------------------------------------------ request hooks
     def on_new_request(self, req_context: ReqContext) -> None:
         """A request starts (vLLM's hook): a request id seen again starts a fresh record."""
         self._check(req_context)
@@ -280,7 +278,6 @@ class CPUOffloadingManager(OffloadingManager):
         if self._requests is not None:
             self._requests.finish(req_context.req_id, key_position)
 
-    # ------------------------------------------------------------------ events, stats, lifecycle
     def take_events(self) -> list[OffloadingEvent]:
         """Drain the events recorded since the last call (always empty without ``enable_events``)."""
         if not self._events:
