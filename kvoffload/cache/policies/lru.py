@@ -84,7 +84,7 @@ class LRUPolicy(CachePolicy):
         if len(victims) < n:
             self.order.on_evictable(victims)
             return None
-        self.order.discard(victims)
+        self.order.discard(victims, members=True)
         return victims  # type: ignore[no-any-return]
 
     def clear(self) -> None:
