@@ -20,7 +20,7 @@ from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
 from kvoffload.cache.requests import RequestLog
 from kvoffload.cache.reuse import ReuseFilter
-from kvoffload.cache.stats import Counters, OffloadingStats
+from kvoffload.cache.stats import OffloadingStats
 from kvoffload.cache.stores import CPU_MEDIUM, Stores
 from kvoffload.checks import check_bool
 from kvoffload.core.base import (
@@ -93,7 +93,7 @@ class CPUOffloadingManager(OffloadingManager):
         self._lists = self._policy.takes_lists
         self._tags = self._policy.uses_workload
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
-        self._counters = Counters()
+        self._counters = OffloadingStats()
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
         self._loads = Loads(self._table, self._policy, self._counters)
         self._reuse = reuse
@@ -291,7 +291,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def get_stats(self) -> OffloadingStats:
         """Gauges, and the counters since the previous call (``stores_skipped`` with the filter's)."""
-        stats = self._counters.drain_into(OffloadingStats.of(self._table))
+        stats = self._counters.drain(self._table)
         stats.stores_skipped += self.take_filtered()
         return stats
 

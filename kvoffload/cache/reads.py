@@ -14,7 +14,7 @@ import numpy as np
 from kvoffload.cache.batch import Resolved
 from kvoffload.cache.keytable import PENDING, SlotTable
 from kvoffload.cache.policies.base import CachePolicy
-from kvoffload.cache.stats import Counters
+from kvoffload.cache.stats import OffloadingStats
 from kvoffload.core.base import CPULoadStoreSpec, OffloadKey, ReqContext, check_req_context, validate_keys
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import KeyStateError
@@ -28,7 +28,7 @@ LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], 
 def make_lookup(
     index: dict[bytes, int],
     ref: array,
-    counters: Counters,
+    counters: OffloadingStats,
     answers: tuple[Any, Any, Any] = (True, False, None),
     context_cls: type = ReqContext,
     count: Callable[[tuple[OffloadKey], str], None] | None = None,
@@ -70,7 +70,7 @@ def make_lookup(
 
 
 def lookup_codes(
-    table: SlotTable, counters: Counters | None, small: list[int] | None, r: Resolved | None
+    table: SlotTable, counters: OffloadingStats | None, small: list[int] | None, r: Resolved | None
 ) -> np.ndarray:
     """``np.int8`` code per key from the keys' ``small`` slots (a few keys) or their resolved
     batch ``r``; counted in ``counters`` unless None."""
@@ -101,7 +101,7 @@ def lookup_codes(
 class Loads:
     """Pin and unpin steps over the manager's ``table``, ``policy`` and ``counters``."""
 
-    def __init__(self, table: SlotTable, policy: CachePolicy, counters: Counters) -> None:
+    def __init__(self, table: SlotTable, policy: CachePolicy, counters: OffloadingStats) -> None:
         self.table = table
         self.policy = policy
         self.counters = counters

@@ -13,7 +13,7 @@ import numpy as np
 from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
 from kvoffload.cache.keytable import PENDING, SlotTable
 from kvoffload.cache.policies.base import CachePolicy
-from kvoffload.cache.stats import Counters
+from kvoffload.cache.stats import OffloadingStats
 from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey
 
 __all__ = ["CPU_MEDIUM", "Stores"]
@@ -27,7 +27,7 @@ class Stores:
     ``events`` (a list, or None without events)."""
 
     def __init__(
-        self, table: SlotTable, policy: CachePolicy, counters: Counters, events: list[OffloadingEvent] | None
+        self, table: SlotTable, policy: CachePolicy, counters: OffloadingStats, events: list[OffloadingEvent] | None
     ) -> None:
         self.table = table
         self.policy = policy
