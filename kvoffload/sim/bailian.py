@@ -130,7 +130,7 @@ def write_bailian_trace(path: str | Path, requests: list[BailianRequest]) -> Non
             row = {
                 "chat_id": r.chat_id,
                 "parent_chat_id": r.parent_chat_id,
-                "timestamp": round(r.timestamp / 1000, 3),
+                "timestamp": r.timestamp / 1000,
                 "input_length": r.input_length,
                 "output_length": r.output_length,
                 "type": r.type,
@@ -154,7 +154,7 @@ _UNIT_IDS = 32  # 16-token hash ids per 512-token unit
 
 def generate_bailian_trace(n: int, seed: int = 0) -> list[BailianRequest]:
     """A synthetic trace in the Bailian format whose request types reuse differently (``n``
-    requests, one per 0.1 s, deterministic in ``seed``; sizes in 512-token units):
+    requests, eight per second, deterministic in ``seed``; sizes in 512-token units):
 
     * ``text``: chats of 2-10 turns, each turn its previous prompt plus 1-2 units, 20-1500
       requests later (reused again until the last turn);
@@ -184,7 +184,7 @@ def generate_bailian_trace(n: int, seed: int = 0) -> list[BailianRequest]:
             _, _, _, (a0, a1), _ = _TYPES[kind]
             ids = ids + [next(nxt) for _ in range(rng.randint(a0, a1) * _UNIT_IDS)]
         turn += 1
-        out.append(BailianRequest(r * 100.0, len(ids) * 16, 256, tuple(ids), r + 1, r, parent, kind, turn))
+        out.append(BailianRequest(r * 125.0, len(ids) * 16, 256, tuple(ids), r + 1, r, parent, kind, turn))
         if turn < turns:
             g0, g1 = _TYPES[kind][4]
             at = r + 1 + rng.randint(g0, g1)
