@@ -163,9 +163,8 @@ class HeadStartPolicy(CachePolicy):
         self._to_seen(rev)
 
     def on_evictable(self, slots: np.ndarray) -> None:
-        if len(slots) and int(self.pos[slots].min()) < max(self.new.scan_position, self.seen.scan_position):
-            self.new.on_evictable(slots)  # some may be parked (the rare case): each list re-queues its own
-            self.seen.on_evictable(slots)
+        self.new.on_evictable(slots)
+        self.seen.on_evictable(slots)
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
