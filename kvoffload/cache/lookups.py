@@ -1,5 +1,5 @@
 """Lookups of :class:`~kvoffload.cache.manager.CPUOffloadingManager`: its per-key closure and its
-batch codes (:class:`~kvoffload.core.lookup_code.LookupCode` values)."""
+batch answers (:class:`~kvoffload.core.lookup_code.LookupCode` values)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kvoffload.cache.stats import Counters
 from kvoffload.core.base import OffloadKey, ReqContext, check_req_context, validate_keys
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 
-__all__ = ["LOOKUP_CODES", "lookup_codes", "make_lookup", "slot_classes", "small_codes"]
+__all__ = ["LOOKUP_CODES", "lookup_codes", "make_lookup"]
 
 #: lookup code by slot class (0 absent, 1 unused, 2 pending, 3 ready)
 LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
@@ -29,17 +29,10 @@ def make_lookup(
     context_cls: type = ReqContext,
     count: Callable[[tuple[OffloadKey], str], None] | None = None,
 ) -> Callable[[OffloadKey, Any], Any]:
-    """A per-instance ``lookup`` closure (same contract as :meth:`CPUOffloadingManager.lookup`):
-    closure cells instead of attribute loads make a miss cost a ``dict.get`` plus one call.
-
-    Args:
-        answers: what it returns for a ready, an absent and a pending key (e.g. vLLM's
-            ``LookupResult`` members for an engine adapter).
-        context_cls: the context class taken without a check (others go through
-            :func:`~kvoffload.core.base.check_req_context`).
-        count: called with each (checked) key and the request id once answered (a reuse filter
-            counting lookups), or None.
-    """
+    """A ``lookup(key, req_context)`` closure (:meth:`CPUOffloadingManager.lookup`'s contract;
+    closure cells make a miss cost a ``dict.get`` and one call) answering ``answers`` for a ready,
+    an absent and a pending key; ``context_cls`` contexts pass unchecked; ``count``: called with
+    each answered key and the request id (a reuse filter counting lookups), or None."""
     get = index.get
     hit, miss, pending = answers
 
@@ -72,28 +65,14 @@ def make_lookup(
     return lookup
 
 
-def small_codes(ref: array, slots: list[int]) -> list[int]:
-    """Lookup code per slot of a few keys (``-1``: absent), from the table's ref counts ``ref``."""
-    return [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in slots]
-
-
-def slot_classes(ref: np.ndarray, slots: np.ndarray) -> np.ndarray:
-    """Per slot (``-1``: absent key), its class: 0 absent, 2 pending, 3 ready (a new array);
-    ``ref``: the table's ref counts (``PENDING`` < 0 for a store in flight)."""
-    st = ref[slots] if len(ref) else np.zeros(len(slots), dtype=np.int32)
-    np.minimum(st, 0, out=st)
-    st += 3
-    st[slots < 0] = 0
-    return st
-
-
 def lookup_codes(
     table: SlotTable, counters: Counters | None, small: list[int] | None, r: Resolved | None
 ) -> np.ndarray:
-    """``np.int8`` lookup code per key, from the keys' ``small`` slots (a few keys) or their
-    resolved batch ``r``; counted in ``counters`` unless None."""
+    """``np.int8`` code per key from the keys' ``small`` slots (a few keys) or their resolved
+    batch ``r``; counted in ``counters`` unless None."""
     if small is not None:
-        codes = small_codes(table.ref_buf, small)
+        ref = table.ref_buf
+        codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
         if counters is not None:
             hits, pend = codes.count(LOOKUP_HIT), codes.count(LOOKUP_PENDING)
             counters.hits += hits
@@ -103,7 +82,10 @@ def lookup_codes(
     assert r is not None
     if not r.keys:
         return np.zeros(0, dtype=np.int8)
-    st = slot_classes(table.ref, r.slots)  # FREE never occurs for a present key
+    st = table.ref[r.slots] if table.num_blocks else np.zeros(len(r.slots), dtype=np.int32)
+    np.minimum(st, 0, out=st)  # class: 3 ready, 2 pending (a present key is never FREE), 0 absent
+    st += 3
+    st[r.slots < 0] = 0
     if counters is not None:
         counts = np.bincount(st, minlength=4)
         counters.hits += int(counts[3])
