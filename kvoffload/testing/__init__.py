@@ -41,5 +41,5 @@ Modules: :mod:`~kvoffload.testing.cases` (KV caches in every layout with indepen
 expected bytes), :mod:`~kvoffload.testing.checks` (byte-exact checks),
 :mod:`~kvoffload.testing.bad_inputs` (bad arguments and their errors),
 :mod:`~kvoffload.testing.plugin` (the command-line options), :mod:`~kvoffload.testing.tier_harness`
-(the stores of the tier suite).
+(the stores of the tier suite), :mod:`~kvoffload.testing.tier_suite` (its harness choice and fixtures).
 """

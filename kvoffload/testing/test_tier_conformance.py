@@ -4,121 +4,32 @@ Parametrized by ``harness_name``: from ``--kvoffload-tier`` when :mod:`kvoffload
 loaded, else from ``KVOFFLOAD_TIER`` (comma-separated), else the built-in ``redis``,
 ``redis-cluster`` and ``disk`` harnesses (:mod:`kvoffload.testing.tier_harness`). The Redis
 harnesses need Debian's ``redis-server``: skipped without it (failed with
-``KVOFFLOAD_REQUIRE_REDIS=1``).
+``KVOFFLOAD_REQUIRE_REDIS=1``). The harness choice and the fixtures are
+:mod:`kvoffload.testing.tier_suite`'s, imported here as this module's own.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Iterator
-from functools import partial
 
 import numpy as np
 import pytest
 
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_RETRY
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.testing.redis_server import redis_binaries_problem
-from kvoffload.testing.tier_harness import HARNESSES, TierHarness, harness_class
-from kvoffload.testing.tier_steps import make_keys, run_job
-from kvoffload.testing.tier_steps import settle as _settle
-from kvoffload.tiers import Tier, TierNamespace
+from kvoffload.testing import tier_suite
+from kvoffload.testing.tier_steps import make_keys
+from kvoffload.testing.tier_suite import OTHER_NS, RB, Opener, records, run, settle
+from kvoffload.tiers import Tier
 
-__all__ = ["pytest_generate_tests", "parametrize_harnesses", "harness_names"]
-
-BUILTIN_HARNESSES = ("redis", "redis-cluster", "disk")
-NS = TierNamespace("conformance/model@1", "float16", "float16", "flash_attn", (2, 16, 4, 64), 16)
-OTHER_NS = TierNamespace("conformance/other-model@1", "float16", "float16", "flash_attn", (2, 16, 4, 64), 16)
-RB = 2 * 4096 + 77  # record bytes: odd on purpose
-
-
-def harness_names(config: pytest.Config) -> list[str]:
-    """The harnesses chosen by option, environment, or default (every built-in)."""
-    try:
-        values = config.getoption("--kvoffload-tier")
-    except ValueError:  # plugin not loaded
-        values = None
-    if values:
-        return [v for v in values if v]
-    raw = os.environ.get("KVOFFLOAD_TIER", "").strip()
-    if raw:
-        return [v.strip() for v in raw.split(",") if v.strip()]
-    return list(BUILTIN_HARNESSES)
-
-
-def parametrize_harnesses(metafunc: pytest.Metafunc, names: list[str]) -> None:
-    """Parametrize ``harness_name`` over ``names`` (one pytest usage error for any unusable one)."""
-    if "harness_name" not in metafunc.fixturenames:
-        return
-    bad = []
-    for name in names:
-        try:
-            harness_class(name)
-        except Exception as exc:  # noqa: BLE001 - collected into one usage error
-            bad.append(f"{name!r}: {exc}")
-    if bad:
-        raise pytest.UsageError("unusable tier harness(es): " + "; ".join(bad))
-    metafunc.parametrize("harness_name", names, scope="module")
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    parametrize_harnesses(metafunc, harness_names(metafunc.config))
-
-
-@pytest.fixture(scope="module")
-def harness(harness_name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TierHarness]:
-    cls = HARNESSES.get(harness_name)
-    if cls.__module__ == "kvoffload.testing.tier_harness" and harness_name.startswith("redis"):
-        problem = redis_binaries_problem()
-        if problem is not None:
-            if os.environ.get("KVOFFLOAD_REQUIRE_REDIS") == "1":
-                pytest.fail(f"KVOFFLOAD_REQUIRE_REDIS=1 but {problem}")
-            pytest.skip(problem)
-    h = cls()
-    h.setup(tmp_path_factory.mktemp(f"tier-{harness_name.replace(':', '-')}"))
-    yield h
-    h.teardown()
-
-
-@pytest.fixture
-def store(harness: TierHarness) -> Iterator[_Opener]:
-    harness.reset()
-    opener = _Opener(harness)
-    yield opener
-    opener.close_all()
-
-
-class _Opener:
-    """Opens tiers on the harness's store and closes them after the test."""
-
-    def __init__(self, harness: TierHarness) -> None:
-        self.harness = harness
-        self.tiers: list[Tier] = []
-
-    def __call__(self, records: np.ndarray, namespace: TierNamespace = NS, **options: object) -> Tier:
-        tier = self.harness.open(records, namespace, **options)
-        self.tiers.append(tier)
-        return tier
-
-    def close_all(self) -> None:
-        self.harness.resume() if self.harness.can_stall else None
-        for t in self.tiers:
-            t.close()
-
-
-def records(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (n, RB), dtype=np.uint8)
-
-
-#: the suite's waits are longer than kvoffload's own tier tests': a third-party store may be slower
-settle = partial(_settle, timeout=20.0)
-run = partial(run_job, drain_timeout=60.0)
+# the suite's fixtures and parametrizing hook, as this module's own
+harness, store = tier_suite.harness, tier_suite.store
+pytest_generate_tests = tier_suite.pytest_generate_tests
 
 
 # ---------------------------------------------------------------------------------------------- tests
-def test_store_load_round_trip_bytes_exact(store: _Opener) -> None:
+def test_store_load_round_trip_bytes_exact(store: Opener) -> None:
     src, dst = records(8, 1), records(8, 2)
     before = dst.copy()
     ks = make_keys(5)
@@ -134,7 +45,7 @@ def test_store_load_round_trip_bytes_exact(store: _Opener) -> None:
     assert a.stats().blocks_written == 5 and a.stats().writes_skipped == 5
 
 
-def test_lookup_verdicts_retry_then_hit_or_miss(store: _Opener) -> None:
+def test_lookup_verdicts_retry_then_hit_or_miss(store: Opener) -> None:
     src = records(4, 3)
     ks = make_keys(4)
     t = store(src, lookup_ttl_steps=2)
@@ -150,7 +61,7 @@ def test_lookup_verdicts_retry_then_hit_or_miss(store: _Opener) -> None:
     assert (settle(t, ks[2:]) == [LOOKUP_HIT, LOOKUP_MISS]).all()
 
 
-def test_probe_answered_within_the_step_it_was_sent(store: _Opener) -> None:
+def test_probe_answered_within_the_step_it_was_sent(store: Opener) -> None:
     """``end_step`` waits up to ``probe_wait`` for the step's probe: the next step's lookups have the
     verdicts; a stalled store only delays them (``end_step`` returns, lookups answer RETRY)."""
     t = store(records(4, 22), probe_wait=1.0)
@@ -172,7 +83,7 @@ def test_probe_answered_within_the_step_it_was_sent(store: _Opener) -> None:
     assert (settle(s, late) != LOOKUP_RETRY).all()
 
 
-def test_one_round_trip_per_step_whatever_the_keys(store: _Opener) -> None:
+def test_one_round_trip_per_step_whatever_the_keys(store: Opener) -> None:
     t = store(records(2, 5))
     settle(t, make_keys(1, b"warm"))
     for n, tag in ((1, b"a"), (10, b"b"), (300, b"c")):
@@ -189,7 +100,7 @@ def test_one_round_trip_per_step_whatever_the_keys(store: _Opener) -> None:
     assert t.drain(timeout=30.0) and t.stats().lookup_round_trips == before
 
 
-def test_partial_success_per_key(store: _Opener) -> None:
+def test_partial_success_per_key(store: Opener) -> None:
     src = records(6, 6)
     ks = make_keys(3)
     t = store(src)
@@ -203,7 +114,7 @@ def test_partial_success_per_key(store: _Opener) -> None:
     assert t.lookup(ks[1:2])[0] == LOOKUP_MISS  # the failed load is a known miss
 
 
-def test_namespace_rejection(store: _Opener) -> None:
+def test_namespace_rejection(store: Opener) -> None:
     ks = make_keys(2)
     a = store(records(4, 7), OTHER_NS)
     run(a, "store", 1, ks, [0, 1])
@@ -221,7 +132,7 @@ def test_namespace_rejection(store: _Opener) -> None:
 
 
 @pytest.mark.parametrize("fault", ["flipped-byte", "truncated", "other-key", "no-mac"])
-def test_integrity_rejection(store: _Opener, fault: str) -> None:
+def test_integrity_rejection(store: Opener, fault: str) -> None:
     secret = b"conformance-secret-0123456789"
     src = records(4, 9)
     ks = make_keys(2)
@@ -255,7 +166,7 @@ def test_integrity_rejection(store: _Opener, fault: str) -> None:
     assert (store.harness.read_raw(t, ks[0]) is None) == (kind == "corrupt")
 
 
-def test_integrity_key_rotation(store: _Opener) -> None:
+def test_integrity_key_rotation(store: Opener) -> None:
     """Readers holding the new and the old key accept values signed with either; a reader with the
     new key only refuses the old values (counted, not deleted)."""
     old_key, new_key = b"conformance-old-key-0123456789", b"conformance-new-key-0123456789"
@@ -276,7 +187,7 @@ def test_integrity_key_rotation(store: _Opener) -> None:
     assert store.harness.read_raw(only_new, ks[0]) is not None
 
 
-def test_concurrent_writers_of_one_key(store: _Opener) -> None:
+def test_concurrent_writers_of_one_key(store: Opener) -> None:
     """Two engines store different bytes under one key at once: both report ok, and every later
     load gets exactly one writer's bytes, never a mix."""
     ks = make_keys(16)
@@ -306,7 +217,7 @@ def test_concurrent_writers_of_one_key(store: _Opener) -> None:
     assert written >= 16 and a.stats().writes_skipped + b.stats().writes_skipped == 32 - written
 
 
-def test_drain_and_close(store: _Opener) -> None:
+def test_drain_and_close(store: Opener) -> None:
     src = records(8, 14)
     ks = make_keys(8)
     t = store(src)
@@ -324,7 +235,7 @@ def test_drain_and_close(store: _Opener) -> None:
         t.submit_store(4, ks[:1], [0])
 
 
-def test_back_pressure_drops_stores_beyond_the_write_budget(store: _Opener) -> None:
+def test_back_pressure_drops_stores_beyond_the_write_budget(store: Opener) -> None:
     t = store(records(8, 15), max_pending_write_bytes=3 * RB)
     t.submit_store(1, make_keys(4, b"big"), [0, 1, 2, 3])  # more than the budget: dropped at once
     (res,) = t.get_finished()
@@ -341,7 +252,7 @@ def test_back_pressure_drops_stores_beyond_the_write_budget(store: _Opener) -> N
     assert t.drain(timeout=60.0)
 
 
-def test_store_goes_away_and_comes_back(store: _Opener) -> None:
+def test_store_goes_away_and_comes_back(store: Opener) -> None:
     h = store.harness
     if not h.can_go_away:
         pytest.skip(f"{type(h).__name__} cannot take its store away")
@@ -375,7 +286,7 @@ def test_store_goes_away_and_comes_back(store: _Opener) -> None:
     np.testing.assert_array_equal(src[8:11], src[0:3])
 
 
-def test_store_moves_while_in_use(store: _Opener) -> None:
+def test_store_moves_while_in_use(store: Opener) -> None:
     """The store moves the values (a reshard): half way, then all the way. Every value is found
     and loads byte-exact through both, stores made meanwhile land, nothing is deleted."""
     h = store.harness
@@ -403,7 +314,7 @@ def test_store_moves_while_in_use(store: _Opener) -> None:
     assert st.write_failures == st.dropped_writes == st.deleted_values == st.read_failures == 0
 
 
-def test_records_outside_jobs_never_change(store: _Opener) -> None:
+def test_records_outside_jobs_never_change(store: Opener) -> None:
     """A tier writes only the slots its loads name, and stores never write the records."""
     src = records(6, 17)
     before = src.copy()

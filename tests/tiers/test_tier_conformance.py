@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.testing import test_tier_conformance as suite
+from kvoffload.testing import tier_suite
 
 # every test of the suite, and its fixtures, collected here as this module's own
 globals().update({name: getattr(suite, name) for name in dir(suite) if name.startswith("test_")})
-harness, store = suite.harness, suite.store
+harness, store = tier_suite.harness, tier_suite.store
 
 TOY = ("tests.tiers.toy_tier:ToyModulePathHarness", "tests.tiers.toy_tier:ToyEntryPointHarness")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    suite.parametrize_harnesses(metafunc, [*suite.BUILTIN_HARNESSES, *TOY])
+    tier_suite.parametrize_harnesses(metafunc, [*tier_suite.BUILTIN_HARNESSES, *TOY])
