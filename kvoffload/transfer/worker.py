@@ -41,7 +41,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -57,52 +57,14 @@ from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.paths import DataPath
 from kvoffload.transfer import worker_args
+from kvoffload.transfer.cuda_jobs import CudaJobs
 from kvoffload.transfer.host_pool import HostPool
 from kvoffload.transfer.job_mapping import GroupGeometry, JobArrays, map_job
+from kvoffload.transfer.result import LOAD, STORE, TransferResult
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TransferResult", "TransferWorker", "STORE", "LOAD"]
-
-#: Priority of the worker's CUDA stream (lower is higher; CUDA clamps to the device's range): KV
-#: transfers are latency-critical for the requests waiting on them.
-STREAM_PRIORITY = -1
-
-#: ``transfer_type`` of a store (GPU -> CPU) and of a load (CPU -> GPU).
-STORE: tuple[str, str] = ("GPU", "CPU")
-LOAD: tuple[str, str] = ("CPU", "GPU")
-
-
-@dataclass
-class TransferResult:
-    """The outcome of one job, reported once by :meth:`TransferWorker.get_finished`.
-
-    Attributes:
-        job_id: the id given to :meth:`TransferWorker.transfer_async`.
-        success: False if the backend raised or CUDA reported an error for the job.
-        transfer_size: bytes of the pages moved (0 for a failed job).
-        transfer_time: seconds the copy took (CUDA events on GPU, wall clock on CPU; 0 on failure).
-        transfer_type: ``("GPU", "CPU")`` for a store, ``("CPU", "GPU")`` for a load.
-    """
-
-    job_id: int
-    success: bool
-    transfer_size: int
-    transfer_time: float
-    transfer_type: tuple[str, str]
-
-
-@dataclass
-class _InFlight:
-    """A CUDA job between submit and report. Holds its arrays so they outlive the launch."""
-
-    job_id: int
-    transfer_type: tuple[str, str]
-    transfer_size: int
-    start: Any  # torch.cuda.Event
-    end: Any  # torch.cuda.Event
-    ok: bool
-    arrays: JobArrays
 
 
 class TransferWorker:
@@ -197,17 +159,12 @@ class TransferWorker:
         )
         self.paths = DataPath(self.backend, table, path, config=config)
         self.host_pool = HostPool(num_slots, slot_bytes, device=self.device, memory=host_memory, offset=host_offset)
-        self._stream: Any = None
-        self._expedited_stream: Any = None
-        if self._cuda:
-            self._stream = torch.cuda.Stream(device=self.device, priority=STREAM_PRIORITY)
-            self._expedited_stream = torch.cuda.Stream(device=self.device, priority=STREAM_PRIORITY)
+        self._jobs = CudaJobs(self.device) if self._cuda else None
         # every host offset is slot * slot_bytes + k * record_bytes_g: one alignment for all jobs
         host_bits = self.host_pool.buffer.data_ptr() | slot_bytes | int(np.bitwise_or.reduce(record_bytes))
-        stream_ctx = torch.cuda.stream(self._stream) if self._cuda else contextlib.nullcontext()
+        stream_ctx = torch.cuda.stream(self._jobs.stream) if self._jobs is not None else contextlib.nullcontext()
         with stream_ctx:
             self.backend.prepare(table, host_bits & -host_bits)  # device tables + both directions compiled
-        self._inflight: dict[int, _InFlight] = {}
         self._finished: list[TransferResult] = []
         self._closed = False
         logger.info(
@@ -224,7 +181,7 @@ class TransferWorker:
     # ------------------------------------------------------------------ submit
     def _parse(self, job_id: object, spec: object) -> tuple[int, JobArrays, bool]:
         jid = check_int(job_id, "job_id")
-        if jid in self._inflight or any(r.job_id == jid for r in self._finished):
+        if (self._jobs is not None and jid in self._jobs) or any(r.job_id == jid for r in self._finished):
             raise InvalidArgumentError(f"job_id {jid} is already in flight or not reported yet")
         if not isinstance(spec, (tuple, list)) or len(spec) != 2:
             raise InvalidTypeError(f"spec must be a (src_spec, dst_spec) pair, got {type(spec).__name__}")
@@ -283,11 +240,10 @@ class TransferWorker:
         if len(arrays) == 0:
             self._finished.append(TransferResult(jid, True, 0, 0.0, kind))
             return True
-        if self._cuda:
-            stream = self._expedited_stream if expedited else self._stream
-            self._submit_cuda(jid, arrays, store, kind, producers, stream)
-        else:
+        if self._jobs is None:
             self._run_sync(jid, arrays, store, kind)
+        elif failed := self._jobs.submit(jid, arrays, kind, producers, expedited, partial(self._launch, arrays, store)):
+            self._finished.append(failed)
         return True
 
     def _launch(self, arrays: JobArrays, store: bool) -> None:
@@ -317,62 +273,14 @@ class TransferWorker:
             return
         self._finished.append(TransferResult(jid, True, arrays.transfer_size, time.perf_counter() - t0, kind))
 
-    def _submit_cuda(
-        self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str], producers: list[Any], stream: Any
-    ) -> None:
-        ok = True
-        try:
-            with torch.cuda.device(self.device):
-                for p in producers or [torch.cuda.current_stream(self.device)]:
-                    if isinstance(p, torch.cuda.Stream):
-                        ready = torch.cuda.Event()
-                        ready.record(p)
-                        stream.wait_event(ready)
-                    else:
-                        stream.wait_event(p)
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                with torch.cuda.stream(stream):
-                    start.record(stream)
-                    try:
-                        self._launch(arrays, store)
-                    except Exception:
-                        # Report only once whatever the backend may have enqueued has drained.
-                        logger.exception("transfer job %d (%s->%s) failed at launch", jid, *kind)
-                        ok = False
-                    end.record(stream)
-        except Exception:  # CUDA itself failed (e.g. a sticky error): report at once
-            logger.exception("transfer job %d (%s->%s): CUDA error at submit", jid, *kind)
-            self._finished.append(TransferResult(jid, False, 0, 0.0, kind))
-            return
-        self._inflight[jid] = _InFlight(jid, kind, arrays.transfer_size, start, end, ok, arrays)
-
-    # ---------------------------------------------------------------- complete
-    def _complete(self, job: _InFlight) -> TransferResult:
-        if not job.ok:
-            return TransferResult(job.job_id, False, 0, 0.0, job.transfer_type)
-        try:
-            seconds = job.start.elapsed_time(job.end) / 1000.0
-        except Exception:
-            logger.exception("transfer job %d: CUDA error at completion", job.job_id)
-            return TransferResult(job.job_id, False, 0, 0.0, job.transfer_type)
-        return TransferResult(job.job_id, True, job.transfer_size, seconds, job.transfer_type)
-
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs that finished since the last call, each job reported exactly once.
 
         Never blocks: CUDA jobs are polled with ``event.query()``.
         """
         out, self._finished = self._finished, []
-        for jid, job in list(self._inflight.items()):
-            try:
-                done = bool(job.end.query())
-            except Exception:
-                logger.exception("transfer job %d: CUDA error while polling", jid)
-                job.ok, done = False, True
-            if done:
-                del self._inflight[jid]
-                out.append(self._complete(job))
+        if self._jobs is not None:
+            out += self._jobs.finished()
         return out
 
     def wait(self, job_ids: Collection[int]) -> None:
@@ -387,20 +295,13 @@ class TransferWorker:
         if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Collection):
             raise InvalidTypeError(f"job_ids must be a collection of ints, got {type(job_ids).__name__}")
         ids = [check_int(j, f"job_ids[{i}]") for i, j in enumerate(job_ids)]
-        for jid in ids:
-            job = self._inflight.get(jid)
-            if job is None:
-                continue
-            try:
-                job.end.synchronize()
-            except Exception:
-                logger.exception("transfer job %d: CUDA error while waiting", jid)
-                job.ok = False
+        if self._jobs is not None:
+            self._jobs.wait(ids)
 
     @property
     def num_in_flight(self) -> int:
         """Jobs submitted and not yet reported (including finished-but-unreported ones)."""
-        return len(self._inflight) + len(self._finished)
+        return (len(self._jobs) if self._jobs is not None else 0) + len(self._finished)
 
     def shutdown(self) -> None:
         """Wait for every in-flight job, then free the host pool. Idempotent.
@@ -411,12 +312,6 @@ class TransferWorker:
         if self._closed:
             return
         self._closed = True
-        if self._stream is not None and self._inflight:
-            try:
-                self._stream.synchronize()
-                self._expedited_stream.synchronize()
-            except Exception:
-                logger.exception("transfer worker: CUDA error while draining at shutdown")
-                for job in self._inflight.values():
-                    job.ok = False
+        if self._jobs is not None:
+            self._jobs.drain()
         self.host_pool.shutdown()

@@ -44,7 +44,7 @@ def test_expedited_load_overtakes_a_queued_transfer() -> None:
     assert w.transfer_async(1, store)
     w.wait([1])
     assert [r.job_id for r in w.get_finished()] == [1]
-    with torch.cuda.stream(w._stream):
+    with torch.cuda.stream(w._jobs.stream):
         torch.cuda._sleep(_SLEEP_CYCLES)  # the worker's stream is busy with earlier transfers
     assert w.transfer_async(2, load)  # a regular load: queued behind them
     assert w.transfer_async(3, load[:1] + (GPULoadStoreSpec([6, 3, 1], [1, 1, 1]),), expedited=True)

@@ -140,7 +140,7 @@ def test_submit_path_does_not_synchronize_cuda(path: str) -> None:
 def test_worker_stream_has_high_priority() -> None:
     cache = Cache(groups_three((9, 7, 5), "flashinfer"), 32, "cuda")
     w = TransferWorker(cache.table(), 4, backend="triton")
-    assert w._stream.priority < torch.cuda.Stream().priority
+    assert w._jobs.stream.priority < torch.cuda.Stream().priority
     w.shutdown()
 
 
