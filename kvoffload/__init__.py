@@ -107,7 +107,8 @@ if _typing.TYPE_CHECKING:
         register_backend,
     )
     from kvoffload.transfer.host_pool import HostPool
-    from kvoffload.transfer.worker import TransferResult, TransferWorker
+    from kvoffload.transfer.result import TransferResult
+    from kvoffload.transfer.worker import TransferWorker
 
 __version__ = "0.1.0"
 
@@ -121,7 +122,7 @@ _LAZY = {
     "get_backend": "kvoffload.kernels",
     "register_backend": "kvoffload.kernels",
     "HostPool": "kvoffload.transfer.host_pool",
-    "TransferResult": "kvoffload.transfer.worker",
+    "TransferResult": "kvoffload.transfer.result",
     "TransferWorker": "kvoffload.transfer.worker",
 }
 

@@ -12,7 +12,7 @@ from collections.abc import Collection
 
 from kvoffload.core.base import LoadStoreSpec
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.transfer.worker import TransferResult
+from kvoffload.transfer.result import TransferResult
 
 __all__ = ["NullTransferWorker"]
 

@@ -3,6 +3,7 @@
 :mod:`kvoffload.cache`."""
 
 from kvoffload.transfer.host_pool import HostPool
-from kvoffload.transfer.worker import LOAD, STORE, TransferResult, TransferWorker
+from kvoffload.transfer.result import LOAD, STORE, TransferResult
+from kvoffload.transfer.worker import TransferWorker
 
 __all__ = ["HostPool", "TransferWorker", "TransferResult", "STORE", "LOAD"]

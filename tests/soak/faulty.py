@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
-from kvoffload.transfer.worker import TransferResult
+from kvoffload.transfer.result import TransferResult
 
 
 @dataclass
