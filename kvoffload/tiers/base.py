@@ -20,7 +20,6 @@ Backends implement :meth:`Tier._probe`, :meth:`Tier._store_batch`, :meth:`Tier._
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -28,49 +27,34 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
+from kvoffload.tiers.counters import TierCounters
 from kvoffload.tiers.health import Health, TierUnavailable
 from kvoffload.tiers.jobs import Job
 from kvoffload.tiers.namespace import TierNamespace
-from kvoffload.tiers.record import IntegrityKeys, RecordCodec, ValueRejected
+from kvoffload.tiers.record import IntegrityKeys, RecordCodec
+from kvoffload.tiers.step_probe import Probe, StepProbe
 from kvoffload.tiers.threads import as_background_thread
-from kvoffload.tiers.types import TierJobResult, TierStats
+from kvoffload.tiers.types import DROPPED, FAILED, PRESENT, STORED, TierJobResult, TierStats
 from kvoffload.tiers.verdicts import Verdicts
 from kvoffload.tiers.workers import LOAD, STORE, IOThreads
 
 __all__ = ["Tier", "STORED", "PRESENT", "FAILED", "DROPPED"]
 
-logger = logging.getLogger(__name__)
-
 #: Store/load batches for the I/O threads: their priority, the task function and its argument tuples.
 _Tasks = tuple[int, Callable[..., None], list[tuple[object, ...]]]
 
 
-class _Probe(NamedTuple):
-    """A probe batch for the lookup thread: ``run()`` answers it; ``fresh``: not sent yet (a tier
-    in back-off answers it with misses instead)."""
-
-    keys: list[bytes]
-    run: Callable[[], list[bool]]
-    fresh: bool = False
-
-
 _R = TypeVar("_R")
 
-#: Per-key outcomes a backend's :meth:`Tier._store_batch` returns.
-FAILED = 0
-STORED = 1
-PRESENT = 2
-DROPPED = 3  # not tried: the key's part of the store (a cluster node) is in back-off
 
-
-class Tier(ABC):
+class Tier(TierCounters, ABC):
     """A secondary KV tier over a host pool's records (see the module docstring and contract §8).
 
     Args:
@@ -139,8 +123,7 @@ class Tier(ABC):
             probe_wait,
             defer_hit_rate,
         )
-        self._probe_wait = float(probe_wait)
-        self.name = name
+        super().__init__(name)
         self.io_threads = io_threads
         self.namespace = namespace
         self.fingerprint = namespace.fingerprint()
@@ -149,22 +132,16 @@ class Tier(ABC):
         self._batch_keys = batch_keys
         self._max_pending_write = max_pending_write_bytes
         self._health = Health(name, backoff_initial, backoff_max)
-        self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._stats = TierStats()
         self._jobs: dict[int, Job] = {}
         self._finished: list[TierJobResult] = []
         self._pending_write_bytes = 0
         self._probes_in_flight = 0
-        self._logged: set[str] = set()
         self._closed = False
-        self._verdicts = Verdicts(lookup_ttl_steps, float(defer_hit_rate))  # engine-thread lookup state
-        self._unanswered = 0  # probe batches sent and not applied yet (engine thread)
-        self._removed: list[bytes] = []  # keys the store removed, not taken yet
+        self._step = StepProbe(Verdicts(lookup_ttl_steps, float(defer_hit_rate)), self._health, float(probe_wait))
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
-        self._probe_q: queue.SimpleQueue[_Probe | _Tasks | None] = queue.SimpleQueue()
-        self._probe_done: queue.SimpleQueue[tuple[list[bytes], list[bool] | None]] = queue.SimpleQueue()
+        self._probe_q: queue.SimpleQueue[Probe | _Tasks | None] = queue.SimpleQueue()
         self._pool = IOThreads(io_threads, f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
             target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
@@ -179,9 +156,7 @@ class Tier(ABC):
         ``LOOKUP_RETRY`` until its probe has returned (``LOOKUP_MISS`` while :attr:`hit_rate` is
         below ``defer_hit_rate``); while the tier is in back-off new keys miss.
         """
-        keys = check_keys(keys, "keys")
-        self._apply_probe_results()
-        return self._verdicts.answer(keys, self._health.is_down())
+        return self._step.lookup(check_keys(keys, "keys"))
 
     def end_step(self) -> None:
         """Send this step's queued lookups as one probe batch; call once per engine step.
@@ -194,48 +169,33 @@ class Tier(ABC):
         its answer on this thread, with no thread hand-off; otherwise the lookup thread probes
         and this thread sleeps on its answer.
         """
-        self._apply_probe_results()
-        deferred = self._verdicts.deferred
-        batch = self._verdicts.take_batch()
-        wait = self._probe_wait if deferred and not self._health.is_down() else 0.0
+        batch, wait = self._step.take_batch()
         if batch:
             now = self._probe_now(batch, wait) if wait > 0 else None
             if isinstance(now, list):
                 self._health.succeeded()
                 self._count_probe(batch, now)
-                self._verdicts.probed(batch, now)
+                self._step.verdicts.probed(batch, now)
                 return
             with self._lock:
                 self._probes_in_flight += 1
-            self._unanswered += 1
-            self._probe_q.put(
-                _Probe(batch, now) if now is not None else _Probe(batch, partial(self._probe, batch), True)
-            )
+            self._step.sent()
+            self._probe_q.put(Probe(batch, now) if now is not None else Probe(batch, partial(self._probe, batch), True))
             if now is not None:
                 return  # this step's wait is spent
-        if not self._unanswered or wait <= 0:
-            return
-        deadline = time.monotonic() + wait  # this step's probe, or a late one of earlier steps
-        while self._unanswered and (left := deadline - time.monotonic()) > 0:
-            try:
-                done = self._probe_done.get(timeout=left)
-            except queue.Empty:
-                return
-            self._unanswered -= 1
-            self._verdicts.probed(*done)
+        self._step.wait(wait)
 
     @property
     def hit_rate(self) -> float:
         """The share of recently probed keys the store held (a moving average over keys; 1 before
         any probe): below ``defer_hit_rate`` lookups of keys without a verdict miss at once."""
-        return self._verdicts.hit_rate
+        return self._step.verdicts.hit_rate
 
     def take_answered(self) -> list[bytes]:
         """The keys whose probe has returned since the last call (their verdicts are applied first),
         so a caller can tell when a ``LOOKUP_RETRY`` may have changed. Keys are recorded from the
         first call on."""
-        self._apply_probe_results()
-        return self._verdicts.take_answered()
+        return self._step.take_answered()
 
     def submit_store(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the records in ``slots`` to the tier under ``keys`` (parallel), asynchronously.
@@ -282,7 +242,7 @@ class Tier(ABC):
         with self._lock:
             done, self._finished = self._finished, []
         for res in done:
-            self._verdicts.finished(res)
+            self._step.verdicts.finished(res)
         return done
 
     def drain(self, timeout: float | None = None) -> bool:
@@ -314,20 +274,8 @@ class Tier(ABC):
         removal. Their cached verdicts become misses."""
         with self._lock:
             out, self._removed = self._removed, []
-        self._verdicts.forget(out)
+        self._step.verdicts.forget(out)
         return out
-
-    def _note_removed(self, keys: list[bytes]) -> None:
-        """Backends: ``keys`` were removed from the store (any thread)."""
-        with self._lock:
-            self._removed.extend(keys)
-            self._stats.removals += len(keys)
-
-    def _removal_events_off(self, why: str) -> None:
-        """Backends: removal events were asked for but the store will not send them all (any thread)."""
-        with self._lock:
-            self._stats.removal_events_off = 1
-            self._log_once("removal-events-off", "tier %s: removal events incomplete: %s", why)
 
     def stats(self) -> TierStats:
         """A snapshot of the tier's cumulative counters."""
@@ -381,33 +329,6 @@ class Tier(ABC):
         """Release connections / files."""
 
     # ------------------------------------------------------------------ internals
-    def _count_rejected(self, rej: ValueRejected) -> None:
-        """Count a value read and refused, under its kind (see :class:`TierStats`)."""
-        field = "corrupt" if rej.kind == "corrupt" else f"rejected_{rej.kind}"
-        with self._lock:
-            self._stats.rejected_values += 1
-            setattr(self._stats, field, getattr(self._stats, field) + 1)
-            self._log_once(
-                f"reject-{rej.reason}", "tier %s rejected a stored value: %s (counted, not loaded)", rej.reason
-            )
-
-    def _count(self, field: str, n: int = 1) -> None:
-        """Add ``n`` to the counter ``field`` of :class:`TierStats` (``absent``, ``redirected``...)."""
-        if n:
-            with self._lock:
-                setattr(self._stats, field, getattr(self._stats, field) + n)
-
-    def _count_error(self, kind: str, exc: BaseException) -> None:
-        with self._lock:
-            self._stats.errors += 1
-            self._log_once(f"error-{kind}", "tier %s: %s", f"{kind} failed: {exc!r}")
-
-    def _log_once(self, tag: str, fmt: str, arg: str) -> None:
-        """Log ``fmt % (name, arg)`` at WARNING the first time ``tag`` is seen (caller holds the lock)."""
-        if tag not in self._logged:
-            self._logged.add(tag)
-            logger.warning(fmt, self.name, arg)
-
     def _check_job(
         self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray
     ) -> tuple[int, list[bytes], np.ndarray]:
@@ -431,7 +352,7 @@ class Tier(ABC):
     def _lookup_loop(self) -> None:
         as_background_thread()
         while (item := self._probe_q.get()) is not None:
-            if not isinstance(item, _Probe):
+            if not isinstance(item, Probe):
                 priority, run, tasks = item
                 for args in tasks:
                     self._pool.submit(priority, run, *args)
@@ -439,7 +360,7 @@ class Tier(ABC):
             down = item.fresh and self._health.is_down()  # a late reply is read whatever the health
             found = None if down else self._call_backend("lookup", item.run)
             self._count_probe(item.keys, found)
-            self._probe_done.put((item.keys, found))
+            self._step.answered(item.keys, found)
             with self._idle:
                 self._probes_in_flight -= 1
                 self._idle.notify_all()
@@ -459,20 +380,6 @@ class Tier(ABC):
         self._health.succeeded()
         return out
 
-    def _count_probe(self, keys: list[bytes], found: list[bool] | None) -> None:
-        if found is None:
-            return
-        with self._lock:
-            self._stats.lookup_round_trips += 1
-            self._stats.lookups += len(keys)
-            self._stats.hits += sum(found)
-
-    def _apply_probe_results(self) -> None:
-        done = self._probe_done
-        while not done.empty():  # the engine thread is the only consumer
-            self._unanswered -= 1
-            self._verdicts.probed(*done.get_nowait())
-
     def _run_store(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
         keys = job.keys[start:stop]
         t0 = time.perf_counter()
@@ -483,16 +390,7 @@ class Tier(ABC):
         dt = time.perf_counter() - t0
         stored = outcome.count(STORED)
         with self._lock:
-            s = self._stats
-            s.blocks_written += stored
-            s.bytes_written += stored * self.record_bytes
-            s.write_seconds += dt if stored else 0.0
-            s.writes_skipped += outcome.count(PRESENT)
-            if dropped:
-                s.dropped_writes += len(keys)
-            else:
-                s.dropped_writes += outcome.count(DROPPED)
-                s.write_failures += outcome.count(FAILED)
+            self._count_store_batch(outcome, dropped, dt, self.record_bytes)
             self._pending_write_bytes -= len(keys) * self.record_bytes
             ok = [o in (STORED, PRESENT) for o in outcome]
             self._finish_batch(job, start, ok, stored * self.record_bytes)
@@ -505,11 +403,7 @@ class Tier(ABC):
         dt = time.perf_counter() - t0
         n_ok = sum(ok)
         with self._lock:
-            s = self._stats
-            s.blocks_read += n_ok
-            s.bytes_read += n_ok * self.record_bytes
-            s.read_seconds += dt if n_ok else 0.0
-            s.read_failures += len(keys) - n_ok
+            self._count_load_batch(n_ok, len(keys), dt, self.record_bytes)
             self._finish_batch(job, start, ok, n_ok * self.record_bytes)
 
     def _finish_empty(self, job_id: int, kind: Literal["store", "load"]) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.args import check_records, tier_options_from_query
-from kvoffload.tiers.base import FAILED, PRESENT, STORED, Tier
+from kvoffload.tiers.base import Tier
 from kvoffload.tiers.disk_index import VALUE_SUFFIX, DiskIndex
 from kvoffload.tiers.disk_io import (
     BounceBuffers,
@@ -38,6 +38,7 @@ from kvoffload.tiers.disk_io import (
 )
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected, key_in_header
+from kvoffload.tiers.types import FAILED, PRESENT, STORED
 
 __all__ = ["DiskTier", "parse_disk_spec"]
 

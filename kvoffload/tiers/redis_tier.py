@@ -25,7 +25,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.tiers.base import DROPPED, FAILED, PRESENT, STORED, Tier
+from kvoffload.tiers.base import Tier
 from kvoffload.tiers.health import TierUnavailable
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
@@ -34,6 +34,7 @@ from kvoffload.tiers.redis_io import HEAD_BYTES, Mismatch, Redirect, delete_if_h
 from kvoffload.tiers.redis_nodes import DOWN, RedisNodes, Unreached
 from kvoffload.tiers.redis_probe import InlineProbe
 from kvoffload.tiers.redis_url import RedisConfig, parse_redis_url
+from kvoffload.tiers.types import DROPPED, FAILED, PRESENT, STORED
 
 __all__ = ["RedisTier"]
 

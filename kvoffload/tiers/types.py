@@ -6,7 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["TierJobResult", "TierStats"]
+__all__ = ["TierJobResult", "TierStats", "FAILED", "STORED", "PRESENT", "DROPPED"]
+
+#: Per-key outcomes a backend's :meth:`Tier._store_batch <kvoffload.tiers.base.Tier._store_batch>` returns.
+FAILED = 0
+STORED = 1
+PRESENT = 2
+DROPPED = 3  # not tried: the key's part of the store (a cluster node) is in back-off
 
 
 @dataclass(frozen=True)
