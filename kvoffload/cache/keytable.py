@@ -147,19 +147,17 @@ class SlotTable:
             return None
         return list(map(self.index.get, keys, repeat(-1)))
 
-    def key_batch(
-        self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int, distinct: bool = False
-    ) -> KeyBatch:
+    def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int) -> KeyBatch:
         """Validate ``keys`` and resolve them to slots once (:meth:`resolve`'s checks), repeats
         reduced to their first occurrence with ``dedup``; a ``list`` of at most ``limit`` keys with
-        scalar code. ``distinct``: the caller knows there are no repeats (not checked then)."""
+        scalar code."""
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
                 return keys  # type: ignore[return-value]
         slots = self.small_slots(keys, limit) if keys.__class__ is list else None
         if slots is not None:
             out = KeyBatch(keys)
-            out.unique = distinct or len(set(out)) == len(out)
+            out.unique = len(set(out)) == len(out)
             if dedup and not out.unique:
                 first = dict(zip(keys, slots, strict=True))  # equal keys have equal slots
                 out, slots = KeyBatch(first), list(first.values())

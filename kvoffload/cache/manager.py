@@ -16,15 +16,15 @@ import numpy as np
 
 from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan, is_distinct
 from kvoffload.cache.keytable import ClosedIndex, SlotTable
-from kvoffload.cache.loads import Loads
-from kvoffload.cache.lookups import LOOKUP_CODES, lookup_codes, make_lookup
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
+from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
 from kvoffload.cache.requests import RequestLog
 from kvoffload.cache.reuse import ReuseFilter
-from kvoffload.cache.stats import Counters, OffloadingStats
-from kvoffload.cache.stores import CPU_MEDIUM, Stores, store_output
+from kvoffload.cache.stats import OffloadingStats
+from kvoffload.cache.stores import CPU_MEDIUM, Stores
 from kvoffload.checks import check_bool
 from kvoffload.core.base import (
+    CPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -91,9 +91,9 @@ class CPUOffloadingManager(OffloadingManager):
         self.cache_policy: str = cache_policy
         self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
         self._lists = self._policy.takes_lists
-        self._tags = self._policy.uses_workload  # set policy.workload before its calls
+        self._tags = self._policy.uses_workload
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
-        self._counters = Counters()
+        self._counters = OffloadingStats()
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
         self._loads = Loads(self._table, self._policy, self._counters)
         self._reuse = reuse
@@ -127,15 +127,12 @@ class CPUOffloadingManager(OffloadingManager):
         """Requests recorded, not finished yet (0 without ``record_requests``)."""
         return len(self._requests or ())
 
-    # ------------------------------------------------------------------ the door
-    def key_batch(
-        self, keys: Collection[OffloadKey], *, dedup: bool = True, limit: int = SMALL_BATCH, distinct: bool = False
-    ) -> KeyBatch:
+    def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True) -> KeyBatch:
         """``keys`` checked and resolved once (:meth:`SlotTable.key_batch`), taken as they are by
         this manager's calls while no key was inserted or freed since."""
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return self._table.key_batch(keys, dedup=dedup, limit=limit, distinct=distinct)
+        return self._table.key_batch(keys, dedup=dedup, limit=SMALL_BATCH)
 
     def trust_context_class(self, cls: type) -> None:
         """Check contexts of class ``cls`` (an engine's own, with a ``req_id`` field) by the type of
@@ -149,6 +146,8 @@ class CPUOffloadingManager(OffloadingManager):
             c is not self._ctx or req_context.req_id.__class__ is not str
         ):
             check_req_context(req_context)
+        if self._tags:  # set policy.workload before its calls
+            self._policy.workload = workload_tag(req_context)
 
     def _at(
         self, keys: Sequence[OffloadKey], repeats: bool, remember: bool = False
@@ -163,7 +162,6 @@ class CPUOffloadingManager(OffloadingManager):
         r = self._table.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
         return r.keys, r.slots, r
 
-    # ------------------------------------------------------------------ lookups
     def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
         """:meth:`lookup` answering ``answers`` (ready, absent, pending), taking ``context_cls``
         contexts unchecked, for an engine adapter; valid until :meth:`shutdown`."""
@@ -194,7 +192,6 @@ class CPUOffloadingManager(OffloadingManager):
         _, slots, r = self._at(keys, True, remember=count)
         return lookup_codes(self._table, self._counters if count else None, slots if r is None else None, r)
 
-    # ------------------------------------------------------------------ loads
     def prepare_load(
         self, keys: Sequence[OffloadKey], req_context: ReqContext, *, record_access: bool = True
     ) -> LoadStoreSpec:
@@ -216,26 +213,25 @@ class CPUOffloadingManager(OffloadingManager):
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
         self._check(req_context)
         ks, slots, r = self._at(keys, True, remember=True)
-        if self._tags:
-            self._policy.workload = workload_tag(req_context)
         if r is None and not self._lists:  # a few keys: an array for a policy that takes only arrays
             slots = np.array(slots, dtype=np.int64)
         if len(slots):
             self._policy.touch(ks, slots, unique=r is not None and r.unique)
 
-    # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         """Allocate pending slots for the distinct ``keys`` not present yet (past the reuse filter),
         evicting ready, unpinned blocks not named in ``keys``; None and nothing changed (but the
         filter's counts and the request's record) when room cannot be made."""
-        return store_output(self.store_plan(keys, req_context))
+        plan = self.store_plan(keys, req_context)
+        if plan.slots is None:
+            return None
+        spec = CPULoadStoreSpec(np.asarray(plan.slots, dtype=np.int64))
+        return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=spec, evicted_keys=plan.evicted)
 
     def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan:
         """:meth:`prepare_store`'s decision as a :class:`~kvoffload.cache.batch.StorePlan` (for an
         engine adapter's own output type)."""
         self._check(req_context)
-        if self._tags:
-            self._policy.workload = workload_tag(req_context)
         if self._reuse is None and self._requests is None:
             return self._stores.prepare(*self._at(keys, False))
         batch = self.key_batch(keys, dedup=False)
@@ -267,7 +263,6 @@ class CPUOffloadingManager(OffloadingManager):
         removed, in first-occurrence order."""
         return self._stores.discard(np.asarray(self._at(keys, True)[1], dtype=np.int64))
 
-    # ------------------------------------------------------------------ request hooks
     def on_new_request(self, req_context: ReqContext) -> None:
         """A request starts (vLLM's hook): a request id seen again starts a fresh record."""
         self._check(req_context)
@@ -281,11 +276,8 @@ class CPUOffloadingManager(OffloadingManager):
         position) and forget them."""
         self._check(req_context)
         if self._requests is not None:
-            if self._tags:
-                self._policy.workload = workload_tag(req_context)
             self._requests.finish(req_context.req_id, key_position)
 
-    # ------------------------------------------------------------------ events, stats, lifecycle
     def take_events(self) -> list[OffloadingEvent]:
         """Drain the events recorded since the last call (always empty without ``enable_events``)."""
         if not self._events:
@@ -299,7 +291,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def get_stats(self) -> OffloadingStats:
         """Gauges, and the counters since the previous call (``stores_skipped`` with the filter's)."""
-        stats = self._counters.drain_into(OffloadingStats.of(self._table))
+        stats = self._counters.drain(self._table)
         stats.stores_skipped += self.take_filtered()
         return stats
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,7 @@ class RequestLog:
         self._table = table
         self._policy = policy
         self._learns_misses = type(policy).on_store_miss is not CachePolicy.on_store_miss
+        self._touch_only = type(policy).on_request_finished is CachePolicy.on_request_finished
         self._requests: dict[str, Access] = {}
 
     def __len__(self) -> int:
@@ -106,11 +108,15 @@ class RequestLog:
             if len(set(pos)) < len(pos):
                 keys.sort(key=_GROUP_SUFFIX)
             keys.sort(key=where.__getitem__)  # type: ignore[arg-type]
+        slots: Any = list(map(self._table.index.get, keys, repeat(-1)))
+        lists = self._policy.takes_lists and len(keys) <= SCALAR_LIMIT
+        if self._touch_only:  # the default on_request_finished, without its flags
+            self._policy.touch(keys, slots if lists else np.array(slots, dtype=np.int64), unique=True)
+            return
         inserted_only, reused = st.inserted - st.reused, st.reused
-        slots = list(map(self._table.index.get, keys, repeat(-1)))
         ins = [k in inserted_only for k in keys] if inserted_only else [False] * len(keys)
         reu = [k in reused for k in keys] if reused else [False] * len(keys)
-        if self._policy.takes_lists and len(keys) <= SCALAR_LIMIT:
+        if lists:
             self._policy.on_request_finished(keys, slots, ins, reu)  # type: ignore[arg-type]
         else:
             arrays = np.array(slots, dtype=np.int64), np.array(ins, dtype=bool), np.array(reu, dtype=bool)

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvoffload.cache.keytable import SlotTable
 
-__all__ = ["OffloadingStats", "COUNTERS", "Counters"]
+__all__ = ["OffloadingStats", "COUNTERS"]
 
 
 @dataclass
@@ -43,35 +43,17 @@ class OffloadingStats:
     stores_aborted: int = 0
     loads: int = 0
 
-    @classmethod
-    def of(cls, table: SlotTable) -> OffloadingStats:
-        """The gauges of ``table``'s pool (counters 0)."""
+    def drain(self, table: SlotTable) -> OffloadingStats:
+        """A snapshot: ``table``'s gauges and these counters, which are reset (a manager's
+        :class:`OffloadingStats` is its counters, bumped in place)."""
         n, used, pending = table.num_blocks, table.num_used, table.num_pending
-        return cls(n, used, pending, table.num_pinned, used / n if n else 0.0, pending / n if n else 0.0)
-
-
-@dataclass(slots=True)
-class Counters:
-    """The manager's counters, bumped in place on the hot paths."""
-
-    hits: int = 0
-    pending_hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    stores_started: int = 0
-    stores_skipped: int = 0
-    stores_failed: int = 0
-    stores_completed: int = 0
-    stores_aborted: int = 0
-    loads: int = 0
-
-    def drain_into(self, stats: OffloadingStats) -> OffloadingStats:
-        """Copy the counters into ``stats`` (and ``lookups``), reset them, return ``stats``."""
+        out = replace(self, num_blocks=n, num_used=used, num_pending=pending, num_pinned=table.num_pinned)
+        out.usage, out.write_usage = (used / n, pending / n) if n else (0.0, 0.0)
+        out.lookups = out.hits + out.pending_hits + out.misses
         for name in COUNTERS:
-            setattr(stats, name, getattr(self, name))
             setattr(self, name, 0)
-        stats.lookups = stats.hits + stats.pending_hits + stats.misses
-        return stats
+        return out
 
 
-COUNTERS = tuple(f.name for f in fields(Counters))
+#: the counters of :class:`OffloadingStats` (the fields after ``lookups``)
+COUNTERS = tuple(f.name for f in fields(OffloadingStats))[7:]

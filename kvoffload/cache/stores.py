@@ -13,22 +13,13 @@ import numpy as np
 from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
 from kvoffload.cache.keytable import PENDING, SlotTable
 from kvoffload.cache.policies.base import CachePolicy
-from kvoffload.cache.stats import Counters
-from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey, PrepareStoreOutput
+from kvoffload.cache.stats import OffloadingStats
+from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey
 
-__all__ = ["CPU_MEDIUM", "Stores", "store_output"]
+__all__ = ["CPU_MEDIUM", "Stores"]
 
 CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
-
-
-def store_output(plan: StorePlan) -> PrepareStoreOutput | None:
-    """kvoffload's ``prepare_store`` result for ``plan`` (None when it found no room)."""
-    if plan.slots is None:
-        return None
-    slots = plan.slots
-    arr = slots if slots.__class__ is np.ndarray else np.array(slots, dtype=np.int64)
-    return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=CPULoadStoreSpec(arr), evicted_keys=plan.evicted)  # type: ignore[arg-type]
 
 
 class Stores:
@@ -36,7 +27,7 @@ class Stores:
     ``events`` (a list, or None without events)."""
 
     def __init__(
-        self, table: SlotTable, policy: CachePolicy, counters: Counters, events: list[OffloadingEvent] | None
+        self, table: SlotTable, policy: CachePolicy, counters: OffloadingStats, events: list[OffloadingEvent] | None
     ) -> None:
         self.table = table
         self.policy = policy

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -31,6 +32,7 @@ from kvoffload.tiers.record import ValueRejected
 from kvoffload.tiers.redis_events import ClusterWatchers, KeyspaceWatcher
 from kvoffload.tiers.redis_io import HEAD_BYTES, Mismatch, Redirect, delete_if_head, exists, get_into, set_nx
 from kvoffload.tiers.redis_nodes import DOWN, RedisNodes, Unreached
+from kvoffload.tiers.redis_probe import InlineProbe
 from kvoffload.tiers.redis_url import RedisConfig, parse_redis_url
 
 __all__ = ["RedisTier"]
@@ -125,6 +127,11 @@ class RedisTier(Tier):
             (tier_options.get("backoff_initial", 0.1), tier_options.get("backoff_max", 5.0)),
             self._count,
         )
+        # a standalone server's probes sent and read on the engine thread (not through TLS, whose
+        # buffered bytes select cannot see)
+        self._inline = None
+        if not self.config.cluster and self.config.scheme in ("redis", "unix"):
+            self._inline = InlineProbe(self._probe_connection, self._prefix)
         self._watcher: KeyspaceWatcher | ClusterWatchers | None = None
         self._removal_events = removal_events
         if removal_events and self.config.cluster:
@@ -179,7 +186,17 @@ class RedisTier(Tier):
     def _probe(self, keys: list[bytes]) -> list[bool]:
         sk = [self._prefix + k for k in keys]
         replies = self._nodes.run(sk, lambda pool, idx, asking: exists(pool, [sk[i] for i in idx], asking))
+        if self._inline is not None:
+            self._inline.connect()  # the server answers: the next probes may go on the engine thread
         return [isinstance(r, int) and r > 0 for r in replies]
+
+    def _probe_now(self, keys: list[bytes], wait: float) -> list[bool] | Callable[[], list[bool]] | None:
+        return None if self._inline is None else self._inline.ask(keys, wait)
+
+    def _probe_connection(self) -> Any:
+        """A new, unconnected connection to the standalone server, outside the pool."""
+        pool = self._nodes.pool(self.config.nodes[0] if self.config.nodes else ("unix", 0))
+        return pool.connection_class(**pool.connection_kwargs)
 
     def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
         sk = [self._prefix + k for k in keys]
@@ -289,6 +306,8 @@ class RedisTier(Tier):
             self._note_removed(gone)
 
     def _close_backend(self) -> None:
+        if self._inline is not None:
+            self._inline.close()
         if self._watcher is not None:
             self._watcher.close()
         self._nodes.close()

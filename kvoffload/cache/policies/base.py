@@ -115,7 +115,7 @@ class CachePolicy(ABC):
         ``inserted_only[i]`` / ``reused[i]`` (bools): the request only stored the key /
         read a ready copy of it. The default treats every key as touched.
         """
-        self.touch(keys, slots)
+        self.touch(keys, slots, unique=True)
 
     @abstractmethod
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:

@@ -16,8 +16,6 @@ Rules (the reference model in the tests implements exactly these): an entry hold
 whether its bucket has an entry holding ``f | 1`` among the last ``G`` added, and empties
 the first such entry; :meth:`GhostKeys.add` writes ``f | 1`` and the next sequence number at the
 bucket's cursor and advances the cursor modulo :data:`WAYS`, in order.
-Layout: one ``uint32[B, 2, WAYS]`` table, each bucket's ``f | 1`` values (one cache line, what
-a lookup reads) beside their sequence numbers (the line next to it, what an add also writes).
 Memory: ``8 * WAYS * B + B`` bytes, 16.1 to 32.2 bytes per remembered key.
 """
 
@@ -51,9 +49,8 @@ class GhostKeys:
         self.mask = self.buckets - 1
         # written now (np.full, not np.zeros' lazily mapped pages): the first evictions after start
         # would otherwise pay a page fault per bucket row they reach (~1 us each, at every capacity)
-        self.table = np.full((self.buckets, 2, WAYS), 0, dtype=np.uint32)
-        self.fp = self.table[:, 0]  # f | 1 per entry (0: empty), a view
-        self.seq = self.table[:, 1]  # its sequence number, a view
+        self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # f | 1 per entry (0: empty)
+        self.seq = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # its sequence number
         self.cursor = np.full(self.buckets, 0, dtype=np.uint8)
         self.added = 0  # sequence number of the next key (mod 2**32)
         self._steps = np.zeros(0, dtype=np.uint32)  # 0, 1, 2, ... (grown on demand)
@@ -104,9 +101,10 @@ class GhostKeys:
                 self.cursor[bi] = c
 
     def clear(self) -> None:
-        self.table[:] = 0
+        self.fp[:] = 0
+        self.seq[:] = 0
         self.cursor[:] = 0
         self.added = 0
 
     def nbytes(self) -> int:
-        return self.table.nbytes + self.cursor.nbytes
+        return self.fp.nbytes + self.seq.nbytes + self.cursor.nbytes

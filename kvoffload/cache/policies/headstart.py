@@ -28,14 +28,20 @@ Rules (the reference model in the tests implements exactly these):
 * evict ``n``: repeatedly, of the oldest evictable, unprotected block of each list, the
   first-sight one goes if there is no seen one or its stamp ``<=`` the seen one's stamp ``+ H``,
   else the seen one. The victim's key enters the ghost history.
+* workload tags (``uses_workload``): once a request has carried a tag,
+  :class:`~kvoffload.cache.policies.headstart_tags.TagClasses` counts per tag how often the blocks
+  its requests placed are read again (inserts label blocks, reads count and relabel them, evictions
+  count); an insert by a request whose tag is *hot* puts every inserted block on the seen list.
+  Without tags nothing changes and nothing is kept.
 * ghost history: :class:`~kvoffload.cache.policies.ghost.GhostKeys` of about ``4 * capacity`` key
   fingerprints (``headstart_tuner.fingerprints``), victims added in eviction order; a key found
   there on insert leaves it. ``H`` is the tuner's ``head_start``.
 
 Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + ``uint32``
 fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
-keys (64 to 129 B): 101 to 166 bytes, plus the tuner's small caches (four of at most 128 blocks
-with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch or insert is O(keys)
+keys (64 to 129 B) + a ``uint8`` tag label: 102 to 167 bytes, plus 4 KB of tag counts and the
+tuner's small caches (four of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever
+the capacity). Cost: a touch or insert is O(keys)
 numpy work (a CRC-32 per inserted key); evicting ``n`` blocks takes the first-sight blocks up to
 the seen list's oldest candidate in one scan (usually all ``n``), then the two lists in turn
 (O(n) amortised); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of the
@@ -52,6 +58,7 @@ import numpy as np
 from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.policies.ghost import GhostKeys
+from kvoffload.cache.policies.headstart_tags import TagClasses
 from kvoffload.cache.policies.headstart_tuner import HeadStartTuner, fingerprints
 from kvoffload.cache.policies.lru import first_occurrences
 from kvoffload.cache.policies.order import SlotOrder
@@ -70,6 +77,7 @@ class HeadStartPolicy(CachePolicy):
     """Two LRU lists, first sight and seen, with an adaptive head start (module docstring)."""
 
     name = "headstart"
+    uses_workload = True
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         super().__init__(capacity, table)
@@ -81,6 +89,7 @@ class HeadStartPolicy(CachePolicy):
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
         self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
         self.tuner = HeadStartTuner(max(1, capacity))
+        self.tags = TagClasses(capacity)
         self.clock = 0
 
     @property
@@ -98,6 +107,12 @@ class HeadStartPolicy(CachePolicy):
         hit = self.ghost.contains_pop(fp)
         self.stamp[slots] = np.arange(self.clock, self.clock + k, dtype=np.int64)
         self.clock += k
+        if self.workload is not None or self.tags.ids:  # tagged requests (headstart_tags.py)
+            t = self.tags.class_of(self.workload)
+            self.tags.label[slots] = t
+            if self.tags.hot(t):
+                self.seen.push_back(slots, fresh=True)
+                return
         if hit is None:
             self.new.push_back(slots, fresh=True)
         else:
@@ -113,6 +128,8 @@ class HeadStartPolicy(CachePolicy):
         if len(present):
             if not unique:
                 present = first_occurrences(present)
+            if self.workload is not None or self.tags.ids:
+                self.tags.read(present, self.tags.class_of(self.workload))
             self.tuner.observe(self.fp[present])
             self._to_seen(present[::-1])
 
@@ -134,6 +151,8 @@ class HeadStartPolicy(CachePolicy):
             idx = idx[np.sort(at)]
             present = slots[idx]
         own = inserted_only[idx]
+        if self.workload is not None or self.tags.ids:
+            self.tags.read(present[~own], self.tags.class_of(self.workload))
         self.tuner.observe(self.fp[present[~own]])
         rev = present[::-1]
         keep_new = own[::-1] & (self.member[rev] == _NEW)
@@ -144,9 +163,8 @@ class HeadStartPolicy(CachePolicy):
         self._to_seen(rev)
 
     def on_evictable(self, slots: np.ndarray) -> None:
-        if len(slots) and int(self.pos[slots].min()) < max(self.new.scan_position, self.seen.scan_position):
-            self.new.on_evictable(slots)  # some may be parked (the rare case): each list re-queues its own
-            self.seen.on_evictable(slots)
+        self.new.on_evictable(slots)
+        self.seen.on_evictable(slots)
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
@@ -157,6 +175,8 @@ class HeadStartPolicy(CachePolicy):
         if len(a) == n:
             self.new.discard(a)
             self.ghost.add(self.fp[a])
+            if self.tags.ids:
+                self.tags.gone(a)
             return a
         return self._evict_merged(n, a, h, protected)
 
@@ -186,6 +206,8 @@ class HeadStartPolicy(CachePolicy):
         self.seen.discard(np.concatenate(seen_parts))
         out = np.concatenate(victims)
         self.ghost.add(self.fp[out])
+        if self.tags.ids:
+            self.tags.gone(out)
         return out
 
     def clear(self) -> None:
@@ -194,6 +216,7 @@ class HeadStartPolicy(CachePolicy):
         self.seen.clear()
         self.ghost.clear()
         self.tuner.clear()
+        self.tags.clear()
         self.clock = 0
 
     def ordered_slots(self) -> tuple[list[int], list[int]]:
@@ -209,4 +232,5 @@ class HeadStartPolicy(CachePolicy):
             + self.new.buf.nbytes
             + self.seen.buf.nbytes
             + self.ghost.nbytes()
+            + self.tags.nbytes()
         )

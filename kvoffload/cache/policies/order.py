@@ -134,8 +134,13 @@ class SlotOrder:
             self.member[slots] = self.lid
         self.tail = t + k
 
-    def discard(self, slots: np.ndarray | list[int]) -> None:
-        """Remove distinct ``slots`` that are in this list (others are ignored)."""
+    def discard(self, slots: np.ndarray | list[int], members: bool = False) -> None:
+        """Remove distinct ``slots`` that are in this list (others are ignored; ``members``: all are
+        in it, e.g. the slots :meth:`take` just returned)."""
+        if members and slots.__class__ is not list:
+            self.member[slots] = 0
+            self.size -= len(slots)
+            return
         if slots.__class__ is list:
             member, lid = self._mm, self.lid
             for s in slots:
