@@ -37,11 +37,12 @@ Timed: the scheduler-role connector calls of each step (``get_num_new_matched_to
 ``request_finished``), which is where the manager is called, and inside them the manager's own
 calls (both managers behind the same timing wrapper). Reported per setting and policy (LRU, ARC):
 µs per engine step for both and their ratios (kvoffload / vLLM; below 1 is faster), the two runs
-alternated, best of ``--repeats`` each (default 1 for the realistic settings, 3 for the small
-trace). Each repeat is 4 runs (2 managers x 2 policies); on a 2-core machine 64req-1e4 takes about
-3 s per run (20 s in all at ``--repeats 1``), 256req-1e5 about 30 s per run (2 minutes in all),
-mostly vLLM's own request hashing and scheduling, which are not timed. Both runs must produce the
-same tokens and the same CPU-tier loads, else the comparison is void (asserted).
+alternated (which one runs first swaps every repeat), best of ``--repeats`` each (default 1 for
+the realistic settings, 3 for the small trace). Each repeat is 4 runs (2 managers x 2 policies);
+on a 2-core machine 64req-1e4 takes about 3 s per run (20 s in all at ``--repeats 1``), 256req-1e5
+about 30 s per run (2 minutes in all), mostly vLLM's own request hashing and scheduling, which are
+not timed. Both runs must produce the same tokens and the same CPU-tier loads, else the comparison
+is void (asserted).
 Once the engine is built the GC heap is frozen (``gc.freeze``), as vLLM's ``EngineCore`` does after
 start-up, so that collections during the run do not rescan the engine's start-up objects. The
 manager's calls also include ``on_new_request``, which vLLM calls from ``add_request`` (not a
@@ -263,9 +264,11 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
     waves = _trace(s)
     rows = []
     for policy in policies:
-        runs = [_run_once(s, waves, use_vllm, policy) for _ in range(repeats) for use_vllm in (False, True)]
-        ours = min(runs[0::2], key=lambda r: r["us_per_step"])
-        theirs = min(runs[1::2], key=lambda r: r["us_per_step"])
+        # alternated, the first of each pair swapped every repeat (no manager always runs first)
+        order = [use_vllm for i in range(repeats) for use_vllm in ((False, True) if i % 2 == 0 else (True, False))]
+        runs = [_run_once(s, waves, use_vllm, policy) for use_vllm in order]
+        ours = min((r for r, v in zip(runs, order, strict=True) if not v), key=lambda r: r["us_per_step"])
+        theirs = min((r for r, v in zip(runs, order, strict=True) if v), key=lambda r: r["us_per_step"])
         for r in runs[1:]:  # every run, not only the best ones, must agree
             assert r["outputs"] == runs[0]["outputs"], "two runs produced different tokens"
             assert r["loads"] == runs[0]["loads"], ("two runs loaded differently", r["loads"], runs[0]["loads"])
@@ -281,6 +284,9 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
             "kvoffload_manager_us_per_step": round(ours["manager_us_per_step"], 1),
             "vllm_manager_us_per_step": round(theirs["manager_us_per_step"], 1),
             "manager_ratio": round(ours["manager_us_per_step"] / theirs["manager_us_per_step"], 3),
+            # vLLM's own connector code around the manager's calls (the same code for both managers)
+            "kvoffload_outside_manager_us_per_step": round(ours["us_per_step"] - ours["manager_us_per_step"], 1),
+            "vllm_outside_manager_us_per_step": round(theirs["us_per_step"] - theirs["manager_us_per_step"], 1),
             # of which garbage collections that ran inside the timed calls (the engine's garbage too)
             "kvoffload_gc_us_per_step": round(ours["gc_us_per_step"], 1),
             "vllm_gc_us_per_step": round(theirs["gc_us_per_step"], 1),
