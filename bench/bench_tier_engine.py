@@ -12,6 +12,10 @@ reference engine three ways, in the same process, alternating, ``--reps`` times:
 * ``redis-warm``: the same tier holding what the previous run wrote: tier hits are promoted;
 * ``redis-cold-nowait`` / ``redis-warm-nowait``: the same with ``probe_wait=0`` (the step's probe
   is answered whenever the tier's lookup thread gets to it, as before ``probe_wait``);
+* ``redis-cold-defer``: a cold tier with ``defer_hit_rate=0``: every lookup of a key without a
+  verdict defers its request on the probe, however few keys the probes find (as before
+  ``defer_hit_rate``; by default a tier whose probes find under 5 % of keys answers them as
+  misses at once);
 * ``redis-warm-events``: a warm tier with ``removal_events`` (the server publishing its key
   events, the tier watching them), compared per step with ``redis-warm`` (goal <= 1.02x).
 
@@ -143,6 +147,7 @@ def run_once(settings: DemoSettings) -> dict[str, Any]:
             tier_round_trips=ts.lookup_round_trips,
             tier_lookups=ts.lookups,
             tier_read_gbps=ts.bytes_read / ts.read_seconds / 1e9 if ts.read_seconds else 0.0,
+            tier_hit_rate=engine.tiered.tiers[0].hit_rate,
             tier_bytes_read=ts.bytes_read,
         )
     return out
@@ -168,6 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "redis-warm": [],
         "redis-cold-nowait": [],
         "redis-warm-nowait": [],
+        "redis-cold-defer": [],
         "redis-warm-events": [],
     }
     with tempfile.TemporaryDirectory(prefix="kvoffload-bench-redis-") as tmp:
@@ -175,6 +181,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             with_tier = replace(base, tiers=(server.url,))
             nowait = replace(base, tiers=(f"{server.url}?probe_wait=0",))  # before: probes answered asynchronously
+            always = replace(base, tiers=(f"{server.url}?defer_hit_rate=0",))  # before: every unknown key defers
             # removal events on: the server publishes its key events, the tier watches them
             events: Any = replace(base, tiers=({"url": server.url, "removal_events": True},))
             for r in range(reps):
@@ -183,6 +190,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     server.cli("flushall")
                     runs[f"redis-cold{suffix}"].append(run_once(settings))
                     runs[f"redis-warm{suffix}"].append(run_once(settings))
+                server.cli("flushall")
+                runs["redis-cold-defer"].append(run_once(always))
                 server.cli("config", "set", "notify-keyspace-events", "Egex")
                 runs["redis-warm-events"].append(run_once(events))  # warm: the values of the runs before
                 server.cli("config", "set", "notify-keyspace-events", "")

@@ -109,3 +109,26 @@ def test_bad_fleet_flags_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
 ) -> None:
     assert_refused(tmp_path, capsys, ["--capacities", "8", *extra], needle)
+
+
+def test_the_report_names_a_routing_that_piles_load_onto_one_replica(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # one system-prompt block heads every prompt: longest-prefix routing sends everything where the
+    # first request went, and the report says so under its table; round-robin stays even
+    lines = random_mooncake(60, 12, 64, max_blocks=6)
+    for i, line in enumerate(lines):
+        line["hash_ids"] = [10**6, *line["hash_ids"]]  # type: ignore[list-item]
+        line["input_length"] = int(line["input_length"]) + 64  # type: ignore[call-overload]
+        line["timestamp"] = i * 2000
+    trace = write_mooncake(tmp_path / "sys.jsonl", lines)
+    argv = ["simulate", "--trace", str(trace), "--trace-block-size", "64", "--block-size", "64", "--jobs", "1"]
+    rc = main([*argv, "--replicas", "1,3", "--routing", "round-robin,prefix", "--capacities", "40", "--no-plot",
+               "--out", str(tmp_path / "o")])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    named = [ln for ln in text.splitlines() if ln.startswith("unbalanced:")]
+    assert named == [
+        "unbalanced: prefix with 3 replicas sends its busiest replica 3.00x the mean prompt tokens "
+        "(3.00x the mean requests: every request on one replica)"
+    ]

@@ -9,10 +9,9 @@ one progress line per finished run, and returns the points in the report's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from kvoffload.sim.bailian import BailianRequest
 from kvoffload.sim.block_trace import BlockTrace
 from kvoffload.sim.cache_replay import ReplayResult
 from kvoffload.sim.cache_sweep import CacheSweep, sweep_cache
@@ -27,10 +26,7 @@ __all__ = ["CacheSweepPoints", "block_trace_of", "run_cache_sweep", "to_point", 
 def block_trace_of(items: list[Any], block_tokens: int, trace_block_tokens: int) -> BlockTrace:
     """The block keys of ``items``: Mooncake requests, :class:`TraceRequest` s or chat turns."""
     if items and isinstance(items[0], MooncakeRequest):
-        bt = BlockTrace.from_mooncake(items, trace_block_tokens, block_tokens)
-        if isinstance(items[0], BailianRequest):
-            bt = replace(bt, tags=tuple(it.tag for it in items))
-        return bt
+        return BlockTrace.from_mooncake(items, trace_block_tokens, block_tokens)  # Bailian tags included
     tokens = [it.num_tokens if isinstance(it, TraceRequest) else len(it.prompt_token_ids) for it in items]
     return BlockTrace.from_block_hashes(trace_blocks(items), tokens, block_tokens)
 

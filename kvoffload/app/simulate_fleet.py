@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.app.simulate_cache import block_trace_of
-from kvoffload.app.simulate_fleet_report import PREFILL_TOKENS_PER_S, fleet_rows, fleet_table, write_fleet
+from kvoffload.app.simulate_fleet_report import (
+    PREFILL_TOKENS_PER_S,
+    fleet_rows,
+    fleet_table,
+    imbalance_lines,
+    write_fleet,
+)
 from kvoffload.app.units import size_label
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.fleet import FleetResult, FleetTrace
@@ -116,6 +122,8 @@ def run_fleet(
         "load balance, shared tier traffic, prefill saved:"
     )
     print(fleet_table(rows))
+    for line in imbalance_lines(rows):
+        print(line)
     settings = {
         "source": source,
         "model_shape": {"describe": shape.describe(), "bytes_per_token": shape.bytes_per_token},

@@ -24,13 +24,25 @@ import numpy as np
 from kvoffload.app.units import size_label
 from kvoffload.sim.fleet import FleetResult, FleetTrace
 
-__all__ = ["PEAK_WINDOW_S", "PREFILL_TOKENS_PER_S", "FleetRow", "fleet_rows", "fleet_table", "write_fleet"]
+__all__ = [
+    "PEAK_WINDOW_S",
+    "PREFILL_TOKENS_PER_S",
+    "UNBALANCED",
+    "FleetRow",
+    "fleet_rows",
+    "fleet_table",
+    "imbalance_lines",
+    "write_fleet",
+]
 
 #: the window of the tier's peak traffic, seconds of arrivals
 PEAK_WINDOW_S = 60.0
 #: default prefill throughput per GPU of the named model shapes, tokens/s: 2 x parameters FLOPs per
 #: token at 40 % of an H100's 989 dense bf16 TFLOP/s (8B: 24.7K, 70B: 2.8K, rounded)
 PREFILL_TOKENS_PER_S = {"8b": 25_000.0, "70b": 2_800.0}
+#: a fleet whose busiest replica gets at least this many times the mean prompt tokens is named
+#: under the table (:func:`imbalance_lines`)
+UNBALANCED = 1.5
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,26 @@ def fleet_table(rows: list[FleetRow]) -> str:
             f"{w.tokens_max_over_mean:>13.2f}{rd:>21}{wr:>15}{w.prefill_gpu_s_saved:>21,.0f}"
         )
     return "\n".join(lines)
+
+
+def imbalance_lines(rows: list[FleetRow], threshold: float = UNBALANCED) -> list[str]:
+    """Plain lines naming the routings that unbalance load: per routing and replica count, the
+    largest busiest-replica-over-mean prompt tokens (and requests) of its rows when it reaches
+    ``threshold``; "all on one replica" when it equals the replica count."""
+    worst: dict[tuple[str, int], FleetRow] = {}
+    for w in rows:
+        key = (w.routing, w.replicas)
+        if w.replicas > 1 and (key not in worst or w.tokens_max_over_mean > worst[key].tokens_max_over_mean):
+            worst[key] = w
+    out = []
+    for (routing, n), w in worst.items():
+        if w.tokens_max_over_mean >= threshold:
+            alone = ": every request on one replica" if w.requests_max_over_mean >= n - 1e-9 else ""
+            out.append(
+                f"unbalanced: {routing} with {n} replicas sends its busiest replica {w.tokens_max_over_mean:.2f}x "
+                f"the mean prompt tokens ({w.requests_max_over_mean:.2f}x the mean requests{alone})"
+            )
+    return out
 
 
 def write_fleet(rows: list[FleetRow], settings: dict[str, Any], out: Path, plot: bool = True) -> list[Path]:

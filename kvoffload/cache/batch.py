@@ -1,61 +1,59 @@
-"""Key batches: keys checked once, and keys resolved to slots of a :class:`~kvoffload.cache.keytable.SlotTable`."""
+"""Key batches: keys checked once and resolved to slots of a
+:class:`~kvoffload.cache.keytable.SlotTable`, and the table's memo of recent resolutions.
+
+The memo keeps the translation of the last :data:`MEMO_ENTRIES` key lists of at least
+:data:`MEMO_MIN_KEYS` keys given to ``lookup_batch`` / ``touch``; a later call whose keys equal a
+slice of a remembered list (one C-level comparison) reuses it instead of probing the key index (a
+scheduler calls the manager on slices of one request's keys). A remembered slot is used only while
+the slot's generation (``SlotTable.gen``, bumped when the slot is freed) is unchanged; remembered
+absences are re-checked whenever a key was inserted since.
+"""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from kvoffload.cache.memo import MemoBatch
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
 from kvoffload.errors import InvalidTypeError
 
 if TYPE_CHECKING:
     from kvoffload.cache.keytable import SlotTable
 
-logger = logging.getLogger(__name__)
+__all__ = ["KeyBatch", "Resolved", "StorePlan", "MemoBatch", "TranslationMemo", "as_key_list", "is_distinct"]
 
-__all__ = ["KeyBatch", "Resolved", "StorePlan", "as_key_list", "is_distinct"]
+MEMO_ENTRIES = 16
+MEMO_MIN_KEYS = 8
 
 
 def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool) -> list[OffloadKey]:
-    """Validate a batch of keys with C-speed checks and return it as a new list.
-
-    The fast path (every item exactly ``bytes``) costs two C loops; anything else goes
-    through :func:`kvoffload.core.base.validate_keys`, which raises the typed error naming
-    the bad item (``bytes`` subclasses such as ``numpy.bytes_`` included).
-    """
+    """``keys`` validated (C-level passes; :func:`~kvoffload.core.base.validate_keys` names a bad
+    item) as a new list."""
     if keys.__class__ is not list:
         check_key_batch(keys, name)
     try:
         lst = list(keys)
     except TypeError as exc:
         raise InvalidTypeError(f"{name} must be an iterable of bytes keys, got {type(keys).__name__}") from exc
-    if lst and set(map(type, lst)) != {bytes}:
+    if (lst and set(map(type, lst)) != {bytes}) or (not allow_duplicates and len(set(lst)) != len(lst)):
         return validate_keys(lst, name, allow_duplicates=allow_duplicates)
-    if not allow_duplicates and len(set(lst)) != len(lst):
-        return validate_keys(lst, name, allow_duplicates=False)
     return lst
 
 
 def is_distinct(keys: Sequence[OffloadKey]) -> bool:
-    """Whether ``keys`` has no repeats (a unique :class:`KeyBatch` is known to have none)."""
+    """Whether ``keys`` has no repeats."""
     if len(keys) < 2 or (keys.__class__ is KeyBatch and keys.unique):  # type: ignore[attr-defined]
         return True
     return len(set(keys)) == len(keys)
 
 
 class KeyBatch(list):  # type: ignore[type-arg]
-    """Keys validated and resolved to slots once, at the outer door (:meth:`SlotTable.key_batch`).
-
-    A ``list`` of the keys (every layer accepts it as a batch of keys) carrying their slots
-    (``-1`` = absent), whether they are distinct, and the table and mutation epoch they were
-    resolved against. A manager handed a *current* batch (same table, no key inserted or freed
-    since) uses the slots as they are instead of checking and probing the keys again; any
-    other batch is just a list of keys. :meth:`select` keeps the slots of a subset.
-    """
+    """A ``list`` of keys resolved once (:meth:`SlotTable.key_batch`): their ``slots`` (-1 =
+    absent), whether they are ``unique``, and the table (``owner``) and ``epoch`` they were
+    resolved at. A manager takes the slots of a *current* batch (same table and epoch) as they
+    are; any other batch is just a list of keys."""
 
     __slots__ = ("slots", "unique", "owner", "epoch", "_presence")
 
@@ -73,8 +71,7 @@ class KeyBatch(list):  # type: ignore[type-arg]
         return out
 
     def presence(self) -> tuple[list[OffloadKey], list[int]]:
-        """``(absent keys, slots of the present keys)``, each in batch order; computed once per
-        batch (presence changes only with the table's epoch, which a current batch shares)."""
+        """``(absent keys, slots of the present keys)`` in batch order (computed once)."""
         try:
             return self._presence
         except AttributeError:
@@ -85,24 +82,101 @@ class KeyBatch(list):  # type: ignore[type-arg]
 
 
 class StorePlan(NamedTuple):
-    """A ``prepare_store``'s decision, before it is wrapped in an engine's output types.
-
-    ``keys``: the keys given new pending slots, in call order; ``slots``: their slots (a list,
-    or an ``int64`` array for large calls), or None when room could not be made (nothing
-    changed; ``keys`` are then the keys it would have stored); ``evicted``: the keys evicted to
-    make room, in eviction order.
-    """
+    """A ``prepare_store`` decision: ``keys`` given pending ``slots`` (a list, or an ``int64``
+    array for large calls), or ``slots=None`` when room could not be made (nothing changed;
+    ``keys`` are those it would have stored); ``evicted``: the keys evicted, in order."""
 
     keys: list[OffloadKey]
     slots: list[int] | np.ndarray | None
     evicted: list[OffloadKey]
 
 
+class MemoBatch:
+    """A remembered key list: keys, their slots (-1 = absent) and the slots' generations."""
+
+    __slots__ = ("keys", "slots", "gen", "pos", "has_dups", "insert_seen")
+
+    keys: list[OffloadKey]
+    slots: np.ndarray
+    gen: np.ndarray
+    pos: dict[bytes, int]
+    has_dups: bool
+    insert_seen: int
+
+
 class Resolved(NamedTuple):
-    """Result of :meth:`SlotTable.resolve`."""
+    """:meth:`SlotTable.resolve`'s result: the memo ``batch`` and ``offset`` the slots came from."""
 
     keys: list[OffloadKey]
     slots: np.ndarray
     unique: bool
     batch: MemoBatch | None
     offset: int
+
+
+class TranslationMemo:
+    """The remembered lists of one table; ``gen``: its slot generations, ``slots_of``: its
+    uncached translation (``int64`` slot per key, -1 if absent)."""
+
+    def __init__(self, gen: np.ndarray, slots_of: Callable[[list[OffloadKey]], np.ndarray]) -> None:
+        self._gen = gen
+        self._slots_of = slots_of
+        self._entries: list[MemoBatch] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def find(self, lst: list[OffloadKey]) -> tuple[MemoBatch, int] | None:
+        """The remembered list holding ``lst`` as a slice, and the slice's offset; None if none."""
+        k0, n = lst[0], len(lst)
+        try:
+            for b in self._entries:
+                off = b.pos.get(k0)
+                if off is not None and b.keys[off : off + n] == lst:
+                    return b, off
+        except TypeError:  # unhashable first item: the caller's checks report it
+            return None
+        return None
+
+    def slots(self, b: MemoBatch, off: int, n: int, insert_count: int) -> np.ndarray:
+        """The current slots of ``b.keys[off:off+n]`` (a new array), refreshing stale entries."""
+        end = off + n
+        sl, gen = b.slots[off:end], self._gen
+        if (gen[sl] != b.gen[off:end]).any():
+            fresh = self._slots_of(b.keys[off:end])
+            b.slots[off:end] = fresh
+            b.gen[off:end] = gen[fresh]
+        elif b.insert_seen != insert_count:
+            a = (sl < 0).nonzero()[0]
+            if len(a):
+                found = self._slots_of([b.keys[off + i] for i in a.tolist()])
+                if (found >= 0).any():
+                    b.slots[off + a] = found
+                    b.gen[off + a] = gen[found]
+        return b.slots[off:end].copy()
+
+    def remember(self, lst: list[OffloadKey], slots: np.ndarray, insert_count: int) -> MemoBatch:
+        """Keep ``lst`` (owned by the memo from now on) and its translation ``slots``."""
+        b = MemoBatch()
+        n = len(lst)
+        b.keys, b.slots, b.gen, b.insert_seen = lst, slots.copy(), self._gen[slots], insert_count
+        b.pos = dict(zip(lst, range(n), strict=True))
+        b.has_dups = len(b.pos) != n
+        if b.has_dups:  # each key's first position
+            b.pos = dict(zip(reversed(lst), range(n - 1, -1, -1), strict=True))
+        self._entries.insert(0, b)
+        del self._entries[MEMO_ENTRIES:]
+        return b
+
+    def note_insert(
+        self, b: MemoBatch, idx: np.ndarray, slots: np.ndarray, count_before: int, count_after: int
+    ) -> None:
+        """Keys ``b.keys[idx]`` were just given ``slots`` by one allocation (the table's insert
+        count went ``count_before`` -> ``count_after``)."""
+        b.slots[idx] = slots
+        b.gen[idx] = self._gen[slots]
+        if b.insert_seen == count_before:
+            b.insert_seen = count_after

@@ -1,19 +1,14 @@
 """The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
 
-One class that owns everything the scheduler side does, as parts it holds and calls directly: a
-slot table (:mod:`~kvoffload.cache.keytable`), a cache policy (:mod:`~kvoffload.cache.policies`),
-:class:`~kvoffload.cache.stores.Stores` (stores, evictions), :class:`~kvoffload.cache.loads.Loads`
-(pins), :class:`~kvoffload.cache.stats.Counters` and an event list, and optionally a
-:class:`~kvoffload.cache.reuse.ReuseFilter` (``store_threshold``) and a
-:class:`~kvoffload.cache.requests.RequestLog` (vLLM's request hooks). Each operation checks its
-arguments once, then takes one of two paths inside the same method: a few keys (a ``list`` of at
-most :data:`SMALL_BATCH`) run scalar code over a list of slots, since a numpy call costs about a
-microsecond whatever its size; larger calls a fixed number of numpy operations (same results).
+One class holding its parts and calling them directly: a slot table, a cache policy, stores and
+evictions, loads, counters and events, and optionally a reuse filter (``store_threshold``) and a
+request log (vLLM's request hooks). Each operation checks its arguments once, then runs scalar
+code over a list of slots for a ``list`` of at most :data:`SMALL_BATCH` keys (a numpy call costs
+about a microsecond whatever its size) and a fixed number of numpy operations otherwise.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -21,15 +16,15 @@ import numpy as np
 
 from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan, is_distinct
 from kvoffload.cache.keytable import ClosedIndex, SlotTable
-from kvoffload.cache.loads import Loads
-from kvoffload.cache.lookups import LOOKUP_CODES, lookup_codes, make_lookup
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
+from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
 from kvoffload.cache.requests import RequestLog
 from kvoffload.cache.reuse import ReuseFilter
-from kvoffload.cache.stats import Counters, OffloadingStats
-from kvoffload.cache.stores import CPU_MEDIUM, Stores, store_output
+from kvoffload.cache.stats import OffloadingStats
+from kvoffload.cache.stores import CPU_MEDIUM, Stores
 from kvoffload.checks import check_bool
 from kvoffload.core.base import (
+    CPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingEvent,
     OffloadingManager,
@@ -38,53 +33,42 @@ from kvoffload.core.base import (
     ReqContext,
     check_req_context,
     validate_keys,
+    workload_tag,
 )
 from kvoffload.errors import InvalidTypeError, KeyStateError
 
-logger = logging.getLogger(__name__)
-
 __all__ = ["CPUOffloadingManager", "OffloadingStats", "CPU_MEDIUM", "SMALL_BATCH", "LOOKUP_CODES"]
 
-#: Calls on at most this many keys (a ``list``) take the scalar paths.
 SMALL_BATCH = 32
 
 
 class CPUOffloadingManager(OffloadingManager):
-    """Offloading manager for a pool of ``num_blocks`` CPU slots, vLLM semantics (docs/contract.md §2).
+    """Manager of a pool of ``num_blocks`` CPU slots, vLLM semantics (docs/contract.md §2).
 
-    States: a key is absent, *pending* (store in flight: not loadable, not evictable) or
-    *ready*; a ready block with ref count > 0 is *pinned* by loads. Slot ids returned in specs
-    are CPU block ids ``0..num_blocks-1``: never-used slots first, in increasing order, then
-    freed slots last-in-first-out. Every method validates all of its arguments before changing
-    anything (a ``req_context`` that is not a :class:`ReqContext` is an ``InvalidTypeError``);
-    a failing call changes nothing.
-
-    Costs (``k`` keys): one C-level dict pass (none for a current :class:`KeyBatch` or a list the
-    table's memo holds) plus a fixed number of numpy operations; touching or evicting is O(k)
-    amortised, independent of capacity and of pinned blocks. Not thread-safe. Stored keys are
-    exactly ``bytes`` (``numpy.bytes_`` refused: numpy drops trailing NUL bytes).
+    A key is absent, *pending* (store in flight: neither loadable nor evictable) or *ready*; a
+    ready block with ref count > 0 is *pinned* by loads. Slot ids are CPU block ids: never-used
+    slots first in increasing order, then freed slots last-in-first-out. Every method checks all
+    its arguments before changing anything; a failing call changes nothing. Keys are exactly
+    ``bytes`` (``numpy.bytes_`` drops trailing NULs). Costs (``k`` keys): one C-level dict pass
+    plus a fixed number of numpy operations, O(k) amortised whatever the capacity and the pinned
+    blocks. Not thread-safe.
 
     Args:
-        num_blocks: number of CPU slots (``>= 0``; 0 makes every store fail).
-        cache_policy: ``"lru"`` (default), ``"arc"``, ``"s3fifo"``, a registered name, or an
-            out-of-tree ``"package.module:Class"`` (a :class:`CachePolicy` subclass).
-        enable_events: record :class:`OffloadingEvent` s, drained by :meth:`take_events`: one
-            ``removed=True`` event per ``prepare_store`` that evicted (its evicted keys, in
-            eviction order), one ``removed=False`` event per successful ``complete_store`` that
-            made keys ready (just those keys, in call order).
-        store_threshold: None (default): store every offered key. An int ``>= 1``: store an absent
-            key only once counted that many times (:class:`~kvoffload.cache.reuse.ReuseFilter`;
-            keys already stored are never filtered). ``max_tracker_size`` and ``count_on``
-            (``"lookup"`` or ``"offer"``) configure its counting.
-        record_requests: record each request's accesses (``req_context.req_id``) and apply them
-            to the policy at :meth:`on_request_finished` (vLLM's request hooks); each absent
-            key a request offers for storing past the filter goes once to the policy's
-            ``on_store_miss``.
+        num_blocks: CPU slots (``>= 0``; 0 makes every store fail).
+        cache_policy: ``"lru"`` (default), ``"arc"``, ``"s3fifo"``, a registered name, or
+            ``"package.module:Class"`` (a :class:`CachePolicy` subclass).
+        enable_events: record :class:`OffloadingEvent` s for :meth:`take_events`: one
+            ``removed=True`` event per ``prepare_store`` that evicted (its evicted keys in eviction
+            order), one ``removed=False`` event per ``complete_store`` that made keys ready.
+        store_threshold: None: store every offered key; an int ``>= 1``: store an absent key once
+            counted that many times (:class:`~kvoffload.cache.reuse.ReuseFilter`, configured by
+            ``max_tracker_size`` and ``count_on``, ``"lookup"`` or ``"offer"``).
+        record_requests: record each request's accesses and apply them to the policy at
+            :meth:`on_request_finished` (vLLM's request hooks).
 
     Raises:
-        InvalidTypeError: ``num_blocks`` not an int (bools rejected), ``cache_policy`` not a
-            str, ``enable_events`` or ``record_requests`` not a bool.
-        InvalidArgumentError: ``num_blocks < 0``, an unknown policy name, a bad filter setting.
+        InvalidTypeError / InvalidArgumentError: a bad argument (bools are not ints), an unknown
+            policy, a bad filter setting.
     """
 
     def __init__(
@@ -107,16 +91,16 @@ class CPUOffloadingManager(OffloadingManager):
         self.cache_policy: str = cache_policy
         self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
         self._lists = self._policy.takes_lists
+        self._tags = self._policy.uses_workload
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
-        self._counters = Counters()
+        self._counters = OffloadingStats()
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
         self._loads = Loads(self._table, self._policy, self._counters)
         self._reuse = reuse
-        #: the reuse filter's lookup counting (``count_on="lookup"``), or None
         self._count_lookup = reuse.count_lookups if reuse is not None and reuse.count_on == "lookup" else None
         self._requests = RequestLog(self._table, self._policy) if record_requests else None
         self._closed = False
-        self._ctx: type = ReqContext  # see trust_context_class
+        self._ctx: type = ReqContext
         self._index: dict[bytes, int] = self._table.index
         self._ref = self._table.ref_buf
         if type(self).lookup is CPUOffloadingManager.lookup:
@@ -143,48 +127,34 @@ class CPUOffloadingManager(OffloadingManager):
         """Requests recorded, not finished yet (0 without ``record_requests``)."""
         return len(self._requests or ())
 
-    # ------------------------------------------------------------------ the door
-    def key_batch(
-        self, keys: Collection[OffloadKey], *, dedup: bool = True, limit: int = SMALL_BATCH, distinct: bool = False
-    ) -> KeyBatch:
-        """Validate ``keys`` and resolve them to slots once (repeats reduced to their first
-        occurrence with ``dedup``); this manager takes the result as it is while no key was
-        inserted or freed since. A ``list`` of at most ``limit`` keys is resolved with scalar
-        code. ``distinct``: the caller knows the keys have no repeats (not checked then).
-
-        Raises:
-            InvalidTypeError: a key is not ``bytes``; KeyStateError: after :meth:`shutdown`.
-        """
+    def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True) -> KeyBatch:
+        """``keys`` checked and resolved once (:meth:`SlotTable.key_batch`), taken as they are by
+        this manager's calls while no key was inserted or freed since."""
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return self._table.key_batch(keys, dedup=dedup, limit=limit, distinct=distinct)
+        return self._table.key_batch(keys, dedup=dedup, limit=SMALL_BATCH)
 
     def trust_context_class(self, cls: type) -> None:
-        """Check contexts of class ``cls`` (an engine's own, e.g. vLLM's ``ReqContext``) by their
-        ``req_id`` alone: its class has the field, so one attribute test replaces the general
-        :func:`~kvoffload.core.base.check_req_context` on every call."""
+        """Check contexts of class ``cls`` (an engine's own, with a ``req_id`` field) by the type of
+        their ``req_id`` alone."""
         if not isinstance(cls, type):
             raise InvalidTypeError(f"cls must be a class, got {type(cls).__name__}")
         self._ctx = cls
 
     def _check(self, req_context: ReqContext) -> None:
-        """The request-context check of every request-facing call."""
         if (c := req_context.__class__) is not ReqContext and (
             c is not self._ctx or req_context.req_id.__class__ is not str
         ):
             check_req_context(req_context)
-
-    def _small(self, keys: Sequence[OffloadKey]) -> list[int] | None:
-        """Slot (-1 = absent) per key of a few plain keys; None: the call takes the array path."""
-        return None if self._closed else self._table.small_slots(keys, SMALL_BATCH)
+        if self._tags:  # set policy.workload before its calls
+            self._policy.workload = workload_tag(req_context)
 
     def _at(
         self, keys: Sequence[OffloadKey], repeats: bool, remember: bool = False
     ) -> tuple[Any, Any, Resolved | None]:
-        """``(keys, slots, resolved)``: a few keys (no repeats unless ``repeats``) with a list of
-        slots (``resolved`` None), else the checked batch with an ``int64`` array (``remember``:
-        the table's memo keeps it). Raises the typed error of a bad key or repeat."""
-        small = self._small(keys)
+        """``(keys, slots, resolved)``: a few keys with a list of slots (``resolved`` None), else the
+        checked keys with an ``int64`` array. Raises on a bad key, or a repeat unless ``repeats``."""
+        small = None if self._closed else self._table.small_slots(keys, SMALL_BATCH)
         if small is not None and (repeats or is_distinct(keys)):
             return keys, small, None
         if self._closed:
@@ -192,31 +162,20 @@ class CPUOffloadingManager(OffloadingManager):
         r = self._table.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
         return r.keys, r.slots, r
 
-    # ------------------------------------------------------------------ lookups
     def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
-        """A ``lookup`` for an engine adapter: same checks and statistics as :meth:`lookup`, answering
-        ``answers`` (ready, absent, pending) and taking ``context_cls`` contexts unchecked. Valid
-        until :meth:`shutdown`."""
+        """:meth:`lookup` answering ``answers`` (ready, absent, pending), taking ``context_cls``
+        contexts unchecked, for an engine adapter; valid until :meth:`shutdown`."""
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
         return make_lookup(self._index, self._ref, self._counters, answers, context_cls, self._count_lookup)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """True if ``key`` is stored and ready, False if absent, None if its store is pending.
-
-        Raises:
-            InvalidTypeError: ``key`` is not ``bytes``.
-        """
+        """True if ``key`` is stored and ready, False if absent, None if its store is pending."""
         self._check(req_context)
         return make_lookup(self._index, self._ref, self._counters, count=self._count_lookup)(key, req_context)  # type: ignore[no-any-return]
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
-        """Look up many keys at once (duplicates allowed).
-
-        Returns:
-            ``np.int8[len(keys)]``: ``LOOKUP_HIT`` (1), ``LOOKUP_MISS`` (0) or ``LOOKUP_PENDING``
-            (2) per key, same as calling :meth:`lookup` on each.
-        """
+        """:meth:`lookup` of each key (repeats allowed) as ``np.int8`` ``LookupCode`` values."""
         self._check(req_context)
         if self._count_lookup is None:
             return self._codes(keys, count=True)
@@ -233,17 +192,11 @@ class CPUOffloadingManager(OffloadingManager):
         _, slots, r = self._at(keys, True, remember=count)
         return lookup_codes(self._table, self._counters if count else None, slots if r is None else None, r)
 
-    # ------------------------------------------------------------------ loads
     def prepare_load(
         self, keys: Sequence[OffloadKey], req_context: ReqContext, *, record_access: bool = True
     ) -> LoadStoreSpec:
-        """Pin ``keys`` (all stored and ready, no repeats) and return their CPU slots; with
-        ``record_requests``, recorded as the request's reuses unless ``record_access`` is False
-        (an internal read, e.g. a copy to another tier).
-
-        Raises:
-            KeyStateError: a key is absent or pending (nothing is pinned then).
-        """
+        """Pin ``keys`` (distinct, all ready, else :class:`KeyStateError`) and return their slots;
+        recorded as the request's reuses unless ``record_access`` is False (an internal read)."""
         self._check(req_context)
         spec = self._loads.prepare(*self._at(keys, False)[:2])
         if record_access and self._requests is not None and (st := self._requests.get(req_context.req_id)):
@@ -251,12 +204,7 @@ class CPUOffloadingManager(OffloadingManager):
         return spec
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
-        """Unpin ``keys`` (ref count -1 per occurrence).
-
-        Raises:
-            KeyStateError: a key is absent, pending, or not pinned (often enough, counting
-                repeats); nothing is unpinned then.
-        """
+        """Unpin ``keys`` once per occurrence (:class:`KeyStateError` if one is not pinned that often)."""
         self._check(req_context)
         ks, slots, r = self._at(keys, True)
         self._loads.complete(ks, slots, r is not None and r.unique)
@@ -270,23 +218,19 @@ class CPUOffloadingManager(OffloadingManager):
         if len(slots):
             self._policy.touch(ks, slots, unique=r is not None and r.unique)
 
-    # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        """Allocate pending slots for the keys not present yet (past the reuse filter, if any),
-        evicting if needed.
-
-        Keys already present (ready or pending) are dropped. Only ready, unpinned blocks not
-        named in ``keys`` are evicted. All-or-nothing: returns None and changes nothing (but the
-        filter's counts and the request's record) when room cannot be made.
-
-        Raises:
-            InvalidTypeError / InvalidArgumentError: non-bytes or repeated keys.
-        """
-        return store_output(self.store_plan(keys, req_context))
+        """Allocate pending slots for the distinct ``keys`` not present yet (past the reuse filter),
+        evicting ready, unpinned blocks not named in ``keys``; None and nothing changed (but the
+        filter's counts and the request's record) when room cannot be made."""
+        plan = self.store_plan(keys, req_context)
+        if plan.slots is None:
+            return None
+        spec = CPULoadStoreSpec(np.asarray(plan.slots, dtype=np.int64))
+        return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=spec, evicted_keys=plan.evicted)
 
     def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan:
-        """:meth:`prepare_store` answering a :class:`~kvoffload.cache.batch.StorePlan` (the same
-        decision, before it is wrapped in an output type: engine adapters wrap it in theirs)."""
+        """:meth:`prepare_store`'s decision as a :class:`~kvoffload.cache.batch.StorePlan` (for an
+        engine adapter's own output type)."""
         self._check(req_context)
         if self._reuse is None and self._requests is None:
             return self._stores.prepare(*self._at(keys, False))
@@ -306,10 +250,7 @@ class CPUOffloadingManager(OffloadingManager):
         return plan
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        """Finish stores: pending keys become ready (``success``) or are removed (failure).
-
-        Ready keys are untouched and absent keys ignored, in both cases.
-        """
+        """Pending keys become ready (``success``) or are removed; ready and absent keys are ignored."""
         self._check(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")
@@ -318,17 +259,10 @@ class CPUOffloadingManager(OffloadingManager):
             self._stores.complete(ks, slots, success, r is not None and r.unique)
 
     def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
-        """Remove the ready, unpinned ``keys`` (e.g. blocks whose bytes could not be read back).
-
-        Pinned, pending and absent keys are left alone. The slots are freed like evicted ones;
-        with events enabled one ``removed=True`` event lists the removed keys.
-
-        Returns:
-            The keys removed, in first-occurrence order.
-        """
+        """Remove the ready, unpinned ``keys`` (others are left alone) like evicted ones; the keys
+        removed, in first-occurrence order."""
         return self._stores.discard(np.asarray(self._at(keys, True)[1], dtype=np.int64))
 
-    # ------------------------------------------------------------------ request hooks
     def on_new_request(self, req_context: ReqContext) -> None:
         """A request starts (vLLM's hook): a request id seen again starts a fresh record."""
         self._check(req_context)
@@ -338,14 +272,12 @@ class CPUOffloadingManager(OffloadingManager):
     def on_request_finished(
         self, req_context: ReqContext, key_position: Callable[[OffloadKey], int | None] | None = None
     ) -> None:
-        """Apply the request's recorded accesses to the policy at once (its ``on_request_finished``:
-        the keys head first, ``key_position`` giving a key's token position; those it only stored;
-        those it reused) and forget them."""
+        """Apply the request's recorded accesses to the policy (``key_position``: a key's token
+        position) and forget them."""
         self._check(req_context)
         if self._requests is not None:
             self._requests.finish(req_context.req_id, key_position)
 
-    # ------------------------------------------------------------------ events, stats, lifecycle
     def take_events(self) -> list[OffloadingEvent]:
         """Drain the events recorded since the last call (always empty without ``enable_events``)."""
         if not self._events:
@@ -358,17 +290,14 @@ class CPUOffloadingManager(OffloadingManager):
         return self._reuse.take_skipped() if self._reuse is not None else 0
 
     def get_stats(self) -> OffloadingStats:
-        """Current gauges and the counters accumulated since the previous call (then reset);
-        ``stores_skipped`` includes the keys the reuse filter held back."""
-        stats = self._counters.drain_into(OffloadingStats.of(self._table))
+        """Gauges, and the counters since the previous call (``stores_skipped`` with the filter's)."""
+        stats = self._counters.drain(self._table)
         stats.stores_skipped += self.take_filtered()
         return stats
 
     def reset_cache(self) -> None:
-        """Drop every block (pending and pinned ones too), the policy's history and the requests'
-        records; the reuse filter's counts and the statistics counters are kept (as in vLLM). Slot
-        allocation restarts from slot 0. No event is emitted (docs/contract.md §2): event
-        consumers treat a reset as "all cleared"."""
+        """Drop every block, the policy's history and the requests' records, keeping the filter's
+        counts and the statistics (as vLLM); slots restart from 0; no event (docs/contract.md §2)."""
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
         self._table.clear()

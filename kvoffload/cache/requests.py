@@ -1,19 +1,13 @@
 """Request recording of :class:`~kvoffload.cache.manager.CPUOffloadingManager` (vLLM's request hooks):
-a part the manager holds, which remembers what each running request did to the cache.
-
-vLLM's scheduler (0.32+) never calls ``touch``. It tells the manager when a request starts
-(``on_new_request``) and ends (``on_request_finished``); in between, the manager records which
-blocks the request stored and which ready blocks it read, and applies that recency (and, for
-ARC, frequency) in one go at the end -- so blocks of a long request do not age while it runs
-and a block a request merely stored is not mistaken for a block used twice.
-"""
+which blocks each running request stored and which ready blocks it read, applied to the policy in
+one go when it ends (vLLM's scheduler never calls ``touch``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -22,19 +16,17 @@ from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.core.base import OffloadKey
 
-logger = logging.getLogger(__name__)
-
 __all__ = ["Access", "RequestLog"]
 
-#: a finished request's policy update on at most this many keys (a whole prompt) runs scalar code
+#: a finished request's update on at most this many keys goes to a ``takes_lists`` policy as lists
 SCALAR_LIMIT = 256
 #: a key's last 4 bytes: its big-endian KV-cache group index (see core.base.make_offload_key)
 _GROUP_SUFFIX = itemgetter(slice(-4, None))
 
 
 class Access:
-    """What one request did, in first-seen order: the keys it stored or read, those it inserted,
-    those it reused (read ready), and the absent keys it offered (the policy saw them once)."""
+    """One request's keys stored or read (first-seen order), inserted, reused (read ready), and
+    absent keys offered (the policy saw them once)."""
 
     __slots__ = ("keys", "inserted", "reused", "store_misses")
 
@@ -52,27 +44,21 @@ class Access:
 
 
 class RequestLog:
-    """Per ``req_id``, its :class:`Access` (requests with an empty ``req_id`` are not recorded),
-    applied to ``policy`` when the request finishes.
-
-    Args:
-        table: the manager's slot table (read only: slots and states of recorded keys).
-        policy: the manager's cache policy (``on_store_miss``, ``on_request_finished``).
-    """
+    """Per non-empty ``req_id``, its :class:`Access`, applied to the manager's ``policy`` when the
+    request finishes (``table``: read only)."""
 
     def __init__(self, table: SlotTable, policy: CachePolicy) -> None:
         self._table = table
         self._policy = policy
         self._learns_misses = type(policy).on_store_miss is not CachePolicy.on_store_miss
+        self._touch_only = type(policy).on_request_finished is CachePolicy.on_request_finished
         self._requests: dict[str, Access] = {}
 
     def __len__(self) -> int:
-        """Requests with recorded accesses, not finished yet."""
         return len(self._requests)
 
     def start(self, req_id: str) -> None:
-        """A request (re)starts: an id seen again starts afresh (the record itself is created by
-        the request's first recorded call)."""
+        """A request (re)starts: an id seen again starts afresh."""
         self._requests.pop(req_id, None)
 
     def get(self, req_id: str) -> Access | None:
@@ -85,11 +71,10 @@ class RequestLog:
         return st
 
     def offer(self, req_id: str, batch: KeyBatch, candidates: list[OffloadKey]) -> Access | None:
-        """Request ``req_id`` offers ``batch`` (a current batch) for storing; ``candidates``: its
-        absent keys past the reuse filter. Those the request did not offer before go to the
-        policy's ``on_store_miss`` (ARC adapts on its ghost lists there); the candidates and the
-        ready keys are recorded, before allocating (as vLLM does). Returns the record, which the
-        caller tells the keys it inserted."""
+        """Request ``req_id`` offers the current ``batch`` for storing, ``candidates`` its absent
+        keys past the reuse filter: those not offered before go to the policy's ``on_store_miss``;
+        they and the ready keys are recorded before allocating (as vLLM does). The record (None
+        for an anonymous request), for the caller to note the keys it inserts."""
         st = self.get(req_id)
         if st is None:
             return None
@@ -108,13 +93,9 @@ class RequestLog:
         return st
 
     def finish(self, req_id: str, key_position: Callable[[OffloadKey], int | None] | None) -> None:
-        """Apply the request's record to the policy (``on_request_finished``) and forget it.
-
-        Keys head first: by token position (``key_position``) when known for every key, ties
-        (blocks of several groups ending at one position) and unknown positions by group, then
-        first-seen order (recorded keys were checked; their big-endian group suffix orders as its
-        bytes do). A policy that ``takes_lists`` gets lists for up to :data:`SCALAR_LIMIT` keys.
-        """
+        """Apply the request's record to the policy (``on_request_finished``) and forget it; keys
+        head first: by token position (``key_position``) when known for every key, else, and for
+        ties, by group (the big-endian key suffix), then first-seen."""
         st = self._requests.pop(req_id, None)
         if st is None or not st.keys:
             return
@@ -127,11 +108,15 @@ class RequestLog:
             if len(set(pos)) < len(pos):
                 keys.sort(key=_GROUP_SUFFIX)
             keys.sort(key=where.__getitem__)  # type: ignore[arg-type]
+        slots: Any = list(map(self._table.index.get, keys, repeat(-1)))
+        lists = self._policy.takes_lists and len(keys) <= SCALAR_LIMIT
+        if self._touch_only:  # the default on_request_finished, without its flags
+            self._policy.touch(keys, slots if lists else np.array(slots, dtype=np.int64), unique=True)
+            return
         inserted_only, reused = st.inserted - st.reused, st.reused
-        slots = list(map(self._table.index.get, keys, repeat(-1)))
         ins = [k in inserted_only for k in keys] if inserted_only else [False] * len(keys)
         reu = [k in reused for k in keys] if reused else [False] * len(keys)
-        if self._policy.takes_lists and len(keys) <= SCALAR_LIMIT:
+        if lists:
             self._policy.on_request_finished(keys, slots, ins, reu)  # type: ignore[arg-type]
         else:
             arrays = np.array(slots, dtype=np.int64), np.array(ins, dtype=bool), np.array(reu, dtype=bool)

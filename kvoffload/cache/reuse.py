@@ -1,10 +1,8 @@
 """The reuse filter of :class:`~kvoffload.cache.manager.CPUOffloadingManager` (``store_threshold``,
-docs/contract.md §3): a part the manager holds, which says which absent keys of a store offer are
-seen often enough to be stored."""
+docs/contract.md §3): which absent keys of a store offer were seen often enough to be stored."""
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
@@ -12,30 +10,19 @@ from kvoffload.checks import check_int
 from kvoffload.core.base import OffloadKey
 from kvoffload.errors import InvalidArgumentError
 
-logger = logging.getLogger(__name__)
-
 __all__ = ["ReuseFilter"]
 
 
 class ReuseFilter:
-    """Counts keys in a tracker of at most ``max_tracker_size`` keys (the least recently counted
-    forgotten first) and admits an absent key for storing once its count reaches ``store_threshold``.
+    """Counts keys in a tracker of at most ``max_tracker_size`` (``>= 1``) keys, least recently
+    counted forgotten first, and admits an absent key once counted ``store_threshold`` (``>= 1``) times.
 
-    ``count_on="lookup"`` (kvoffload's default): every looked-up key counts once per lookup; a
-    prefix lookup stops at its first miss, so the keys after it would never be counted (vLLM's
-    issue #52022): a store offer therefore also counts, once per request (``req_id``), every key of
-    the offer this request has not counted yet. Which keys each request counted is remembered for
-    the most recent requests, at most ``max_tracker_size`` (request, key) pairs in all; anonymous
-    offers (empty ``req_id``) count nothing.
-
-    ``count_on="offer"`` (vLLM 0.32's CPU manager): lookups count nothing; every store offer counts
-    each of its keys once (anonymous ones too); when the tracker is full, keys of the current
-    offer are never the ones forgotten to make room (a new key is then not tracked).
-
-    Args:
-        store_threshold: counts a key needs before it is stored (``>= 1``).
-        max_tracker_size: keys tracked (``>= 1``).
-        count_on: ``"lookup"`` or ``"offer"``.
+    ``count_on="lookup"``: each looked-up key counts once per lookup; since a prefix lookup stops
+    at its first miss, a store offer also counts each of its keys this request (a non-empty
+    ``req_id``) has not counted yet, remembered for the latest requests (at most
+    ``max_tracker_size`` (request, key) pairs). ``count_on="offer"`` (vLLM 0.32): each store offer
+    counts each of its keys once; keys of the current offer are never forgotten to make room (a
+    new key is then not tracked).
     """
 
     def __init__(self, store_threshold: int, max_tracker_size: int, count_on: str) -> None:
@@ -50,34 +37,29 @@ class ReuseFilter:
         self._skipped = 0
 
     def count_lookups(self, keys: Iterable[OffloadKey], req_id: str) -> None:
-        """Count looked-up keys (each occurrence; ``count_on="lookup"`` only, checked keys)."""
+        """Count looked-up (checked) keys, each occurrence."""
         keys = list(keys)
         for k in keys:
             self._count(k)
         self._note(req_id, keys)
 
     def admit(self, offer: Sequence[OffloadKey], absent: list[OffloadKey], req_id: str) -> list[OffloadKey]:
-        """Count a store ``offer`` (distinct checked keys), then return its ``absent`` keys whose
-        count reaches the threshold, in order; the others count as skipped (:meth:`take_skipped`)."""
-        counts = self.counts
+        """Count a store ``offer`` (distinct checked keys); its ``absent`` keys counted often enough,
+        in order (the others are skipped)."""
+        counts, threshold = self.counts, self.store_threshold
         if self.count_on == "offer":
             tracked = [k for k in offer if k in counts]
             for k in tracked:
                 counts[k] += 1
                 counts.move_to_end(k)
-            room = self.max_tracker_size - len(tracked)
-            for k in [k for k in offer if k not in counts][: max(room, 0)]:
+            for k in [k for k in offer if k not in counts][: max(self.max_tracker_size - len(tracked), 0)]:
                 if len(counts) >= self.max_tracker_size:
                     counts.popitem(last=False)
                 counts[k] = 1
-        threshold = self.store_threshold
-        if self.count_on == "offer":
             admitted = [k for k in absent if counts.get(k, 0) >= threshold]
         else:
-            new: list[OffloadKey] = []
-            if req_id:
-                seen = self._by_request.get(req_id)
-                new = list(offer) if seen is None else [k for k in offer if k not in seen]
+            seen = self._by_request.get(req_id)
+            new = [] if not req_id else list(offer) if seen is None else [k for k in offer if k not in seen]
             fresh = set(new)
             admitted = [k for k in absent if counts.get(k, 0) + (k in fresh) >= threshold]
             for k in new:
@@ -103,7 +85,7 @@ class ReuseFilter:
             counts.move_to_end(key)
 
     def _note(self, req_id: str, keys: Iterable[bytes]) -> None:
-        """Remember that request ``req_id`` counted ``keys`` (bounded, oldest requests first)."""
+        """Remember that request ``req_id`` counted ``keys``."""
         if not req_id:
             return
         by_req = self._by_request

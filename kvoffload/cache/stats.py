@@ -1,32 +1,28 @@
-"""Statistics snapshot and event counters of :class:`~kvoffload.cache.manager.CPUOffloadingManager`."""
+"""Statistics of :class:`~kvoffload.cache.manager.CPUOffloadingManager`: its counters and the snapshot
+:meth:`~kvoffload.cache.manager.CPUOffloadingManager.get_stats` returns."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvoffload.cache.keytable import SlotTable
 
-__all__ = ["OffloadingStats", "COUNTERS", "Counters"]
+__all__ = ["OffloadingStats", "COUNTERS"]
 
 
 @dataclass
 class OffloadingStats:
-    """Snapshot returned by :meth:`CPUOffloadingManager.get_stats`.
+    """Gauges (current values): ``num_blocks``, ``num_used`` (pending + ready), ``num_pending``,
+    ``num_pinned`` (ready with ref count > 0), ``usage`` = ``num_used / num_blocks`` and
+    ``write_usage`` = ``num_pending / num_blocks`` (0.0 for an empty pool).
 
-    Gauges (current values): ``num_blocks``, ``num_used`` (pending + ready), ``num_pending``,
-    ``num_pinned`` (ready with ref count > 0), ``usage`` = ``num_used / num_blocks``
-    (pending blocks count as used; 0.0 for an empty pool), ``write_usage`` =
-    ``num_pending / num_blocks``.
-
-    Counters (deltas since the previous ``get_stats`` call): ``lookups`` (keys looked up,
-    per-key and batched), ``hits`` (ready), ``pending_hits`` (present but pending),
-    ``misses``, ``evictions`` (blocks evicted), ``stores_started`` (slots allocated by
-    ``prepare_store``), ``stores_skipped`` (keys not stored: already present, or filtered
-    out by a reuse filter), ``stores_failed`` (keys of ``prepare_store`` calls that returned
-    None), ``stores_completed``, ``stores_aborted`` (pending blocks removed by a failed
-    ``complete_store``), ``loads`` (blocks pinned by ``prepare_load``).
+    Counters (since the previous ``get_stats``): ``lookups`` (keys looked up) = ``hits`` (ready) +
+    ``pending_hits`` + ``misses``; ``evictions``; ``stores_started`` (slots allocated),
+    ``stores_skipped`` (keys already present, or held back by the reuse filter), ``stores_failed``
+    (keys of ``prepare_store`` calls that found no room), ``stores_completed``, ``stores_aborted``
+    (failed ``complete_store``); ``loads`` (blocks pinned).
     """
 
     num_blocks: int = 0
@@ -47,48 +43,17 @@ class OffloadingStats:
     stores_aborted: int = 0
     loads: int = 0
 
-    @classmethod
-    def of(cls, table: SlotTable) -> OffloadingStats:
-        """The gauges of ``table``'s pool (counters 0)."""
-        n = table.num_blocks
-        return cls(
-            num_blocks=n,
-            num_used=table.num_used,
-            num_pending=table.num_pending,
-            num_pinned=table.num_pinned,
-            usage=table.num_used / n if n else 0.0,
-            write_usage=table.num_pending / n if n else 0.0,
-        )
-
-
-COUNTERS = (
-    "hits",
-    "pending_hits",
-    "misses",
-    "evictions",
-    "stores_started",
-    "stores_skipped",
-    "stores_failed",
-    "stores_completed",
-    "stores_aborted",
-    "loads",
-)
-
-
-class Counters:
-    """The manager's event counters, in one object (bumped in place on the hot paths)."""
-
-    __slots__ = COUNTERS
-
-    def __init__(self) -> None:
-        self.hits = self.pending_hits = self.misses = self.evictions = self.loads = 0
-        self.stores_started = self.stores_skipped = self.stores_failed = 0
-        self.stores_completed = self.stores_aborted = 0
-
-    def drain_into(self, stats: OffloadingStats) -> OffloadingStats:
-        """Copy the counters into ``stats`` (plus ``lookups``), reset them, return ``stats``."""
+    def drain(self, table: SlotTable) -> OffloadingStats:
+        """A snapshot: ``table``'s gauges and these counters, which are reset (a manager's
+        :class:`OffloadingStats` is its counters, bumped in place)."""
+        n, used, pending = table.num_blocks, table.num_used, table.num_pending
+        out = replace(self, num_blocks=n, num_used=used, num_pending=pending, num_pinned=table.num_pinned)
+        out.usage, out.write_usage = (used / n, pending / n) if n else (0.0, 0.0)
+        out.lookups = out.hits + out.pending_hits + out.misses
         for name in COUNTERS:
-            setattr(stats, name, getattr(self, name))
             setattr(self, name, 0)
-        stats.lookups = stats.hits + stats.pending_hits + stats.misses
-        return stats
+        return out
+
+
+#: the counters of :class:`OffloadingStats` (the fields after ``lookups``)
+COUNTERS = tuple(f.name for f in fields(OffloadingStats))[7:]

@@ -1,16 +1,10 @@
-"""Stores and evictions of the host pool: the store side of the CPU offloading manager.
-
-:class:`Stores` is the part of :class:`~kvoffload.cache.manager.CPUOffloadingManager` that runs
-``prepare_store`` (making room: victims picked by the cache policy, freed in the slot table),
-``complete_store`` and ``discard``, each one method whose slots are a list (a few keys: scalar
-code) or an ``int64`` array (numpy operations). The manager checks
-the arguments and resolves the keys first; this class shares its table, policy, counters and
-event list.
-"""
+"""Stores and evictions of the host pool: the part of
+:class:`~kvoffload.cache.manager.CPUOffloadingManager` that runs ``prepare_store`` (room made by
+evicting the policy's victims), ``complete_store`` and ``discard``. Slots come resolved by the
+manager: a list (a few keys: scalar code) or an ``int64`` array (numpy operations)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,37 +13,21 @@ import numpy as np
 from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
 from kvoffload.cache.keytable import PENDING, SlotTable
 from kvoffload.cache.policies.base import CachePolicy
-from kvoffload.cache.stats import Counters
-from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey, PrepareStoreOutput
+from kvoffload.cache.stats import OffloadingStats
+from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey
 
-logger = logging.getLogger(__name__)
+__all__ = ["CPU_MEDIUM", "Stores"]
 
-__all__ = ["CPU_MEDIUM", "Stores", "store_output"]
-
-#: Medium name of the host pool (``OffloadingEvent.medium``, ``CPULoadStoreSpec.medium()``).
 CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 
 
-def store_output(plan: StorePlan) -> PrepareStoreOutput | None:
-    """kvoffload's ``prepare_store`` result for ``plan`` (None when it found no room)."""
-    if plan.slots is None:
-        return None
-    slots = plan.slots
-    arr = slots if slots.__class__ is np.ndarray else np.array(slots, dtype=np.int64)
-    return PrepareStoreOutput(keys_to_store=plan.keys, store_spec=CPULoadStoreSpec(arr), evicted_keys=plan.evicted)  # type: ignore[arg-type]
-
-
 class Stores:
-    """Store and eviction steps over ``table``; victims in the order ``policy`` picks.
-
-    Args:
-        table, policy, counters: the manager's.
-        events: the manager's event list (``removed=True`` events are appended), or None.
-    """
+    """Store and eviction steps over the manager's ``table``, ``policy``, ``counters`` and
+    ``events`` (a list, or None without events)."""
 
     def __init__(
-        self, table: SlotTable, policy: CachePolicy, counters: Counters, events: list[OffloadingEvent] | None
+        self, table: SlotTable, policy: CachePolicy, counters: OffloadingStats, events: list[OffloadingEvent] | None
     ) -> None:
         self.table = table
         self.policy = policy
@@ -59,9 +37,8 @@ class Stores:
     def prepare(
         self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, r: Resolved | None = None
     ) -> StorePlan:
-        """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent): a list
-        takes scalar code, an ``int64`` array numpy operations (``r``: the resolved batch the
-        array came from, whose memo learns the new slots). A plan with ``slots=None``: no room."""
+        """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: the
+        resolved keys of an array (the memo learns the new slots)."""
         protected: list[int] | np.ndarray
         if slots.__class__ is list:
             if keys.__class__ is KeyBatch:
@@ -104,24 +81,12 @@ class Stores:
         return StorePlan(to_store, slots, evicted)
 
     def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, success: bool, unique: bool) -> None:
-        """``complete_store`` of ``keys`` with their ``slots`` (-1 = absent; repeats allowed unless
-        ``unique``): a list takes scalar code, an array numpy operations."""
+        """``complete_store`` of ``keys`` with their ``slots`` (-1 = absent; repeats unless ``unique``)."""
         if slots.__class__ is list:
-            ref = self.table.ref_buf
-            if success:  # one pass: a slot made ready here is not pending at its repeat
-                pend = []
-                for s in slots:
-                    if s >= 0 and ref[s] == PENDING:
-                        ref[s] = 0
-                        pend.append(s)
-                if pend:
-                    keys_of = self.table.keys
-                    self._finish(pend, [keys_of[s] for s in pend] if self.events is not None else [], True, False)
-                return
-            # slot -> key, each slot once in first-occurrence order (repeated keys are equal keys)
+            ref = self.table.ref_buf  # each pending slot once, first occurrences (equal keys, equal slots)
             pending = {s: k for k, s in zip(keys, slots, strict=True) if s >= 0 and ref[s] == PENDING}
             if pending:
-                self._finish(list(pending), list(pending.values()) if self.events is not None else [], False)
+                self._finish(list(pending), list(pending.values()) if self.events is not None else [], success)
             return
         if len(slots) == 0:
             return
@@ -138,14 +103,11 @@ class Stores:
                 idx, pend = idx[order], pend[order]
         self._finish(pend, [keys[i] for i in idx.tolist()] if self.events is not None else [], success)
 
-    def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool, mark: bool = True) -> None:
-        """Make the pending slots ``pend`` (keys ``done``) ready (their ref counts set to 0 here
-        unless ``mark`` is False: the caller did), or remove them."""
+    def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
+        """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
         t = self.table
         if success:
-            if not mark:
-                pass
-            elif pend.__class__ is list:
+            if pend.__class__ is list:
                 ref = t.ref_buf
                 for s in pend:
                     ref[s] = 0
@@ -163,23 +125,14 @@ class Stores:
             self.counters.stores_aborted += len(pend)
 
     def make_room(self, n_new: int, protected: np.ndarray | list[int], n_keys: int) -> list[OffloadKey] | None:
-        """Evict so that ``n_new`` slots are free, sparing the slots ``protected`` (the keys of the
-        store already present; a list on the scalar path, an ``int64`` array otherwise).
-
-        Returns:
-            The evicted keys in eviction order (one ``removed=True`` event for them), or None when
-            room cannot be made: nothing changed, ``stores_failed`` counts the ``n_keys`` keys.
-        """
+        """Evict so that ``n_new`` slots are free, sparing the slots ``protected``; the evicted keys
+        in eviction order (one event), or None (nothing changed, ``n_keys`` stores failed)."""
         t = self.table
         need = n_new - t.num_free
         if n_new == 0 or need <= 0:
             return []
-        scalar = protected.__class__ is list
-        if not len(protected):
-            prot_ev = 0
-        elif scalar:
-            ref = t.ref_buf
-            prot_ev = sum(1 for s in protected if ref[s] == 0)
+        if protected.__class__ is list:
+            prot_ev = sum(1 for s in protected if t.ref_buf[s] == 0)
         else:
             prot_ev = int(np.count_nonzero(t.ref[protected] == 0))
         victims: np.ndarray | list[int] | None = None
@@ -200,8 +153,7 @@ class Stores:
         return evicted
 
     def discard(self, slots: np.ndarray) -> list[OffloadKey]:
-        """Free the ready, unpinned ``slots`` (-1 = absent; others are left alone); their keys, in
-        first-occurrence order."""
+        """Free the ready, unpinned ``slots`` (others left alone); their keys, first occurrences."""
         arr = np.array([s for s in dict.fromkeys(slots.tolist()) if s >= 0], dtype=np.int64)
         arr = arr[self.table.ref[arr] == 0] if len(arr) else arr
         if not len(arr):
@@ -216,7 +168,7 @@ class Stores:
             self.events.append(OffloadingEvent(keys=list(keys), medium=CPU_MEDIUM, removed=True))
 
     def _mark(self, protected: np.ndarray | list[int], value: int) -> None:
-        """Set ``table.prot_mark`` of the protected slots (the policy's fast membership test)."""
+        """Set the protected slots' ``table.prot_mark`` (the policy's membership test)."""
         if protected.__class__ is list:
             mark = self.table.prot_mv
             for s in protected:

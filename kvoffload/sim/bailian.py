@@ -18,6 +18,8 @@ manager as ``ReqContext.workload``.
 
 from __future__ import annotations
 
+import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,14 @@ from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.mooncake import MooncakeRequest, check_hash_ids
 from kvoffload.sim.workload import read_jsonl
 
-__all__ = ["BAILIAN_BLOCK_TOKENS", "BAILIAN_FIELDS", "BailianRequest", "read_bailian_trace"]
+__all__ = [
+    "BAILIAN_BLOCK_TOKENS",
+    "BAILIAN_FIELDS",
+    "BailianRequest",
+    "generate_bailian_trace",
+    "read_bailian_trace",
+    "write_bailian_trace",
+]
 
 BAILIAN_BLOCK_TOKENS = 16
 BAILIAN_FIELDS = (
@@ -111,4 +120,75 @@ def read_bailian_trace(path: str | Path) -> list[BailianRequest]:
         out.append(req)
     if not out:
         raise InvalidArgumentError(f"trace {p} holds no request")
+    return out
+
+
+def write_bailian_trace(path: str | Path, requests: list[BailianRequest]) -> None:
+    """Write ``requests`` as a Bailian trace (one JSON object per line, the fields in order)."""
+    with Path(path).open("w") as f:
+        for r in requests:
+            row = {
+                "chat_id": r.chat_id,
+                "parent_chat_id": r.parent_chat_id,
+                "timestamp": r.timestamp / 1000,
+                "input_length": r.input_length,
+                "output_length": r.output_length,
+                "type": r.type,
+                "turn": r.turn,
+                "hash_ids": list(r.hash_ids),
+            }
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+
+#: per request type of :func:`generate_bailian_trace`: (share of new conversations, turns (min,
+#: max), document units at turn 1 (min, max), units added per later turn (min, max), gap to the
+#: next turn in requests (min, max))
+_TYPES = {
+    "text": (0.35, (2, 10), (1, 2), (1, 2), (20, 1500)),
+    "file": (0.15, (2, 4), (4, 12), (1, 1), (10, 300)),
+    "image": (0.25, (2, 2), (2, 4), (1, 1), (0, 600)),
+    "search": (0.25, (1, 1), (1, 6), (0, 0), (0, 0)),
+}
+_UNIT_IDS = 32  # 16-token hash ids per 512-token unit
+
+
+def generate_bailian_trace(n: int, seed: int = 0) -> list[BailianRequest]:
+    """A synthetic trace in the Bailian format whose request types reuse differently (``n``
+    requests, eight per second, deterministic in ``seed``; sizes in 512-token units):
+
+    * ``text``: chats of 2-10 turns, each turn its previous prompt plus 1-2 units, 20-1500
+      requests later (reused again until the last turn);
+    * ``file``: a 4-12 unit document asked about 2-4 times, 10-300 requests apart;
+    * ``image``: exactly two turns, the second 0-600 requests after the first ("seen before" then
+      means "done");
+    * ``search``: one of 8 one-unit tool prompts ahead of 1-6 units of one-shot results.
+    """
+    rng = random.Random(seed)
+    nxt = iter(range(1, 1 << 62))
+    tools = [[next(nxt) for _ in range(_UNIT_IDS)] for _ in range(8)]
+    kinds = list(_TYPES)
+    weights = [t[0] for t in _TYPES.values()]
+    due: dict[int, tuple[str, list[int], int, int, int]] = {}  # request -> (type, ids, turn, turns, parent)
+    out: list[BailianRequest] = []
+    while len(out) < n:
+        r = len(out)
+        if r in due:
+            kind, ids, turn, turns, parent = due.pop(r)
+        else:
+            kind = rng.choices(kinds, weights)[0]
+            _, (t0, t1), (u0, u1), _, _ = _TYPES[kind]
+            head = rng.choice(tools) if kind == "search" else []
+            ids, turn, turns, parent = head, 0, rng.randint(t0, t1), -1
+            ids = ids + [next(nxt) for _ in range(rng.randint(u0, u1) * _UNIT_IDS)]
+        if turn:
+            _, _, _, (a0, a1), _ = _TYPES[kind]
+            ids = ids + [next(nxt) for _ in range(rng.randint(a0, a1) * _UNIT_IDS)]
+        turn += 1
+        out.append(BailianRequest(r * 125.0, len(ids) * 16, 256, tuple(ids), r + 1, r, parent, kind, turn))
+        if turn < turns:
+            g0, g1 = _TYPES[kind][4]
+            at = r + 1 + rng.randint(g0, g1)
+            while at in due:
+                at += 1
+            due[at] = (kind, ids, turn, turns, r)
     return out

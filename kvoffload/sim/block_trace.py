@@ -9,13 +9,14 @@ chained hash of the offloaded block's last 16-token block followed by KV-cache g
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 
 import numpy as np
 
 from kvoffload.core.base import OffloadKey, make_offload_key
 from kvoffload.errors import InvalidArgumentError
+from kvoffload.sim.bailian import BailianRequest
 from kvoffload.sim.mooncake import PIECE_TOKENS, MooncakeRequest, piece_hash
 
 __all__ = ["BlockTrace"]
@@ -74,8 +75,9 @@ class BlockTrace:
     def from_mooncake(
         cls, requests: Sequence[MooncakeRequest], trace_block_tokens: int, block_tokens: int
     ) -> BlockTrace:
-        """Keys of Mooncake requests (see :mod:`kvoffload.sim.mooncake` for the piece ids):
-        offloaded block ``j`` is keyed by its last 16-token piece ``(j + 1) * B / 16 - 1``."""
+        """Keys of Mooncake (or Bailian) requests (see :mod:`kvoffload.sim.mooncake` for the piece
+        ids): offloaded block ``j`` is keyed by its last 16-token piece ``(j + 1) * B / 16 - 1``.
+        Bailian requests carry their workload tags (:attr:`~kvoffload.sim.bailian.BailianRequest.tag`)."""
         _check_sizes(trace_block_tokens, block_tokens)
         per = trace_block_tokens // PIECE_TOKENS
         step = block_tokens // PIECE_TOKENS
@@ -93,7 +95,10 @@ class BlockTrace:
         def keys_of(uniq: np.ndarray) -> list[OffloadKey]:
             return [make_offload_key(piece_hash(p), 0) for p in uniq.tolist()]
 
-        return cls._from_flat(block_tokens, flat, lens, prompt, keys_of)
+        bt = cls._from_flat(block_tokens, flat, lens, prompt, keys_of)
+        if requests and all(isinstance(r, BailianRequest) for r in requests):
+            bt = replace(bt, tags=tuple(r.tag for r in requests))  # type: ignore[attr-defined]
+        return bt
 
     @classmethod
     def from_block_hashes(

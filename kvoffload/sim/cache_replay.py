@@ -12,6 +12,8 @@ the calls the kvoffload scheduler makes for it on a
 4. ``prepare_store`` of every block after the hit (present ones are skipped and protected; the
    policy evicts to make room, possibly blocks this request just loaded; None when the evictable
    blocks do not give enough room: then nothing of the request is stored), ``complete_store``.
+   The replay takes ``prepare_store``'s decision from ``store_plan``, the same method without
+   the output types an engine hands its workers.
 
 The hit of a request in tokens is ``min(hit_blocks * B, prompt_tokens - 1)``: the engine always
 computes the prompt's last token. This is exactly what the engine replay does with one request at
@@ -180,20 +182,21 @@ class HostReplay:
             m.complete_load(head, ctx)
         if hit == n:
             return hit, promoted, None
-        out = m.prepare_store(keys[hit:], ctx)
-        if out is None:
+        # prepare_store's decision as the manager makes it (store_plan: without the output wrapping)
+        plan = m.store_plan(keys[hit:], ctx)
+        if plan.slots is None:
             self.failed += 1
             return hit, promoted, None
         new_ids = None
-        if out.keys_to_store:
-            m.complete_store(out.keys_to_store, ctx)
-            # keys_to_store are the offered keys that were absent, in order
+        if plan.keys:
+            m.complete_store(plan.keys, ctx)
+            # the plan's keys (keys_to_store) are the offered keys that were absent, in order
             rest = codes[hit:]
             new_ids = ids[hit:] if _HIT not in rest.tobytes() else ids[hit:][rest != LOOKUP_HIT]
             if tier.capacity:
                 tier.write(new_ids.tolist())  # write-through: SET NX
-            self.stored += len(out.keys_to_store)
-        self.evicted += len(out.evicted_keys)
+            self.stored += len(plan.keys)
+        self.evicted += len(plan.evicted)
         return hit, promoted, new_ids
 
     def shutdown(self) -> None:
@@ -292,10 +295,10 @@ def _promote(
     tier_keys = list(dict.fromkeys(keys[p] for p in positions))
     named = set(tier_keys)
     protect = list(dict.fromkeys(k for k, h in zip(keys, host_hit, strict=True) if h and k not in named))
-    out = m.prepare_store([*tier_keys, *protect], ctx)
-    if out is None:
+    plan = m.store_plan([*tier_keys, *protect], ctx)
+    if plan.slots is None:
         return [], None
-    if out.keys_to_store:
-        m.complete_store(out.keys_to_store, ctx)
+    if plan.keys:
+        m.complete_store(plan.keys, ctx)
     tier.read(int(ids[p]) for p in positions)  # GET: most recent
-    return positions, len(out.evicted_keys)
+    return positions, len(plan.evicted)

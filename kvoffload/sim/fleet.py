@@ -24,10 +24,11 @@ import numpy as np
 
 from kvoffload.core.base import OffloadKey
 from kvoffload.errors import InvalidArgumentError
+from kvoffload.sim.bailian import BailianRequest
 from kvoffload.sim.block_trace import BlockTrace
 from kvoffload.sim.cache_replay import HostReplay, ReplayResult, replay_cache, split_hit_tokens
 from kvoffload.sim.mooncake import MooncakeRequest
-from kvoffload.sim.routing import LOAD_WINDOW_S, LoadModel, conversation_ids, static_routes
+from kvoffload.sim.routing import LOAD_WINDOW_S, LoadModel, chat_conversations, conversation_ids, static_routes
 from kvoffload.sim.shared_tier import LRUTierModel
 
 __all__ = ["FleetResult", "FleetTrace", "replay_fleet", "replay_replica", "fleet_of_parts"]
@@ -54,11 +55,16 @@ class FleetTrace:
     def from_mooncake(
         cls, requests: Sequence[MooncakeRequest], trace_block_tokens: int, block_tokens: int
     ) -> FleetTrace:
-        """Mooncake requests: arrival from ``timestamp`` (ms), conversations from the ``hash_ids``
-        of each prompt's full trace blocks."""
+        """Mooncake (or Bailian) requests: arrival from ``timestamp`` (ms); conversations from
+        Bailian's ``chat_id`` / ``parent_chat_id`` (:func:`~kvoffload.sim.routing.chat_conversations`),
+        else from the ``hash_ids`` of each prompt's full trace blocks."""
         trace = BlockTrace.from_mooncake(requests, trace_block_tokens, block_tokens)
         arrival = np.fromiter((q.timestamp / 1000.0 for q in requests), dtype=np.float64, count=len(requests))
-        convs = conversation_ids([q.hash_ids[: q.input_length // trace_block_tokens] for q in requests])
+        if requests and all(isinstance(q, BailianRequest) for q in requests):
+            chats = [q.chat_id for q in requests]  # type: ignore[attr-defined]
+            convs = chat_conversations(chats, [q.parent_chat_id for q in requests])  # type: ignore[attr-defined]
+        else:
+            convs = conversation_ids([q.hash_ids[: q.input_length // trace_block_tokens] for q in requests])
         return cls(trace, arrival, convs)
 
     @classmethod

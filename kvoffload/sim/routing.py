@@ -4,8 +4,9 @@
 * ``round-robin``: request ``r`` (in arrival order) goes to replica ``r mod N``;
 * ``least-loaded``: the replica with the least load (:class:`LoadModel`), ties to the lowest index;
 * ``session``: a conversation sticks to the replica its first request went to; a new conversation
-  goes to the least loaded replica (:func:`conversation_ids` finds conversations in the prompts'
-  prefixes; a trace that names them, e.g. a chat id, can give them instead);
+  goes to the least loaded replica (a trace that names conversations gives them:
+  :func:`chat_conversations` follows a Bailian trace's ``chat_id`` / ``parent_chat_id``; otherwise
+  :func:`conversation_ids` finds them in the prompts' prefixes, e.g. Mooncake's ``hash_ids``);
 * ``prefix``: the replica whose host pool holds the longest leading run of the request's blocks
   (what a KV-aware router's index of stored blocks answers), ties to the least loaded. The only
   routing that reads the caches, so its replicas replay together in arrival order.
@@ -25,7 +26,15 @@ import numpy as np
 
 from kvoffload.errors import InvalidArgumentError
 
-__all__ = ["LOAD_WINDOW_S", "ROUTINGS", "LoadModel", "check_routings", "conversation_ids", "static_routes"]
+__all__ = [
+    "LOAD_WINDOW_S",
+    "ROUTINGS",
+    "LoadModel",
+    "chat_conversations",
+    "check_routings",
+    "conversation_ids",
+    "static_routes",
+]
 
 ROUTINGS = ("random", "round-robin", "least-loaded", "session", "prefix")
 #: default sliding window of the load model, seconds of trace time
@@ -102,6 +111,34 @@ def conversation_ids(prefixes: Sequence[Sequence[int]]) -> np.ndarray:
         if len(ids) and ids[-1] not in seen:
             ends[ids[-1]] = conv
         seen.update(ids)
+    return out
+
+
+def chat_conversations(chat_ids: Sequence[int], parent_chat_ids: Sequence[int]) -> np.ndarray:
+    """A conversation id per request from the ids a trace gives (Bailian's ``chat_id`` and
+    ``parent_chat_id``, -1: none), in arrival order.
+
+    A request with a parent continues the parent's conversation; requests whose parent is not in
+    the trace (before its start) continue one conversation per such parent; a request without a
+    parent starts a conversation. Returns ``int64[R]``, conversations numbered in order of their
+    first request.
+    """
+    if len(chat_ids) != len(parent_chat_ids):
+        raise InvalidArgumentError(
+            f"parent_chat_ids must have one id per request ({len(chat_ids)}), got {len(parent_chat_ids)}"
+        )
+    conv_of: dict[int, int] = {}  # chat id (a request's, or an absent parent's) -> its conversation
+    out = np.zeros(len(chat_ids), dtype=np.int64)
+    count = 0
+    for r, (chat, parent) in enumerate(zip(chat_ids, parent_chat_ids, strict=True)):
+        conv = conv_of.get(parent, -1) if parent >= 0 else -1
+        if conv < 0:
+            conv = count
+            count += 1
+            if parent >= 0:
+                conv_of[parent] = conv
+        conv_of[chat] = conv
+        out[r] = conv
     return out
 
 

@@ -375,6 +375,34 @@ def test_store_goes_away_and_comes_back(store: _Opener) -> None:
     np.testing.assert_array_equal(src[8:11], src[0:3])
 
 
+def test_store_moves_while_in_use(store: _Opener) -> None:
+    """The store moves the values (a reshard): half way, then all the way. Every value is found
+    and loads byte-exact through both, stores made meanwhile land, nothing is deleted."""
+    h = store.harness
+    if not h.can_move:
+        pytest.skip(f"{type(h).__name__} cannot move its values")
+    src = records(24, 18)
+    ks = make_keys(6, b"move")
+    t = store(src)
+    assert run(t, "store", 1, ks, list(range(6))) == (True,) * 6
+    new = {True: make_keys(3, b"mid-move"), False: make_keys(3, b"moved")}
+    for job, half in enumerate((True, False)):
+        h.move(t, ks, half)
+        reader = store(records(24, 19))  # no verdicts cached: every key probed
+        assert (settle(reader, ks) == LOOKUP_HIT).all()
+        assert run(reader, "load", 10 + job, ks, list(range(6))) == (True,) * 6
+        np.testing.assert_array_equal(reader.records[:6], src[:6])  # type: ignore[index]
+        assert run(t, "store", 20 + job, new[half], [0, 1, 2]) == (True,) * 3
+        assert run(reader, "load", 30 + job, new[half], [6, 7, 8]) == (True,) * 3
+        np.testing.assert_array_equal(reader.records[6:9], src[:3])  # type: ignore[index]
+        assert run(t, "load", 40 + job, ks, list(range(12, 18))) == (True,) * 6  # t knew the old places
+        np.testing.assert_array_equal(src[12:18], src[:6])
+        st = reader.stats()
+        assert st.deleted_values == st.rejected_values == st.read_failures == 0
+    st = t.stats()
+    assert st.write_failures == st.dropped_writes == st.deleted_values == st.read_failures == 0
+
+
 def test_records_outside_jobs_never_change(store: _Opener) -> None:
     """A tier writes only the slots its loads name, and stores never write the records."""
     src = records(6, 17)

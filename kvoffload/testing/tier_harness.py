@@ -32,14 +32,17 @@ class TierHarness(ABC):
     """One store for the suite's tests of one module (started once, emptied before each test).
 
     Subclasses implement :meth:`spec`, :meth:`read_raw`, :meth:`write_raw`, :meth:`delete_raw`,
-    and may set :attr:`can_go_away` (:meth:`go_away` / :meth:`come_back`) and :attr:`can_stall`
-    (:meth:`stall` / :meth:`resume`); tests needing those are skipped otherwise.
+    and may set :attr:`can_go_away` (:meth:`go_away` / :meth:`come_back`), :attr:`can_stall`
+    (:meth:`stall` / :meth:`resume`) and :attr:`can_move` (:meth:`move`); tests needing those are
+    skipped otherwise.
     """
 
     #: whether :meth:`go_away` / :meth:`come_back` are implemented
     can_go_away: ClassVar[bool] = False
     #: whether :meth:`stall` / :meth:`resume` are implemented
     can_stall: ClassVar[bool] = False
+    #: whether :meth:`move` is implemented
+    can_move: ClassVar[bool] = False
     #: options for tiers in the fault tests (short timeouts and back-off)
     fault_options: ClassVar[dict[str, Any]] = {"backoff_initial": 0.05, "backoff_max": 0.2}
 
@@ -89,6 +92,12 @@ class TierHarness(ABC):
 
     def resume(self) -> None:
         """Undo :meth:`stall`."""
+        raise NotImplementedError
+
+    def move(self, tier: Tier, keys: list[bytes], half: bool) -> None:
+        """Move the parts of the store holding ``keys`` to another node while tiers use them (a
+        cluster's slots resharded); ``half``: stop half way, some of each part's values moved
+        and the rest not yet (a later call finishes the move to the same node)."""
         raise NotImplementedError
 
 
@@ -214,9 +223,11 @@ class RedisHarness(_RedisValues):
 
 class RedisClusterHarness(_RedisValues):
     """A 3-master Redis Cluster on loopback; going away is one master killed (its shard's keys
-    unreachable), coming back is that master restarted empty with its slots."""
+    unreachable), coming back is that master restarted empty with its slots; a move migrates the
+    keys' slots to the next master (``MOVED``), half way: ``ASK``."""
 
     can_go_away = True
+    can_move = True
     fault_options = {"backoff_initial": 0.05, "backoff_max": 0.2, "socket_timeout": 0.5, "connect_timeout": 0.5}
 
     def setup(self, workdir: Path) -> None:
@@ -242,6 +253,30 @@ class RedisClusterHarness(_RedisValues):
 
     def go_away(self) -> None:
         self.cluster.nodes[0].kill()
+
+    def move(self, tier: Tier, keys: list[bytes], half: bool) -> None:
+        import redis
+        from redis.crc import key_slot
+
+        masters = sorted(self.cluster.masters().items())  # (port, node id)
+        ports = [p for p, _ in masters]
+        store_keys = [tier.store_key(k) for k in keys]  # type: ignore[attr-defined]
+        with self._client() as c:
+            owner = {key_slot(k): c.get_node_from_key(k).port for k in store_keys}
+        for slot, src in owner.items():
+            dst = ports[(ports.index(src) + 1) % len(ports)]
+            ids = dict(masters)
+            src_node, dst_node = self.cluster.node(src), self.cluster.node(dst)
+            dst_node.cli("cluster", "setslot", str(slot), "importing", ids[src])
+            src_node.cli("cluster", "setslot", str(slot), "migrating", ids[dst])
+            with redis.Redis(port=src) as r:
+                held = r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+                moving = held[: (len(held) + 1) // 2] if half else held
+                if moving:
+                    r.execute_command("MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *moving)
+            if not half:
+                for n in (dst_node, src_node, *(self.cluster.node(p) for p in ports if p not in (src, dst))):
+                    n.cli("cluster", "setslot", str(slot), "node", ids[dst])
 
     def come_back(self) -> None:
         node = self.cluster.nodes[0]

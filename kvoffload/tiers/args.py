@@ -78,6 +78,8 @@ def check_tier_options(
     lookup_ttl_steps: int,
     backoff_initial: float,
     backoff_max: float,
+    probe_wait: float,
+    defer_hit_rate: float,
 ) -> None:
     """The generic tier options (see :class:`kvoffload.tiers.Tier`)."""
     check_int(io_threads, "io_threads", 1)
@@ -91,6 +93,11 @@ def check_tier_options(
             raise InvalidArgumentError(f"{name} must be > 0 seconds, got {v}")
     if backoff_max < backoff_initial:
         raise InvalidArgumentError(f"backoff_max ({backoff_max}) must be >= backoff_initial ({backoff_initial})")
+    for name, v, unit in (("probe_wait", probe_wait, " seconds"), ("defer_hit_rate", defer_hit_rate, "")):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InvalidTypeError(f"{name} must be a number{unit and ' of' + unit}, got {type(v).__name__}")
+        if not 0 <= v <= 1:
+            raise InvalidArgumentError(f"{name} must be in [0, 1]{unit}, got {v}")
 
 
 def redact_query(spec: str) -> str:
@@ -99,7 +106,7 @@ def redact_query(spec: str) -> str:
 
 
 _QUERY_INTS = ("io_threads", "batch_keys", "max_pending_write_bytes", "lookup_ttl_steps")
-_QUERY_FLOATS = ("backoff_initial", "backoff_max", "probe_wait")
+_QUERY_FLOATS = ("backoff_initial", "backoff_max", "probe_wait", "defer_hit_rate")
 
 
 def tier_options_from_query(spec: str, pairs: list[tuple[str, str]]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -122,7 +129,7 @@ def tier_options_from_query(spec: str, pairs: list[tuple[str, str]]) -> tuple[di
             try:
                 opts[k] = float(v)
             except ValueError:
-                raise InvalidArgumentError(f"tier spec {spec!r}: {k} must be a number of seconds, got {v!r}") from None
+                raise InvalidArgumentError(f"tier spec {spec!r}: {k} must be a number, got {v!r}") from None
         elif k == "name":
             opts[k] = v
         elif k == "integrity_key":

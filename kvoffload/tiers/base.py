@@ -26,14 +26,14 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, ClassVar, Literal, TypeVar
+from functools import partial
+from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import numpy as np
 
 from kvoffload.checks import check_int
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidArgumentError
 from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
 from kvoffload.tiers.health import Health, TierUnavailable
 from kvoffload.tiers.jobs import Job
@@ -42,13 +42,24 @@ from kvoffload.tiers.record import IntegrityKeys, RecordCodec, ValueRejected
 from kvoffload.tiers.threads import as_background_thread
 from kvoffload.tiers.types import TierJobResult, TierStats
 from kvoffload.tiers.verdicts import Verdicts
+from kvoffload.tiers.workers import LOAD, STORE, IOThreads
 
 __all__ = ["Tier", "STORED", "PRESENT", "FAILED", "DROPPED"]
 
 logger = logging.getLogger(__name__)
 
-#: Store/load batches for the pool: the task function and its argument tuples.
-_Tasks = tuple[Callable[..., None], list[tuple[object, ...]]]
+#: Store/load batches for the I/O threads: their priority, the task function and its argument tuples.
+_Tasks = tuple[int, Callable[..., None], list[tuple[object, ...]]]
+
+
+class _Probe(NamedTuple):
+    """A probe batch for the lookup thread: ``run()`` answers it; ``fresh``: not sent yet (a tier
+    in back-off answers it with misses instead)."""
+
+    keys: list[bytes]
+    run: Callable[[], list[bool]]
+    fresh: bool = False
+
 
 _R = TypeVar("_R")
 
@@ -75,8 +86,13 @@ class Tier(ABC):
         max_pending_write_bytes: record bytes of accepted, unfinished stores above which new
             stores are dropped (back-pressure).
         lookup_ttl_steps: engine steps a probed verdict is reused before the key is probed again.
-        probe_wait: seconds :meth:`end_step` waits for the step's probe batch to be answered
-            (0: never waits; see :meth:`end_step`).
+        probe_wait: seconds :meth:`end_step` waits for probe answers while a key a lookup
+            answered ``LOOKUP_RETRY`` is unprobed (0: never waits; see :meth:`end_step`).
+        defer_hit_rate: least share of recently probed keys the store held (a moving average,
+            :attr:`hit_rate`) for a key without a verdict to answer ``LOOKUP_RETRY`` (the request
+            waits for its probe); below it such keys answer ``LOOKUP_MISS`` at once and are
+            probed all the same, so a tier that finds nothing slows no request, and deferring
+            resumes as soon as probes find keys again. 0: always defer.
         backoff_initial: first back-off after the store is unreachable, in seconds.
         backoff_max: longest back-off (it doubles up to this), in seconds.
 
@@ -108,17 +124,21 @@ class Tier(ABC):
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         probe_wait: float = 0.0005,
+        defer_hit_rate: float = 0.05,
     ) -> None:
         self.records = check_records(records)
         if not isinstance(namespace, TierNamespace):
             raise InvalidArgumentError(f"namespace must be a TierNamespace, got {type(namespace).__name__}")
         check_tier_options(
-            io_threads, batch_keys, max_pending_write_bytes, lookup_ttl_steps, backoff_initial, backoff_max
+            io_threads,
+            batch_keys,
+            max_pending_write_bytes,
+            lookup_ttl_steps,
+            backoff_initial,
+            backoff_max,
+            probe_wait,
+            defer_hit_rate,
         )
-        if isinstance(probe_wait, bool) or not isinstance(probe_wait, (int, float)):
-            raise InvalidTypeError(f"probe_wait must be a number of seconds, got {type(probe_wait).__name__}")
-        if not 0 <= probe_wait <= 1:
-            raise InvalidArgumentError(f"probe_wait must be in [0, 1] seconds, got {probe_wait}")
         self._probe_wait = float(probe_wait)
         self.name = name
         self.io_threads = io_threads
@@ -138,14 +158,14 @@ class Tier(ABC):
         self._probes_in_flight = 0
         self._logged: set[str] = set()
         self._closed = False
-        self._verdicts = Verdicts(lookup_ttl_steps)  # engine-thread lookup state
+        self._verdicts = Verdicts(lookup_ttl_steps, float(defer_hit_rate))  # engine-thread lookup state
         self._unanswered = 0  # probe batches sent and not applied yet (engine thread)
         self._removed: list[bytes] = []  # keys the store removed, not taken yet
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
-        self._probe_q: queue.SimpleQueue[list[bytes] | _Tasks | None] = queue.SimpleQueue()
+        self._probe_q: queue.SimpleQueue[_Probe | _Tasks | None] = queue.SimpleQueue()
         self._probe_done: queue.SimpleQueue[tuple[list[bytes], list[bool] | None]] = queue.SimpleQueue()
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvoffload-tier-{name}")
+        self._pool = IOThreads(io_threads, f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
             target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
         )
@@ -156,7 +176,8 @@ class Tier(ABC):
         """Per key :data:`LOOKUP_HIT` / :data:`LOOKUP_MISS` / :data:`LOOKUP_RETRY` (``np.int8``), never blocking.
 
         A key without a fresh verdict is queued for the next :meth:`end_step` and answers
-        ``LOOKUP_RETRY`` until its probe has returned; while the tier is in back-off new keys miss.
+        ``LOOKUP_RETRY`` until its probe has returned (``LOOKUP_MISS`` while :attr:`hit_rate` is
+        below ``defer_hit_rate``); while the tier is in back-off new keys miss.
         """
         keys = check_keys(keys, "keys")
         self._apply_probe_results()
@@ -165,21 +186,36 @@ class Tier(ABC):
     def end_step(self) -> None:
         """Send this step's queued lookups as one probe batch; call once per engine step.
 
-        Then wait for its answer up to ``probe_wait`` seconds (one round trip on a healthy store):
-        the engine thread sleeps, so the tier's lookup thread gets a core and the GIL at once, and
-        a request deferred on the probe is answered at the engine's next step (without the wait
-        it waits for the lookup thread to be scheduled behind the engine thread, steps longer).
+        While a key answered ``LOOKUP_RETRY`` (a request waits on it) has not been probed, wait
+        for the answers up to ``probe_wait`` seconds (one round trip on a healthy store),
+        so a request deferred on the probe is answered at the engine's next step (without the wait
+        it waits for the lookup thread to be scheduled behind the engine thread, steps longer). A
+        backend that can (:meth:`_probe_now`: a standalone Redis server) sends the batch and reads
+        its answer on this thread, with no thread hand-off; otherwise the lookup thread probes
+        and this thread sleeps on its answer.
         """
         self._apply_probe_results()
+        deferred = self._verdicts.deferred
         batch = self._verdicts.take_batch()
+        wait = self._probe_wait if deferred and not self._health.is_down() else 0.0
         if batch:
+            now = self._probe_now(batch, wait) if wait > 0 else None
+            if isinstance(now, list):
+                self._health.succeeded()
+                self._count_probe(batch, now)
+                self._verdicts.probed(batch, now)
+                return
             with self._lock:
                 self._probes_in_flight += 1
             self._unanswered += 1
-            self._probe_q.put(batch)
-        if not self._unanswered or self._probe_wait <= 0 or self._health.is_down():
+            self._probe_q.put(
+                _Probe(batch, now) if now is not None else _Probe(batch, partial(self._probe, batch), True)
+            )
+            if now is not None:
+                return  # this step's wait is spent
+        if not self._unanswered or wait <= 0:
             return
-        deadline = time.monotonic() + self._probe_wait  # this step's probe, or a late one of earlier steps
+        deadline = time.monotonic() + wait  # this step's probe, or a late one of earlier steps
         while self._unanswered and (left := deadline - time.monotonic()) > 0:
             try:
                 done = self._probe_done.get(timeout=left)
@@ -187,6 +223,12 @@ class Tier(ABC):
                 return
             self._unanswered -= 1
             self._verdicts.probed(*done)
+
+    @property
+    def hit_rate(self) -> float:
+        """The share of recently probed keys the store held (a moving average over keys; 1 before
+        any probe): below ``defer_hit_rate`` lookups of keys without a verdict miss at once."""
+        return self._verdicts.hit_rate
 
     def take_answered(self) -> list[bytes]:
         """The keys whose probe has returned since the last call (their verdicts are applied first),
@@ -219,7 +261,7 @@ class Tier(ABC):
                 return
             self._pending_write_bytes += nbytes
             job = self._jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
-        self._dispatch(self._run_store, job, slots)
+        self._dispatch(STORE, self._run_store, job, slots)
 
     def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
         """Copy the values of ``keys`` into the records in ``slots``, asynchronously.
@@ -233,7 +275,7 @@ class Tier(ABC):
             return
         with self._lock:
             job = self._jobs[job_id] = Job(job_id, "load", keys, len(keys), self._batch_keys)
-        self._dispatch(self._run_load, job, slots)
+        self._dispatch(LOAD, self._run_load, job, slots)
 
     def get_finished(self) -> list[TierJobResult]:
         """The jobs finished since the last call (also updates lookup verdicts from them)."""
@@ -300,7 +342,7 @@ class Tier(ABC):
         self.drain()
         self._probe_q.put(None)
         self._lookup_thread.join()
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
         self._close_backend()
 
     def __enter__(self) -> Tier:
@@ -313,6 +355,13 @@ class Tier(ABC):
     @abstractmethod
     def _probe(self, keys: list[bytes]) -> list[bool]:
         """Which ``keys`` the store holds, in one round trip; raise TierUnavailable if unreachable."""
+
+    def _probe_now(self, keys: list[bytes], wait: float) -> list[bool] | Callable[[], list[bool]] | None:
+        """Probe ``keys`` on the engine thread, waiting up to ``wait`` seconds, never connecting
+        nor raising: the answers; or, sent and not answered in time, a function the lookup thread
+        calls to read them (may raise TierUnavailable); or None when not tried (the lookup thread
+        then calls :meth:`_probe`). By default None."""
+        return None
 
     @abstractmethod
     def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
@@ -372,24 +421,25 @@ class Tier(ABC):
                 raise InvalidArgumentError(f"job_id {job_id} is already in flight on tier {self.name}")
         return job_id, keys, slot_arr
 
-    def _dispatch(self, run: Callable[[Job, int, int, np.ndarray], None], job: Job, slots: np.ndarray) -> None:
-        """Hand ``job``'s batches to the lookup thread, which submits them to the pool."""
-        self._probe_q.put((run, [(job, a, b, slots[a:b]) for a, b in job.batches()]))
+    def _dispatch(
+        self, priority: int, run: Callable[[Job, int, int, np.ndarray], None], job: Job, slots: np.ndarray
+    ) -> None:
+        """Hand ``job``'s batches to the lookup thread, which submits them to the I/O threads."""
+        tasks: list[tuple[object, ...]] = [(job, a, b, slots[a:b]) for a, b in job.batches()]
+        self._probe_q.put((priority, run, tasks))
 
     def _lookup_loop(self) -> None:
         as_background_thread()
-        while (batch := self._probe_q.get()) is not None:
-            if isinstance(batch, tuple):
-                run, tasks = batch
+        while (item := self._probe_q.get()) is not None:
+            if not isinstance(item, _Probe):
+                priority, run, tasks = item
                 for args in tasks:
-                    self._pool.submit(run, *args)
+                    self._pool.submit(priority, run, *args)
                 continue
-            found = None if self._health.is_down() else self._call_backend("lookup", self._probe, batch)
-            with self._lock:
-                self._stats.lookup_round_trips += found is not None
-                self._stats.lookups += len(batch) if found is not None else 0
-                self._stats.hits += sum(found) if found is not None else 0
-            self._probe_done.put((batch, found))
+            down = item.fresh and self._health.is_down()  # a late reply is read whatever the health
+            found = None if down else self._call_backend("lookup", item.run)
+            self._count_probe(item.keys, found)
+            self._probe_done.put((item.keys, found))
             with self._idle:
                 self._probes_in_flight -= 1
                 self._idle.notify_all()
@@ -408,6 +458,14 @@ class Tier(ABC):
             return None
         self._health.succeeded()
         return out
+
+    def _count_probe(self, keys: list[bytes], found: list[bool] | None) -> None:
+        if found is None:
+            return
+        with self._lock:
+            self._stats.lookup_round_trips += 1
+            self._stats.lookups += len(keys)
+            self._stats.hits += sum(found)
 
     def _apply_probe_results(self) -> None:
         done = self._probe_done

@@ -20,7 +20,19 @@ from typing import Any
 import redis
 from redis.exceptions import ResponseError
 
-__all__ = ["Redirect", "Mismatch", "pipeline", "command", "exists", "set_nx", "get_into", "delete_if_head", "Dest"]
+__all__ = [
+    "Redirect",
+    "Mismatch",
+    "pipeline",
+    "command",
+    "send",
+    "replies",
+    "exists",
+    "set_nx",
+    "get_into",
+    "delete_if_head",
+    "Dest",
+]
 
 #: Bytes of a value kept by :class:`Mismatch` (the record header and key fit in them).
 HEAD_BYTES = 256
@@ -259,6 +271,17 @@ def _exchange(
         if not ok:
             conn.disconnect()
         pool.release(conn)
+
+
+def send(conn: Any, commands: Sequence[list[bytes | memoryview]]) -> None:
+    """Write ``commands`` (each from :func:`command`) on the connection ``conn``; no reply is read."""
+    conn.send_packed_command(_coalesce([c for cmd in commands for c in cmd]), check_health=False)
+
+
+def replies(conn: Any, n: int) -> list[Any]:
+    """The next ``n`` replies on ``conn`` (as :func:`pipeline` returns them); blocks under its socket timeout."""
+    reader = _Reader(conn._sock)
+    return [reader.reply() for _ in range(n)]
 
 
 def _coalesce(chunks: list[bytes | memoryview]) -> list[bytes | memoryview]:

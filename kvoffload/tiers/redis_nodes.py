@@ -223,6 +223,12 @@ class RedisNodes:
                 raise TierUnavailable(f"no node of {self.config.display()} answered CLUSTER SLOTS")
         return slots
 
+    def masters(self) -> set[Addr]:
+        """The masters of the slot map, read from the cluster now (raises
+        :class:`~kvoffload.tiers.health.TierUnavailable` when no node answers)."""
+        self._refresh(force=True)
+        return {a for a in self._slot_map() if a is not None}
+
     def _refresh(self, force: bool) -> None:
         """Ask a reachable node for ``CLUSTER SLOTS`` and replace the slot map (rate-limited)."""
         if not force and time.monotonic() - self._refreshed < self._refresh_interval:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,9 +29,10 @@ from kvoffload.tiers.base import DROPPED, FAILED, PRESENT, STORED, Tier
 from kvoffload.tiers.health import TierUnavailable
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
-from kvoffload.tiers.redis_events import KeyspaceWatcher
+from kvoffload.tiers.redis_events import ClusterWatchers, KeyspaceWatcher
 from kvoffload.tiers.redis_io import HEAD_BYTES, Mismatch, Redirect, delete_if_head, exists, get_into, set_nx
 from kvoffload.tiers.redis_nodes import DOWN, RedisNodes, Unreached
+from kvoffload.tiers.redis_probe import InlineProbe
 from kvoffload.tiers.redis_url import RedisConfig, parse_redis_url
 
 __all__ = ["RedisTier"]
@@ -61,7 +64,10 @@ class RedisTier(Tier):
             server evicts, expires or sees deleted is reported by :meth:`take_removed`, and so is
             every key whose value a load rejects (namespace, integrity or corruption check): once,
             by the ``del`` notification of the tier's own delete, or by the tier where it deletes
-            nothing (or the notifications are off).
+            nothing (or the notifications are off). On a cluster every master is watched (the
+            slot map is re-read every second: promoted replicas and new masters are followed)
+            and a removal is reported once the key is absent where the slot map routes it (a
+            reshard's ``MIGRATE`` is not one).
         **tier_options: ``name``, ``integrity_key``, ``io_threads``, ``batch_keys``… of
             :class:`~kvoffload.tiers.Tier` (they override the same options in the URL's query).
 
@@ -121,20 +127,31 @@ class RedisTier(Tier):
             (tier_options.get("backoff_initial", 0.1), tier_options.get("backoff_max", 5.0)),
             self._count,
         )
-        self._watcher: KeyspaceWatcher | None = None
+        # a standalone server's probes sent and read on the engine thread (not through TLS, whose
+        # buffered bytes select cannot see)
+        self._inline = None
+        if not self.config.cluster and self.config.scheme in ("redis", "unix"):
+            self._inline = InlineProbe(self._probe_connection, self._prefix)
+        self._watcher: KeyspaceWatcher | ClusterWatchers | None = None
         self._removal_events = removal_events
-        if removal_events:
-            if self.config.cluster:
-                self._removal_events_off("Redis Cluster: keyspace notifications are per node, not watched")
-            else:
-                self._watcher = KeyspaceWatcher(
-                    self._watch_client,
-                    self.config.db,
-                    self._prefix,
-                    self._note_removed,
-                    self._removal_events_off,
-                    self.name,
-                )
+        if removal_events and self.config.cluster:
+            self._watcher = ClusterWatchers(
+                self._nodes.masters,
+                self._watch_client,
+                self._prefix,
+                self._note_gone,
+                self._removal_events_off,
+                self.name,
+            )
+        elif removal_events:
+            self._watcher = KeyspaceWatcher(
+                partial(self._watch_client, None),
+                self.config.db,
+                self._prefix,
+                self._note_removed,
+                self._removal_events_off,
+                self.name,
+            )
         if not self.codec.signs:
             logger.warning(
                 "tier %s has no integrity_key: any client that can write to this Redis can make the "
@@ -142,14 +159,15 @@ class RedisTier(Tier):
                 self.name,
             )
 
-    def _watch_client(self) -> redis.Redis:
-        """A client of its own for the keyspace watcher (standalone server)."""
+    def _watch_client(self, addr: tuple[str, int] | None) -> redis.Redis:
+        """A client of its own for a keyspace watcher: of ``addr`` (a cluster node), or of the
+        standalone server (``None``)."""
         c = self.config
-        kw: dict[str, Any] = {"username": c.username, "password": c.password, "db": c.db}
+        kw: dict[str, Any] = {"username": c.username, "password": c.password, "db": 0 if c.cluster else c.db}
         kw.update(socket_connect_timeout=c.connect_timeout)
         if c.scheme == "unix":
             return redis.Redis(unix_socket_path=c.path, **kw)
-        host, port = c.nodes[0]
+        host, port = addr or c.nodes[0]
         if c.scheme == "rediss":
             kw.update(ssl=True, **c.ssl)
         return redis.Redis(host=host, port=port, **kw)
@@ -168,7 +186,17 @@ class RedisTier(Tier):
     def _probe(self, keys: list[bytes]) -> list[bool]:
         sk = [self._prefix + k for k in keys]
         replies = self._nodes.run(sk, lambda pool, idx, asking: exists(pool, [sk[i] for i in idx], asking))
+        if self._inline is not None:
+            self._inline.connect()  # the server answers: the next probes may go on the engine thread
         return [isinstance(r, int) and r > 0 for r in replies]
+
+    def _probe_now(self, keys: list[bytes], wait: float) -> list[bool] | Callable[[], list[bool]] | None:
+        return None if self._inline is None else self._inline.ask(keys, wait)
+
+    def _probe_connection(self) -> Any:
+        """A new, unconnected connection to the standalone server, outside the pool."""
+        pool = self._nodes.pool(self.config.nodes[0] if self.config.nodes else ("unix", 0))
+        return pool.connection_class(**pool.connection_kwargs)
 
     def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
         sk = [self._prefix + k for k in keys]
@@ -265,7 +293,21 @@ class RedisTier(Tier):
         watched = self._watcher is not None and not self._stats.removal_events_off
         return [keys[i] for (i, _, _), d in zip(bad, deleted, strict=True) if not (d and watched)]
 
+    def _note_gone(self, keys: list[bytes]) -> None:
+        """A cluster node's removals: those of ``keys`` not present where the slot map now routes
+        them (a reshard's ``MIGRATE`` deletes a key from its old node as ``del``; it is not gone)."""
+        sk = [self._prefix + k for k in keys]
+        try:
+            there = self._nodes.run(sk, lambda pool, idx, asking: exists(pool, [sk[i] for i in idx], asking))
+        except TierUnavailable:
+            there = [None] * len(keys)
+        gone = [k for k, r in zip(keys, there, strict=True) if not (isinstance(r, int) and r > 0)]
+        if gone:
+            self._note_removed(gone)
+
     def _close_backend(self) -> None:
+        if self._inline is not None:
+            self._inline.close()
         if self._watcher is not None:
             self._watcher.close()
         self._nodes.close()

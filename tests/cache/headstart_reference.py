@@ -123,8 +123,55 @@ class RefTuner:
                     c.hits //= 2
 
 
+class RefTags:
+    """Per-tag reuse counts (headstart_tags.py's rules), keyed by OffloadKey."""
+
+    def __init__(self, capacity: int) -> None:
+        self.window = max(capacity, 1024)
+        self.ids: dict[str, int] = {}
+        self.label: dict[bytes, int] = {}
+        self.reused = [0] * 256
+        self.evicted = [0] * 256
+        self.counted = 0
+
+    def class_of(self, tag: str | None) -> int:
+        if tag is None:
+            return 0
+        if tag not in self.ids:
+            if len(self.ids) >= 255:
+                return 0
+            self.ids[tag] = len(self.ids) + 1
+        return self.ids[tag]
+
+    def hot(self, t: int) -> bool:
+        if t == 0:
+            return False
+        r, tot = self.reused[t], self.reused[t] + self.evicted[t]
+        r_all = sum(self.reused[1:])
+        return tot >= 16 and 2 * r * (r_all + sum(self.evicted[1:])) > 3 * tot * r_all
+
+    def count(self, n: int) -> None:
+        self.counted += n
+        if self.counted >= self.window:
+            self.reused = [x // 2 for x in self.reused]
+            self.evicted = [x // 2 for x in self.evicted]
+            self.counted = 0
+
+    def read(self, keys: list[bytes], t: int) -> None:
+        for k in keys:
+            self.reused[self.label.get(k, 0)] += 1
+            self.label[k] = t
+        self.count(len(keys))
+
+    def gone(self, keys: list[bytes]) -> None:
+        for k in keys:
+            self.evicted[self.label.pop(k, 0)] += 1
+        self.count(len(keys))
+
+
 class RefHeadStart:
-    """The policy over blocks with ``.ref`` (0 = evictable), keyed by OffloadKey."""
+    """The policy over blocks with ``.ref`` (0 = evictable), keyed by OffloadKey; ``workload`` is
+    the current request's tag (set by the test before each call)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -133,7 +180,12 @@ class RefHeadStart:
         self.stamp: dict[bytes, int] = {}
         self.ghost = RefGhost(max(1, 4 * capacity))
         self.tuner = RefTuner(max(capacity, 1))
+        self.tags = RefTags(capacity)
+        self.workload: str | None = None
         self.clock = 0
+
+    def tagged(self) -> bool:
+        return self.workload is not None or bool(self.tags.ids)
 
     def get(self, key: bytes) -> Any:
         b = self.new.get(key)
@@ -141,7 +193,13 @@ class RefHeadStart:
 
     def insert(self, key: bytes, b: Any) -> None:
         self.tuner.observe([key])
-        if self.ghost.contains_pop(fingerprint(key)):
+        ghost_hit = self.ghost.contains_pop(fingerprint(key))
+        hot = False
+        if self.tagged():
+            t = self.tags.class_of(self.workload)
+            self.tags.label[key] = t
+            hot = self.tags.hot(t)
+        if ghost_hit or hot:
             self.seen[key] = b
         else:
             self.new[key] = b
@@ -157,6 +215,8 @@ class RefHeadStart:
 
     def touch(self, keys: list[bytes]) -> None:
         present = [k for k in dict.fromkeys(keys) if self.get(k) is not None]
+        if present and self.tagged():
+            self.tags.read(present, self.tags.class_of(self.workload))
         self.tuner.observe(present)
         for key in reversed(present):
             b = self.new.pop(key) if key in self.new else self.seen.pop(key)
@@ -165,6 +225,8 @@ class RefHeadStart:
 
     def request_finished(self, keys: list[bytes], inserted_only: set[bytes]) -> None:
         present = [k for k in dict.fromkeys(keys) if self.get(k) is not None]
+        if present and self.tagged():
+            self.tags.read([k for k in present if k not in inserted_only], self.tags.class_of(self.workload))
         self.tuner.observe([k for k in present if k not in inserted_only])
         for key in reversed(present):
             if key in inserted_only:
@@ -194,6 +256,8 @@ class RefHeadStart:
             out.append((key, od.pop(key)))
             del self.stamp[key]
             self.ghost.add(fingerprint(key))
+        if self.tags.ids:
+            self.tags.gone([k for k, _ in out])
         return out
 
     def clear(self) -> None:
@@ -202,6 +266,7 @@ class RefHeadStart:
         self.stamp.clear()
         self.ghost = RefGhost(max(1, 4 * self.capacity))
         self.tuner.clear()
+        self.tags = RefTags(self.capacity)
         self.clock = 0
 
     def keys(self) -> list[bytes]:

@@ -12,6 +12,7 @@ import pytest
 from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.policies.ghost import WAYS, GhostKeys
 from kvoffload.cache.policies.headstart import HeadStartPolicy
+from kvoffload.cache.policies.headstart_tags import TagClasses
 from kvoffload.cache.policies.headstart_tuner import fingerprints
 from kvoffload.core.base import ReqContext, make_offload_key
 from kvoffload.core.lookup_code import LOOKUP_HIT
@@ -50,13 +51,19 @@ def conversation_trace(rng: random.Random, n_requests: int, turns: int) -> list[
     return out
 
 
-def replay_both(trace: list[list[bytes]], capacity: int) -> tuple[CPUOffloadingManager, set[int]]:
+def replay_both(
+    trace: list[list[bytes]], capacity: int, tags: list[str | None] | None = None
+) -> tuple[CPUOffloadingManager, set[int]]:
     """The cache-level replay's calls on the real manager and on the reference, compared after
-    every request (outputs, per-key state, both lists, stamps, head start, clock)."""
+    every request (outputs, per-key state, both lists, stamps, head start, clock); ``tags``: each
+    request's workload tag."""
     real = CPUOffloadingManager(capacity, cache_policy="headstart")
     ref = RefManager(capacity, "headstart")
     head_starts = set()
-    for keys in trace:
+    for i, keys in enumerate(trace):
+        tag = None if tags is None else tags[i]
+        CTX = ReqContext("headstart", workload=tag)
+        ref.policy.workload = tag
         codes = real.lookup_batch(keys, CTX)
         miss = np.flatnonzero(codes != LOOKUP_HIT)
         hit = int(miss[0]) if len(miss) else len(keys)
@@ -79,6 +86,7 @@ def replay_both(trace: list[list[bytes]], capacity: int) -> tuple[CPUOffloadingM
                 real.complete_store(got.keys_to_store, CTX)
                 ref.complete_store(got.keys_to_store, True)
         assert real_order(real) == ref.policy.snapshot()
+        assert ref.policy.tags.reused[:8] == real.policy.tags.reused[:8].tolist()  # type: ignore[attr-defined]
         head_starts.add(real.policy.head_start)  # type: ignore[attr-defined]
     return real, head_starts
 
@@ -94,6 +102,29 @@ def test_request_traces_match_reference(capacity: int, turns: int, seed: int) ->
     policy = real.policy
     assert isinstance(policy, HeadStartPolicy)
     assert len(policy.seen) > 0 and len(policy.new) > 0
+
+
+@pytest.mark.parametrize(("capacity", "seed"), [(12, 11), (40, 12), (300, 13)])
+def test_tagged_request_traces_match_reference(capacity: int, seed: int) -> None:
+    """Requests tagged by their shape (a turn of a growing conversation or a new prompt, some
+    untagged): the per-tag counts, labels and hot classes follow the reference, and some class
+    turns hot during the run, else the tag rule went untested."""
+    rng = random.Random(seed)
+    trace = conversation_trace(rng, 1500, 6)
+    tags: list[str | None] = [None if i % 7 == 0 else f"len/{min(len(p) // 4, 5)}" for i, p in enumerate(trace)]
+    seen_hot: list[bool] = []
+    real_hot = TagClasses.hot
+
+    def record(self: TagClasses, t: int) -> bool:
+        seen_hot.append(real_hot(self, t))
+        return seen_hot[-1]
+
+    TagClasses.hot = record  # type: ignore[method-assign]
+    try:
+        replay_both(trace, capacity, tags)
+    finally:
+        TagClasses.hot = real_hot  # type: ignore[method-assign]
+    assert any(seen_hot) and not all(seen_hot)
 
 
 @pytest.mark.parametrize("seed", [5, 6, 7])
@@ -158,13 +189,14 @@ def test_ghost_remembers_the_last_size_keys() -> None:
     later = [bucket[i + 1 :].count(b) for i, b in enumerate(bucket)]
     expect = [i > 0 and later[i] < WAYS for i in range(size + 1)]
     found = g.contains_pop(fp.copy())
-    assert found.tolist() == expect
+    assert found is not None and found.tolist() == expect
     assert sum(expect) >= 0.99 * size
-    assert not g.contains_pop(fp[1:].copy()).any()
+    assert g.contains_pop(fp[1:].copy()) is None
     g.add(fp[:1])
-    assert g.contains_pop(fp[:1].copy()).all()
+    again = g.contains_pop(fp[:1].copy())
+    assert again is not None and again.all()
     g.clear()
-    assert not g.contains_pop(fp.copy()).any()
+    assert g.contains_pop(fp.copy()) is None
 
 
 def test_two_turn_conversations_choose_no_head_start() -> None:

@@ -334,7 +334,7 @@ def _fuzz_requests(policy: str, seed: int, n_sequences: int, steps: int) -> None
 def test_memo_paths_match_reference(policy: str, small_batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The memo serves the array paths; with ``small_batch=3`` calls on up to 3 keys take the
     scalar paths in between, which bypass the memo but change slots under it."""
-    import kvoffload.cache.memo as memo
+    import kvoffload.cache.batch as memo
 
     monkeypatch.setattr(memo, "MEMO_MIN_KEYS", 1)
     monkeypatch.setattr(memo, "MEMO_ENTRIES", 3)

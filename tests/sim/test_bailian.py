@@ -14,7 +14,7 @@ from kvoffload.app.cli import main
 from kvoffload.app.simulate_cache import block_trace_of
 from kvoffload.core.base import ReqContext, workload_tag
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.sim.bailian import BailianRequest, read_bailian_trace
+from kvoffload.sim.bailian import BailianRequest, generate_bailian_trace, read_bailian_trace, write_bailian_trace
 from kvoffload.sim.block_trace import BlockTrace
 from kvoffload.sim.mooncake import MooncakeRequest, detect_trace_format
 
@@ -145,3 +145,28 @@ def test_simulate_reads_a_bailian_trace(tmp_path: Path, capsys: pytest.CaptureFi
     assert "Bailian trace" in capsys.readouterr().out
     assert main([*argv, "--trace-format", "bailian", "--trace-block-size", "512"]) == 2
     assert isinstance(read_bailian_trace(p)[0], BailianRequest)
+
+
+def test_generated_trace_round_trips_and_follows_its_shapes(tmp_path: Path) -> None:
+    """The generated trace is written in the format the reader takes, unchanged by the round trip;
+    every conversation continues its parent's prompt; image conversations have exactly two turns,
+    searches one, and each search starts with one of the shared tool prompts."""
+    reqs = generate_bailian_trace(600, seed=4)
+    assert generate_bailian_trace(600, seed=4) == reqs
+    p = tmp_path / "gen.jsonl"
+    write_bailian_trace(p, reqs)
+    assert read_bailian_trace(p) == reqs
+    by_id = {r.chat_id: r for r in reqs}
+    turns: dict[str, set[int]] = {}
+    for r in reqs:
+        turns.setdefault(r.type, set()).add(r.turn)
+        assert r.input_length == 16 * len(r.hash_ids)
+        if r.parent_chat_id >= 0:
+            parent = by_id[r.parent_chat_id]
+            assert (parent.type, parent.turn + 1) == (r.type, r.turn)
+            assert r.hash_ids[: len(parent.hash_ids)] == parent.hash_ids and len(r.hash_ids) > len(parent.hash_ids)
+        else:
+            assert r.turn == 1
+    assert turns["image"] == {1, 2} and turns["search"] == {1} and max(turns["text"]) >= 3
+    tools = {r.hash_ids[:32] for r in reqs if r.type == "search"}
+    assert 1 < len(tools) <= 8

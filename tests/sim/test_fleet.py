@@ -3,6 +3,7 @@ independent reference of OrderedDicts."""
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from pathlib import Path
 
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 
 from kvoffload.errors import InvalidArgumentError
+from kvoffload.sim.bailian import read_bailian_trace
 from kvoffload.sim.cache_replay import replay_cache
 from kvoffload.sim.fleet import FleetTrace, fleet_of_parts, replay_fleet, replay_replica
 from kvoffload.sim.mooncake import read_mooncake_trace
-from kvoffload.sim.routing import ROUTINGS, check_routings, conversation_ids
+from kvoffload.sim.routing import ROUTINGS, chat_conversations, check_routings, conversation_ids
 from tests.sim.mooncake_traces import random_mooncake, write_mooncake
 from tests.sim.test_two_tier_replay import _lead, reference_request
 
@@ -183,6 +185,66 @@ def test_conversations_match_a_brute_force() -> None:
         lists.append(base + list(range(nxt, nxt + extra)))
         nxt += extra
     assert conversation_ids(lists).tolist() == _ref_conversations(lists)
+
+
+def _ref_chat_conversations(chats: list[int], parents: list[int]) -> list[int]:
+    """Brute force: follow parents back through the earlier requests to the first request of the
+    chain (or to the id of a parent the trace does not hold); one conversation per such root."""
+    roots: list[tuple[str, int]] = []
+    for r in range(len(chats)):
+        root, p = ("request", r), parents[r]
+        while p >= 0:
+            earlier = [j for j in range(r) if chats[j] == p]
+            if not earlier:
+                root = ("absent parent", p)
+                break
+            j = earlier[-1]
+            root, p = ("request", j), parents[j]
+        roots.append(root)
+    first = list(dict.fromkeys(roots))
+    return [first.index(x) for x in roots]
+
+
+def test_chat_conversations_match_a_brute_force() -> None:
+    rnd = np.random.default_rng(5)
+    chats: list[int] = []
+    parents: list[int] = []
+    for r in range(400):
+        chats.append(1000 + r)
+        u = rnd.random()
+        if u < 0.3 or not chats[:-1]:
+            parents.append(-1)
+        elif u < 0.4:
+            parents.append(int(rnd.integers(0, 50)))  # a parent before the trace's start
+        else:
+            parents.append(chats[int(rnd.integers(max(0, r - 20), r))])
+    assert chat_conversations(chats, parents).tolist() == _ref_chat_conversations(chats, parents)
+    with pytest.raises(InvalidArgumentError, match="parent_chat_ids"):
+        chat_conversations([1, 2], [-1])
+
+
+def test_session_routing_follows_bailian_chat_ids(tmp_path: Path) -> None:
+    # three conversations whose turns share no prompt block (e.g. a summarised history): only the
+    # chat ids tie them together, and session routing keeps each on one replica
+    objs = []
+    for i in range(24):
+        turn = i // 3 + 1
+        objs.append(
+            {"chat_id": 100 + i, "parent_chat_id": -1 if turn == 1 else 100 + i - 3, "timestamp": i * 7.0,
+             "input_length": 64, "output_length": 5, "type": "text", "turn": turn,
+             "hash_ids": [1000 * (i + 1) + k for k in range(4)]}
+        )  # fmt: skip
+    path = tmp_path / "bailian.jsonl"
+    path.write_text("".join(json.dumps(o) + "\n" for o in objs))
+    ft = FleetTrace.from_mooncake(read_bailian_trace(path), 16, 32)
+    assert ft.conversations.tolist() == [i % 3 for i in range(24)]
+    assert ft.trace.tags == tuple(f"text/{i // 3 + 1}" for i in range(24))  # as the single-node replay's
+    got = replay_fleet(ft, "session", 3, "lru", 20, window_s=WINDOW)
+    owners = {conv: {int(got.replica[r]) for r in range(conv, 24, 3)} for conv in range(3)}
+    assert all(len(reps) == 1 for reps in owners.values())
+    assert len(set().union(*owners.values())) == 3  # the three conversations spread over the replicas
+    routed, hits = reference_fleet(ft, "session", 3, 20, 0, 0)
+    assert got.replica.tolist() == routed and got.hits.tolist() == hits
 
 
 def test_bad_routing_and_replicas_are_refused(tmp_path: Path) -> None:

@@ -17,49 +17,23 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 from redis.crc import key_slot
 
-from kvoffload.testing.redis_server import RedisCluster3, RedisServer
+from kvoffload.testing.redis_server import RedisCluster3
 from kvoffload.testing.tier_steps import run_job
 from kvoffload.tiers import RedisTier
 from tests.tiers.cluster_engine import PER_STEP, RB, record_of, step_keys
-from tests.tiers.conftest import NS, require_redis
+from tests.tiers.conftest import NS, graceful_failover, served_slots, within
 from tests.tiers.scenario_report import report
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTLED = 1.0  # seconds after an event's end from which every store must land
 AFTER_STEPS = 10  # steps each engine makes after SETTLED before it is stopped
 EVENT_TIMEOUT = 60.0  # a loaded machine's cluster elects and gossips slowly
-
-
-def _replicas_ready(cl: RedisCluster3) -> bool:
-    """Every replica in sync with its master, and every node's view lists the three replicas."""
-    infos = [n.cli("info", "replication") for n in cl.nodes]
-    if any("role:slave" in i and "master_link_status:up" not in i for i in infos):
-        return False
-    for n in cl.nodes:
-        rows = [line.split() for line in n.cli("cluster", "nodes").splitlines()]
-        masters = {f[0] for f in rows if len(f) > 3 and "master" in f[2]}
-        if sum("slave" in f[2] and "fail" not in f[2] and f[3] in masters for f in rows if len(f) > 3) != 3:
-            return False
-    return True
-
-
-@pytest.fixture
-def cluster6(tmp_path: Path) -> Iterator[RedisCluster3]:
-    """3 masters with one replica each, replicas in sync and known to every node."""
-    require_redis()
-    cl = RedisCluster3(tmp_path / "cluster", maxmemory="64mb", replicas=1).start()
-    try:
-        assert _within(lambda: _replicas_ready(cl), EVENT_TIMEOUT), "replicas did not sync"
-        yield cl
-    finally:
-        cl.stop()
 
 
 def _steps_since(out: Path, since: float) -> int:
@@ -140,24 +114,8 @@ def _check(name: str, cl: RedisCluster3, results: list[dict]) -> dict[str, int]:
     return counters
 
 
-def _within(cond: Callable[[], bool], timeout: float) -> bool:
-    """Whether ``cond()`` holds within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def _until(cond: Callable[[], bool], timeout: float = EVENT_TIMEOUT) -> None:
-    assert _within(cond, timeout), "the event did not complete"
-
-
-def _served(node: RedisServer) -> list[range]:
-    """The slots ``node`` serves (stable ranges, not those migrating), as it sees itself."""
-    mine = next(line for line in node.cli("cluster", "nodes").splitlines() if "myself" in line).split()[8:]
-    return [range(int(r.split("-")[0]), int(r.split("-")[-1]) + 1) for r in mine if "[" not in r]
+    assert within(cond, timeout), "the event did not complete"
 
 
 def _master_and_replica(cl: RedisCluster3) -> tuple[int, str, int]:
@@ -179,7 +137,7 @@ def test_master_sigkill_and_promotion_two_engines(cluster6: RedisCluster3, tmp_p
 
 def test_graceful_failover_two_engines(cluster6: RedisCluster3, tmp_path: Path) -> None:
     port, _, replica = _master_and_replica(cluster6)
-    served = _served(cluster6.node(port))
+    served = served_slots(cluster6.node(port))
     recs = np.zeros((2 * PER_STEP, RB), dtype=np.uint8)
     # a client whose slot map predates the failover: the old master's keys go to it, and the
     # engines may learn the new map from a refused write before they ever meet a MOVED
@@ -189,20 +147,8 @@ def test_graceful_failover_two_engines(cluster6: RedisCluster3, tmp_path: Path) 
     for i, k in enumerate(keys):
         recs[i] = record_of(k)
 
-    def promoted() -> bool:
-        return replica in cluster6.masters() and port not in cluster6.masters()
-
     def failover() -> None:
-        # the replica gives up a manual failover the old master does not complete within 5 s (a
-        # loaded machine): an operator asks again
-        deadline = time.monotonic() + EVENT_TIMEOUT
-        while True:
-            if "role:slave" in cluster6.node(replica).cli("info", "replication"):
-                cluster6.node(replica).cli("cluster", "failover")
-            if _within(promoted, 6.0):
-                break
-            assert time.monotonic() < deadline, "the failover did not complete"
-        cluster6.wait_ok(EVENT_TIMEOUT)
+        graceful_failover(cluster6, replica, port, EVENT_TIMEOUT)
 
     try:
         assert stale.contains(keys) == [False] * PER_STEP  # its slot map: the old master's
@@ -240,7 +186,7 @@ def test_half_migrated_slot_asks_and_nothing_is_lost(cluster6: RedisCluster3) ->
     a, b = cluster6.node(a_port), cluster6.node(b_port)
     recs = np.zeros((32, RB), dtype=np.uint8)
     # keys with one hash tag share a slot; pick a tag whose slot node A serves
-    served = _served(a)
+    served = served_slots(a)
     tag = next(t for t in range(10000) if any(key_slot(f"{{t{t}}}".encode()) in r for r in served))
     keys = [f"{{t{tag}}}old-{j}".encode() for j in range(8)]
     new_keys = [f"{{t{tag}}}new-{j}".encode() for j in range(4)]

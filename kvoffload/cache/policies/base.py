@@ -59,6 +59,13 @@ class CachePolicy(ABC):
     it annotates its arguments :data:`Slots`. A new policy need not: with ``takes_lists = False``
     (the default) it only ever sees arrays.
 
+    Workload tags: a policy whose class sets ``uses_workload = True`` reads :attr:`workload`, which
+    the manager sets to the tag of the request (:func:`~kvoffload.core.base.workload_tag` of its
+    context: ``ReqContext.workload`` or vLLM's ``kv_transfer_params["kv_workload"]``; None when it
+    has none) before every :meth:`insert`, :meth:`touch`, :meth:`evict` and
+    :meth:`on_request_finished` made on that request's behalf. Other policies are never told
+    (the manager tests one flag per call) and implement nothing.
+
     Args:
         capacity: number of slots (``table.num_blocks``).
         table: the manager's slot table (read ``ref``/``keys`` from it; never mutate it).
@@ -68,6 +75,10 @@ class CachePolicy(ABC):
     name: str = ""
     #: whether the methods also take plain lists for small calls (see the class docstring)
     takes_lists: bool = False
+    #: whether the manager sets :attr:`workload` before each call (see the class docstring)
+    uses_workload: bool = False
+    #: the current request's workload tag (only maintained when ``uses_workload``)
+    workload: str | None = None
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         self.capacity = capacity
@@ -104,7 +115,7 @@ class CachePolicy(ABC):
         ``inserted_only[i]`` / ``reused[i]`` (bools): the request only stored the key /
         read a ready copy of it. The default treats every key as touched.
         """
-        self.touch(keys, slots)
+        self.touch(keys, slots, unique=True)
 
     @abstractmethod
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:

@@ -33,6 +33,9 @@ __all__ = ["WAYS", "GhostKeys"]
 WAYS = 16
 
 
+_NEXT = ((np.arange(WAYS) + 1) % WAYS).astype(np.uint8)  # a bucket's next cursor
+
+
 class GhostKeys:
     """The fingerprints of the last ``size`` keys added (module docstring).
 
@@ -46,20 +49,22 @@ class GhostKeys:
         self.mask = self.buckets - 1
         # written now (np.full, not np.zeros' lazily mapped pages): the first evictions after start
         # would otherwise pay a page fault per bucket row they reach (~1 us each, at every capacity)
-        self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)
-        self.seq = np.full((self.buckets, WAYS), 0, dtype=np.uint32)
+        self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # f | 1 per entry (0: empty)
+        self.seq = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # its sequence number
         self.cursor = np.full(self.buckets, 0, dtype=np.uint8)
         self.added = 0  # sequence number of the next key (mod 2**32)
+        self._steps = np.zeros(0, dtype=np.uint32)  # 0, 1, 2, ... (grown on demand)
 
-    def contains_pop(self, fp: np.ndarray) -> np.ndarray:
-        """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied."""
+    def contains_pop(self, fp: np.ndarray) -> np.ndarray | None:
+        """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied. None: none is."""
         b = fp & np.uint32(self.mask)
-        match = self.fp[b] == (fp | np.uint32(1))[:, None]
-        rows, ways = match.nonzero()
+        rows, ways = (self.fp[b] == (fp | np.uint32(1))[:, None]).nonzero()
         if len(rows) == 0:
-            return np.zeros(len(fp), dtype=bool)
+            return None
         live = (np.uint32(self.added) - self.seq[b[rows], ways]) <= np.uint32(self.size)  # among the last size
         rows, ways = rows[live], ways[live]
+        if len(rows) == 0:
+            return None
         rows, first = np.unique(rows, return_index=True)  # the first matching entry of each key
         self.fp[b[rows], ways[first]] = 0
         hit = np.zeros(len(fp), dtype=bool)
@@ -71,28 +76,29 @@ class GhostKeys:
         k = len(fp)
         if k == 0:
             return
-        b = fp & np.uint32(self.mask)
-        seq = np.arange(self.added, self.added + k, dtype=np.uint64).astype(np.uint32)  # mod 2**32
+        if len(self._steps) < k:
+            self._steps = np.arange(max(k, 256), dtype=np.uint32)
+        seq = self._steps[:k] + np.uint32(self.added)  # mod 2**32
         self.added = (self.added + k) & 0xFFFFFFFF
-        way = self.cursor[b]
         val = fp | np.uint32(1)
+        b = fp & np.uint32(self.mask)
+        way = self.cursor[b]
         self.fp[b, way] = val
         self.seq[b, way] = seq
-        ok = self.seq[b, way] == seq
-        if ok.all():  # one key per bucket (the common case): done
-            self.cursor[b] = (way + 1) % WAYS
-            return
-        # keys sharing a bucket: write those again one by one, in order (each at its bucket's cursor)
-        dup = (b[:, None] == b[~ok]).any(axis=1)
-        single = ~dup
-        self.cursor[b[single]] = (way[single] + 1) % WAYS
-        fps, seqs, cursor = self.fp, self.seq, self.cursor
-        idx = np.flatnonzero(dup)
-        for bi, v, q in zip(b[idx].tolist(), val[idx].tolist(), seq[idx].tolist(), strict=True):
-            c = int(cursor[bi])
-            fps[bi, c] = v
-            seqs[bi, c] = q
-            cursor[bi] = (c + 1) % WAYS
+        self.cursor[b] = _NEXT[way]
+        lost = self.seq[b, way] != seq
+        if lost.any():  # keys sharing a bucket: write those again one by one, in order
+            clash = np.flatnonzero((b[:, None] == b[lost]).any(axis=1))
+            fps, seqs = self.fp, self.seq
+            nxt: dict[int, int] = {}
+            rows = zip(b[clash].tolist(), way[clash].tolist(), val[clash].tolist(), seq[clash].tolist(), strict=True)
+            for bi, c, v, q in rows:
+                c = nxt.get(bi, c)
+                fps[bi, c] = v
+                seqs[bi, c] = q
+                nxt[bi] = (c + 1) % WAYS
+            for bi, c in nxt.items():
+                self.cursor[bi] = c
 
     def clear(self) -> None:
         self.fp[:] = 0

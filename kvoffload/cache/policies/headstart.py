@@ -28,17 +28,24 @@ Rules (the reference model in the tests implements exactly these):
 * evict ``n``: repeatedly, of the oldest evictable, unprotected block of each list, the
   first-sight one goes if there is no seen one or its stamp ``<=`` the seen one's stamp ``+ H``,
   else the seen one. The victim's key enters the ghost history.
+* workload tags (``uses_workload``): once a request has carried a tag,
+  :class:`~kvoffload.cache.policies.headstart_tags.TagClasses` counts per tag how often the blocks
+  its requests placed are read again (inserts label blocks, reads count and relabel them, evictions
+  count); an insert by a request whose tag is *hot* puts every inserted block on the seen list.
+  Without tags nothing changes and nothing is kept.
 * ghost history: :class:`~kvoffload.cache.policies.ghost.GhostKeys` of about ``4 * capacity`` key
   fingerprints (``headstart_tuner.fingerprints``), victims added in eviction order; a key found
   there on insert leaves it. ``H`` is the tuner's ``head_start``.
 
 Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + ``uint32``
 fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
-keys (64 to 129 B): 101 to 166 bytes, plus the tuner's small caches (four of at most 128 blocks
-with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch or insert is O(keys)
-numpy work (a CRC-32 per inserted key); evicting ``n`` blocks peeks at ``n`` candidates of each
-list and takes the victims (O(n) amortised); the tuner does Python work for a fraction
-``min(1, 128 / capacity)`` of the accesses (its sample).
+keys (64 to 129 B) + a ``uint8`` tag label: 102 to 167 bytes, plus 4 KB of tag counts and the
+tuner's small caches (four of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever
+the capacity). Cost: a touch or insert is O(keys)
+numpy work (a CRC-32 per inserted key); evicting ``n`` blocks takes the first-sight blocks up to
+the seen list's oldest candidate in one scan (usually all ``n``), then the two lists in turn
+(O(n) amortised); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of the
+accesses (its sample).
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import numpy as np
 from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.policies.ghost import GhostKeys
+from kvoffload.cache.policies.headstart_tags import TagClasses
 from kvoffload.cache.policies.headstart_tuner import HeadStartTuner, fingerprints
 from kvoffload.cache.policies.lru import first_occurrences
 from kvoffload.cache.policies.order import SlotOrder
@@ -69,6 +77,7 @@ class HeadStartPolicy(CachePolicy):
     """Two LRU lists, first sight and seen, with an adaptive head start (module docstring)."""
 
     name = "headstart"
+    uses_workload = True
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         super().__init__(capacity, table)
@@ -80,6 +89,7 @@ class HeadStartPolicy(CachePolicy):
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
         self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
         self.tuner = HeadStartTuner(max(1, capacity))
+        self.tags = TagClasses(capacity)
         self.clock = 0
 
     @property
@@ -97,11 +107,17 @@ class HeadStartPolicy(CachePolicy):
         hit = self.ghost.contains_pop(fp)
         self.stamp[slots] = np.arange(self.clock, self.clock + k, dtype=np.int64)
         self.clock += k
-        if hit.any():
+        if self.workload is not None or self.tags.ids:  # tagged requests (headstart_tags.py)
+            t = self.tags.class_of(self.workload)
+            self.tags.label[slots] = t
+            if self.tags.hot(t):
+                self.seen.push_back(slots, fresh=True)
+                return
+        if hit is None:
+            self.new.push_back(slots, fresh=True)
+        else:
             self.new.push_back(slots[~hit], fresh=True)
             self.seen.push_back(slots[hit], fresh=True)
-        else:
-            self.new.push_back(slots, fresh=True)
 
     def remove(self, slots: np.ndarray) -> None:
         self.new.discard(slots)
@@ -112,6 +128,8 @@ class HeadStartPolicy(CachePolicy):
         if len(present):
             if not unique:
                 present = first_occurrences(present)
+            if self.workload is not None or self.tags.ids:
+                self.tags.read(present, self.tags.class_of(self.workload))
             self.tuner.observe(self.fp[present])
             self._to_seen(present[::-1])
 
@@ -133,6 +151,8 @@ class HeadStartPolicy(CachePolicy):
             idx = idx[np.sort(at)]
             present = slots[idx]
         own = inserted_only[idx]
+        if self.workload is not None or self.tags.ids:
+            self.tags.read(present[~own], self.tags.class_of(self.workload))
         self.tuner.observe(self.fp[present[~own]])
         rev = present[::-1]
         keep_new = own[::-1] & (self.member[rev] == _NEW)
@@ -147,38 +167,48 @@ class HeadStartPolicy(CachePolicy):
         self.seen.on_evictable(slots)
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        ref, mark, h = self.table.ref, self.table.prot_mark, self.tuner.head_start
+        ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
         b = self.seen.peek(1, ref, protected, mark)
-        # the common case, every victim from the first-sight list: one take, no second scan
-        a = self.new.take(n, ref, protected, mark)
-        if len(a) == n and (len(b) == 0 or self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
+        # the first-sight blocks that go before the seen list's oldest (both lists' stamps only grow
+        # from old to new, so one limited take finds them); usually that is every victim
+        a = self.new.take(n, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
+        if len(a) == n:
             self.new.discard(a)
             self.ghost.add(self.fp[a])
+            if self.tags.ids:
+                self.tags.gone(a)
             return a
-        self.new.on_evictable(a)  # give them back (order unchanged), then choose as below
-        a = self.new.peek(n, ref, protected, mark)
-        b = self.seen.peek(1, ref, protected, mark)  # usually enough: the seen list's oldest
-        if len(b) and not (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
-            b = self.seen.peek(n, ref, protected, mark)
-        if len(a) + len(b) < n:
-            return None
-        if len(b) == 0 or (len(a) >= n and self.stamp[a[n - 1]] <= self.stamp[b[0]] + h):
-            victims = a[:n]
-            na = n
-        elif len(b) >= n and (len(a) == 0 or self.stamp[a[0]] > self.stamp[b[n - 1]] + h):
-            victims = b[:n]
-            na = 0
-        else:  # merge the two lists' candidates (each oldest first): ties go to the first-sight block
-            both = np.concatenate((a, b))
-            rank = np.concatenate((self.stamp[a], self.stamp[b] + h))
-            victims = both[np.argsort(rank, kind="stable")[:n]]
-            na = int(np.count_nonzero(self.member[victims] == _NEW))
-        if na:
-            self.new.discard(self.new.take(na, ref, protected, mark))
-        if na < n:
-            self.seen.discard(self.seen.take(n - na, ref, protected, mark))
-        self.ghost.add(self.fp[victims])
-        return victims
+        return self._evict_merged(n, a, h, protected)
+
+    def _evict_merged(self, n: int, a: np.ndarray, h: int, protected: np.ndarray) -> np.ndarray | None:
+        """:meth:`evict` once a seen block comes next: takes from the two lists in turn, each up to
+        the other's oldest candidate (ties go to the first-sight block), until ``n`` are taken."""
+        ref, mark, stamp = self.table.ref, self.table.prot_mark, self.stamp
+        new_parts, seen_parts, victims = [a], [], [a]
+        need = n - len(a)
+        while need:
+            nxt = self.new.peek(1, ref, protected, mark)
+            s = self.seen.take(need, ref, protected, mark, stamp, int(stamp[nxt[0]]) - h - 1 if len(nxt) else None)
+            seen_parts.append(s)
+            victims.append(s)
+            need -= len(s)
+            if need and len(nxt) == 0:  # both lists exhausted: give everything back
+                self.new.on_evictable(np.concatenate(new_parts))
+                self.seen.on_evictable(np.concatenate(seen_parts))
+                return None
+            if need:
+                b = self.seen.peek(1, ref, protected, mark)
+                a = self.new.take(need, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
+                new_parts.append(a)
+                victims.append(a)
+                need -= len(a)
+        self.new.discard(np.concatenate(new_parts))
+        self.seen.discard(np.concatenate(seen_parts))
+        out = np.concatenate(victims)
+        self.ghost.add(self.fp[out])
+        if self.tags.ids:
+            self.tags.gone(out)
+        return out
 
     def clear(self) -> None:
         self.member[:] = 0
@@ -186,6 +216,7 @@ class HeadStartPolicy(CachePolicy):
         self.seen.clear()
         self.ghost.clear()
         self.tuner.clear()
+        self.tags.clear()
         self.clock = 0
 
     def ordered_slots(self) -> tuple[list[int], list[int]]:
@@ -201,4 +232,5 @@ class HeadStartPolicy(CachePolicy):
             + self.new.buf.nbytes
             + self.seen.buf.nbytes
             + self.ghost.nbytes()
+            + self.tags.nbytes()
         )

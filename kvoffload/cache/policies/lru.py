@@ -62,7 +62,10 @@ class LRUPolicy(CachePolicy):
     def touch(self, keys: Sequence[bytes], slots: Slots, unique: bool = False) -> None:
         if isinstance(slots, list):
             seen: set[int] = set()
-            few = [s for s in slots if s >= 0 and not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
+            if unique:
+                few = [s for s in slots if s >= 0]
+            else:
+                few = [s for s in slots if s >= 0 and not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
             few.reverse()
             self.order.push_back(few, members=True)
             return
@@ -81,7 +84,7 @@ class LRUPolicy(CachePolicy):
         if len(victims) < n:
             self.order.on_evictable(victims)
             return None
-        self.order.discard(victims)
+        self.order.discard(victims, members=True)
         return victims  # type: ignore[no-any-return]
 
     def clear(self) -> None:

@@ -134,8 +134,13 @@ class SlotOrder:
             self.member[slots] = self.lid
         self.tail = t + k
 
-    def discard(self, slots: np.ndarray | list[int]) -> None:
-        """Remove distinct ``slots`` that are in this list (others are ignored)."""
+    def discard(self, slots: np.ndarray | list[int], members: bool = False) -> None:
+        """Remove distinct ``slots`` that are in this list (others are ignored; ``members``: all are
+        in it, e.g. the slots :meth:`take` just returned)."""
+        if members and slots.__class__ is not list:
+            self.member[slots] = 0
+            self.size -= len(slots)
+            return
         if slots.__class__ is list:
             member, lid = self._mm, self.lid
             for s in slots:
@@ -172,7 +177,15 @@ class SlotOrder:
                 self._pushed[s] = ps
                 heapq.heappush(self._heap, (ps, s))
 
-    def take(self, k: int, ref: np.ndarray | array, protected: Any, prot_mark: np.ndarray) -> Any:
+    def take(
+        self,
+        k: int,
+        ref: np.ndarray | array,
+        protected: Any,
+        prot_mark: np.ndarray,
+        stamps: np.ndarray | None = None,
+        limit: int | None = None,
+    ) -> Any:
         """The next (up to) ``k`` evictable slots in list order, oldest first.
 
         Evictable: ``ref[s] == 0`` (ready, not pinned) and ``s`` not in ``protected``
@@ -184,9 +197,13 @@ class SlotOrder:
         ``protected`` a ``list`` (a small call): the answer is a list, found entry by entry for
         a bounded number of steps (then the vectorised scan goes on); ``ref`` may then be any
         ``int32`` buffer (``array('i')``). Else ``int64`` arrays in and out.
+
+        ``stamps`` and ``limit`` (arrays only): stop at the first evictable, unprotected slot whose
+        ``stamps[s] > limit`` (it is not taken); the caller promises that stamps never decrease
+        along the list, so no later slot could be taken either.
         """
         if protected.__class__ is not list:
-            return self._take_array(k, ref, protected, prot_mark)  # type: ignore[arg-type]
+            return self._take_array(k, ref, protected, prot_mark, stamps, limit)  # type: ignore[arg-type]
         if k <= 0:
             return []
         ref_s = ref.data if isinstance(ref, np.ndarray) else ref
@@ -241,7 +258,15 @@ class SlotOrder:
         return parked.tolist() + cur.tolist()
 
     # ------------------------------------------------------------------ eviction scan
-    def _take_array(self, k: int, ref: np.ndarray, protected: np.ndarray, prot_mark: np.ndarray) -> np.ndarray:
+    def _take_array(
+        self,
+        k: int,
+        ref: np.ndarray,
+        protected: np.ndarray,
+        prot_mark: np.ndarray,
+        stamps: np.ndarray | None = None,
+        limit: int | None = None,
+    ) -> np.ndarray:
         """:meth:`take` with arrays."""
         if k <= 0:
             return _EMPTY_I64
@@ -250,6 +275,8 @@ class SlotOrder:
         heap = self._heap
         member, pos, lid = self.member, self.pos, self.lid
         has_prot = len(protected) > 0
+        limited = stamps is not None and limit is not None
+        stopped = False
         while heap and len(out) < k:
             ps, s = heapq.heappop(heap)
             if self._pushed.get(s) == ps:
@@ -261,10 +288,14 @@ class SlotOrder:
             if has_prot and prot_mark[s]:
                 deferred.append((ps, s))
                 continue
+            if limited and stamps[s] > limit:  # type: ignore[index,operator]
+                deferred.append((ps, s))  # back on the heap, untaken; nothing later qualifies
+                stopped = True
+                break
             out.append(s)
         taken = np.array(out, dtype=np.int64) if out else _EMPTY_I64
         chunks = [taken]
-        need = k - len(out)
+        need = 0 if stopped else k - len(out)
         while need > 0 and self.head < self.tail:
             h = self.head
             end = min(self.tail, h + need + max(64, need // 4))
@@ -279,7 +310,14 @@ class SlotOrder:
                 prot = None
                 cand = ev
             idx = cand.nonzero()[0]
-            if len(idx) >= need:
+            over = len(idx)
+            if limited and over:
+                over = int(np.searchsorted(stamps[seg[idx]], limit, side="right"))  # type: ignore[index,call-overload]
+            if over < min(len(idx), need):  # the first slot past the limit ends the scan, untaken
+                consumed = int(idx[over])
+                idx = idx[:over]
+                stopped = True
+            elif len(idx) >= need:
                 idx = idx[:need]
                 consumed = int(idx[-1]) + 1
             else:
@@ -289,7 +327,7 @@ class SlotOrder:
                 for s in seg[pe].tolist():
                     deferred.append((int(pos[s]), s))
             chunks.append(seg[idx])
-            need -= len(idx)
+            need = 0 if stopped else need - len(idx)
             self.head = h + consumed
         for ps, s in deferred:
             if self._pushed.get(s) != ps:

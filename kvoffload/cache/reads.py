@@ -1,0 +1,181 @@
+"""The read side of :class:`~kvoffload.cache.manager.CPUOffloadingManager`: lookups (a per-key
+closure, batch answers as :class:`~kvoffload.core.lookup_code.LookupCode` values) and loads (pin
+ready blocks, unpin them; a block unpinned to zero is evictable again). Slots come resolved by the
+manager: a list (a few keys: scalar code) or an ``int64`` array (numpy operations)."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvoffload.cache.batch import Resolved
+from kvoffload.cache.keytable import PENDING, SlotTable
+from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.stats import OffloadingStats
+from kvoffload.core.base import CPULoadStoreSpec, OffloadKey, ReqContext, check_req_context, validate_keys
+from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.errors import KeyStateError
+
+__all__ = ["LOOKUP_CODES", "Loads", "lookup_codes", "make_lookup"]
+
+#: lookup code by slot class (0 absent, 1 unused, 2 pending, 3 ready)
+LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], dtype=np.int8)
+
+
+def make_lookup(
+    index: dict[bytes, int],
+    ref: array,
+    counters: OffloadingStats,
+    answers: tuple[Any, Any, Any] = (True, False, None),
+    context_cls: type = ReqContext,
+    count: Callable[[tuple[OffloadKey], str], None] | None = None,
+) -> Callable[[OffloadKey, Any], Any]:
+    """A ``lookup(key, req_context)`` closure (:meth:`CPUOffloadingManager.lookup`'s contract;
+    closure cells make a miss cost a ``dict.get`` and one call) answering ``answers`` for a ready,
+    an absent and a pending key; ``context_cls`` contexts pass unchecked; ``count``: called with
+    each answered key and the request id (a reuse filter counting lookups), or None."""
+    get = index.get
+    hit, miss, pending = answers
+
+    def lookup(key: OffloadKey, req_context: Any) -> Any:
+        if req_context.__class__ is not context_cls:
+            check_req_context(req_context)
+        if count is not None:
+            if key.__class__ is not bytes:
+                validate_keys([key], "key")
+            out = counted(key, req_context)  # type: ignore[misc]
+            count((key,), req_context.req_id)
+            return out
+        try:
+            s = get(key)
+        except TypeError:  # unhashable
+            validate_keys([key], "key")
+            raise
+        if s is None:
+            if key.__class__ is not bytes:
+                validate_keys([key], "key")
+            counters.misses += 1
+            return miss
+        if ref[s] >= 0:
+            counters.hits += 1
+            return hit
+        counters.pending_hits += 1
+        return pending
+
+    counted = make_lookup(index, ref, counters, answers, context_cls) if count is not None else None
+    return lookup
+
+
+def lookup_codes(
+    table: SlotTable, counters: OffloadingStats | None, small: list[int] | None, r: Resolved | None
+) -> np.ndarray:
+    """``np.int8`` code per key from the keys' ``small`` slots (a few keys) or their resolved
+    batch ``r``; counted in ``counters`` unless None."""
+    if small is not None:
+        ref = table.ref_buf
+        codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
+        if counters is not None:
+            hits, pend = codes.count(LOOKUP_HIT), codes.count(LOOKUP_PENDING)
+            counters.hits += hits
+            counters.pending_hits += pend
+            counters.misses += len(codes) - hits - pend
+        return np.array(codes, dtype=np.int8)
+    assert r is not None
+    if not r.keys:
+        return np.zeros(0, dtype=np.int8)
+    st = table.ref[r.slots] if table.num_blocks else np.zeros(len(r.slots), dtype=np.int32)
+    np.minimum(st, 0, out=st)  # class: 3 ready, 2 pending (a present key is never FREE), 0 absent
+    st += 3
+    st[r.slots < 0] = 0
+    if counters is not None:
+        counts = np.bincount(st, minlength=4)
+        counters.hits += int(counts[3])
+        counters.pending_hits += int(counts[2])
+        counters.misses += int(counts[0])
+    return LOOKUP_CODES[st]  # type: ignore[no-any-return]
+
+
+class Loads:
+    """Pin and unpin steps over the manager's ``table``, ``policy`` and ``counters``."""
+
+    def __init__(self, table: SlotTable, policy: CachePolicy, counters: OffloadingStats) -> None:
+        self.table = table
+        self.policy = policy
+        self.counters = counters
+
+    def _pinned(self, newly: int, n: int) -> None:
+        t = self.table
+        t.num_evictable -= newly
+        t.num_pinned += newly
+        self.counters.loads += n
+
+    def prepare(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray) -> CPULoadStoreSpec:
+        """Pin the distinct ``keys`` (slots ``slots``); :class:`KeyStateError` if one is absent or
+        pending (nothing pinned then)."""
+        if slots.__class__ is list:
+            ref = self.table.ref_buf
+            if not slots or (min(slots) >= 0 and min(map(ref.__getitem__, slots)) >= 0):  # C-level passes
+                newly = 0
+                for s in slots:
+                    r = ref[s]
+                    newly += r == 0
+                    ref[s] = r + 1
+                self._pinned(newly, len(slots))
+                return CPULoadStoreSpec(slots)
+            slots = np.array(slots, dtype=np.int64)  # the array path names the bad key
+        assert isinstance(slots, np.ndarray)
+        if len(slots):
+            if int(slots.min()) < 0:
+                i = int(np.argmax(slots < 0))  # type: ignore[operator]
+                raise KeyStateError(f"prepare_load: keys[{i}] {keys[i]!r} is not stored")
+            states = self.table.ref[slots]
+            if int(states.min()) < 0:
+                i = int(np.argmax(states < 0))
+                raise KeyStateError(f"prepare_load: keys[{i}] {keys[i]!r} is not ready (its store is in flight)")
+            self._pinned(int(np.count_nonzero(states == 0)), len(slots))
+            self.table.ref[slots] = states + 1
+        return CPULoadStoreSpec(slots)
+
+    def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, unique: bool) -> None:
+        """Unpin ``keys`` once per occurrence (repeats allowed unless ``unique``);
+        :class:`KeyStateError` if one is absent, pending or not pinned that often (nothing unpinned)."""
+        t = self.table
+        if slots.__class__ is list:
+            ref = t.ref_buf
+            if not slots:
+                return
+            if len(set(slots)) == len(slots) and min(slots) >= 0 and min(map(ref.__getitem__, slots)) >= 1:
+                freed = []
+                for s in slots:
+                    r = ref[s] - 1
+                    ref[s] = r
+                    if r == 0:
+                        freed.append(s)
+                if freed:
+                    self._pinned(-len(freed), 0)
+                    self.policy.on_evictable(freed if self.policy.takes_lists else np.array(freed, dtype=np.int64))  # type: ignore[arg-type]
+                return
+            slots, unique = np.array(slots, dtype=np.int64), False  # repeats, or the array path names the bad key
+        assert isinstance(slots, np.ndarray)
+        if len(slots) == 0:
+            return
+        if int(slots.min()) < 0:
+            i = int(np.argmax(slots < 0))  # type: ignore[operator]
+            raise KeyStateError(f"complete_load: keys[{i}] {keys[i]!r} is not stored")
+        uniq, cnt = (slots, None) if unique else np.unique(slots, return_counts=True)
+        states = t.ref[uniq]
+        bad = states < (1 if cnt is None else cnt)
+        if bad.any():
+            j = int(np.argmax(bad))
+            what = "pending" if states[j] == PENDING else f"pinned {int(states[j])} time(s)"
+            c = 1 if cnt is None else int(cnt[j])
+            raise KeyStateError(f"complete_load: key {t.keys[int(uniq[j])]!r} is {what}, cannot unpin it {c} time(s)")
+        states -= 1 if cnt is None else cnt.astype(np.int32)
+        t.ref[uniq] = states
+        freed_a = uniq[states == 0]  # type: ignore[index]
+        if len(freed_a):
+            self._pinned(-len(freed_a), 0)
+            self.policy.on_evictable(freed_a)
