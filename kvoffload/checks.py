@@ -59,6 +59,8 @@ def check_int_array(values: object, name: str) -> np.ndarray:
     """
     if isinstance(values, np.ndarray):
         arr = values
+        if arr.dtype == np.int64 and arr.ndim == 1:  # the common case, no dtype walk
+            return arr
         if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
             raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")
         if arr.ndim != 1:

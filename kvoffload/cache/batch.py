@@ -55,13 +55,12 @@ class KeyBatch(list):  # type: ignore[type-arg]
     resolved at. A manager takes the slots of a *current* batch (same table and epoch) as they
     are; any other batch is just a list of keys."""
 
-    __slots__ = ("slots", "unique", "owner", "epoch", "_presence")
+    __slots__ = ("slots", "unique", "owner", "epoch")
 
     slots: list[int]
     unique: bool
     owner: SlotTable
     epoch: int
-    _presence: tuple[list[OffloadKey], list[int]]
 
     def select(self, keep: list[bool]) -> KeyBatch:
         """The keys whose ``keep`` flag is set, in order, with their slots."""
@@ -69,16 +68,6 @@ class KeyBatch(list):  # type: ignore[type-arg]
         out.slots = [s for s, f in zip(self.slots, keep, strict=True) if f]
         out.unique, out.owner, out.epoch = self.unique, self.owner, self.epoch
         return out
-
-    def presence(self) -> tuple[list[OffloadKey], list[int]]:
-        """``(absent keys, slots of the present keys)`` in batch order (computed once)."""
-        try:
-            return self._presence
-        except AttributeError:
-            slots = self.slots
-            got = ([k for k, s in zip(self, slots, strict=True) if s < 0], [s for s in slots if s >= 0])
-            self._presence = got
-            return got
 
 
 class StorePlan(NamedTuple):

@@ -237,7 +237,7 @@ class CPUOffloadingManager(OffloadingManager):
         batch = self.key_batch(keys, dedup=False)
         if not batch.unique:
             validate_keys(list(batch), "keys", allow_duplicates=False)  # raises: repeated keys
-        absent, _ = batch.presence()
+        absent = [k for k, s in zip(batch, batch.slots, strict=True) if s < 0]
         req_id = req_context.req_id
         candidates = absent if self._reuse is None else self._reuse.admit(batch, absent, req_id)
         st = self._requests.offer(req_id, batch, candidates) if self._requests is not None else None

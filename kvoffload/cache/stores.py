@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
+from kvoffload.cache.batch import Resolved, StorePlan
 from kvoffload.cache.keytable import PENDING, SlotTable
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import OffloadingStats
@@ -41,12 +41,8 @@ class Stores:
         resolved keys of an array (the memo learns the new slots)."""
         protected: list[int] | np.ndarray
         if slots.__class__ is list:
-            if keys.__class__ is KeyBatch:
-                to_store, protected = keys.presence()  # type: ignore[attr-defined]
-                to_store = list(to_store)  # the plan's own list
-            else:
-                to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
-                protected = [s for s in slots if s >= 0]
+            to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
+            protected = [s for s in slots if s >= 0]
             positions = None
         else:
             absent_mask = slots < 0  # type: ignore[operator]

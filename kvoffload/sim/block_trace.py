@@ -96,8 +96,9 @@ class BlockTrace:
             return [make_offload_key(piece_hash(p), 0) for p in uniq.tolist()]
 
         bt = cls._from_flat(block_tokens, flat, lens, prompt, keys_of)
-        if requests and all(isinstance(r, BailianRequest) for r in requests):
-            bt = replace(bt, tags=tuple(r.tag for r in requests))  # type: ignore[attr-defined]
+        tagged = [r for r in requests if isinstance(r, BailianRequest)]
+        if requests and len(tagged) == len(requests):
+            bt = replace(bt, tags=tuple(r.tag for r in tagged))
         return bt
 
     @classmethod

@@ -60,9 +60,9 @@ class FleetTrace:
         else from the ``hash_ids`` of each prompt's full trace blocks."""
         trace = BlockTrace.from_mooncake(requests, trace_block_tokens, block_tokens)
         arrival = np.fromiter((q.timestamp / 1000.0 for q in requests), dtype=np.float64, count=len(requests))
-        if requests and all(isinstance(q, BailianRequest) for q in requests):
-            chats = [q.chat_id for q in requests]  # type: ignore[attr-defined]
-            convs = chat_conversations(chats, [q.parent_chat_id for q in requests])  # type: ignore[attr-defined]
+        chats = [q for q in requests if isinstance(q, BailianRequest)]
+        if requests and len(chats) == len(requests):
+            convs = chat_conversations([q.chat_id for q in chats], [q.parent_chat_id for q in chats])
         else:
             convs = conversation_ids([q.hash_ids[: q.input_length // trace_block_tokens] for q in requests])
         return cls(trace, arrival, convs)

@@ -149,6 +149,22 @@ def test_headstart_learns_seen_before_from_finished_requests() -> None:
     assert e.worker.counts["loads"] == 1
 
 
+def test_a_kv_workload_tag_reaches_headstart() -> None:
+    """``kv_transfer_params["kv_workload"]`` of a vLLM request reaches the policy through kvoffload's
+    scheduler and manager: headstart counts the tags its requests carried, and an untagged request
+    adds none."""
+    e = Engine(extra(chunks=12, eviction_policy="headstart"))
+    shared = prompt(3, 3 * BLOCK_SIZE + 1)
+    for rid, tag in (("a", "text/1"), ("b", None), ("c", "text/2")):
+        e.add(rid, shared, 2, None if tag is None else {"kv_workload": tag})
+        e.run()
+        e.reset_gpu()
+    assert e.outputs["c"] == e.outputs["b"] == e.outputs["a"]
+    tags = e.manager.core.policy.tags
+    assert tags.ids == {"text/1": 1, "text/2": 2}
+    assert int(tags.reused[1:].sum()) >= 1  # c read blocks that a tagged request had placed
+
+
 def test_kv_page_size_changes_no_scheduling() -> None:
     """A 1-byte, 1-head, 1-channel KV page (bench_vllm's) schedules, stores and loads exactly as the
     default page (8x the bytes per channel, 8x the channels) under eviction pressure with 2-block

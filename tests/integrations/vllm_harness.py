@@ -235,11 +235,14 @@ class Engine:
     def worker(self) -> Any:
         return self.worker_connector.connector_worker.worker
 
-    def add(self, req_id: str, prompt: list[int], max_tokens: int = 3) -> Request:
+    def add(
+        self, req_id: str, prompt: list[int], max_tokens: int = 3, kv_transfer_params: dict[str, Any] | None = None
+    ) -> Request:
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
         req = Request(
             request_id=req_id,
             prompt_token_ids=list(prompt),
-            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra),
             pooling_params=None,
             block_hasher=self.hasher,
         )

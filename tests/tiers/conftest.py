@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
-from kvoffload.tiers import TierNamespace
+from kvoffload.tiers import Tier, TierNamespace
 from tests.redis_support import require_redis as _require_redis
 from tests.redis_support import server_of_its_own
 
@@ -120,3 +120,15 @@ def graceful_failover(cl: RedisCluster3, replica: int, master: int, timeout: flo
             break
         assert time.monotonic() < deadline, "the failover did not complete"
     cl.wait_ok(timeout)
+
+
+def removed_until(t: Tier, want: int, timeout: float = 10.0, quiet: float = 0.3) -> list[bytes]:
+    """The keys ``t.take_removed()`` reports until ``want`` have come (or ``timeout`` seconds),
+    then for ``quiet`` seconds more (nothing else may arrive)."""
+    out: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        out += t.take_removed()
+        time.sleep(0.02)
+    time.sleep(quiet)
+    return out + t.take_removed()

@@ -6,7 +6,6 @@ notifications are off is reported in the stats."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,22 +22,13 @@ from tests.tiers.conftest import (
     NS,
     graceful_failover,
     make_records,
+    removed_until,
     require_redis,
     served_slots,
     within,
 )
 
 RB = 256 << 10
-
-
-def _removed_until(t: RedisTier, want: int, timeout: float = 10.0, quiet: float = 0.3) -> list[bytes]:
-    out: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        out += t.take_removed()
-        time.sleep(0.02)
-    time.sleep(quiet)  # and nothing more arrives
-    return out + t.take_removed()
 
 
 def _notify(cl: RedisCluster3, setting: str = "Egex") -> None:
@@ -85,7 +75,7 @@ def test_every_key_a_master_evicts_yields_one_event_and_nothing_else(small_clust
             present |= {k[len(t.store_key(b"")) :] for k in held}
             evicted.append(int(info["evicted_keys"]))
         assert all(e > 0 for e in evicted) and 0 < len(present) < n
-        removed = _removed_until(t, n - len(present))
+        removed = removed_until(t, n - len(present))
         assert len(removed) == len(set(removed)) == sum(evicted)  # one event per eviction
         assert set(removed) == set(keys) - present  # exactly the evicted keys
         assert t.stats().removals == len(removed) and t.stats().removal_events_off == 0
@@ -93,7 +83,7 @@ def test_every_key_a_master_evicts_yields_one_event_and_nothing_else(small_clust
         keep = sorted(present)[0]
         assert settle(t, [keep])[0] == LOOKUP_HIT
         redis.RedisCluster(host="127.0.0.1", port=cl.nodes[0].port).delete(t.store_key(keep))
-        assert _removed_until(t, 1) == [keep]
+        assert removed_until(t, 1) == [keep]
         assert t.lookup([keep])[0] == LOOKUP_MISS
 
 
@@ -114,14 +104,14 @@ def test_failover_reshard_and_replicas_follow_the_slot_map(cluster6: RedisCluste
         on_replica.execute_command("READONLY")
         assert within(lambda: on_replica.exists(t.store_key(keys[0])) == 1)  # replicated
         client.delete(t.store_key(keys[0]))  # the replica repeats the deletion: still one event
-        assert _removed_until(t, 1) == [keys[0]]
+        assert removed_until(t, 1) == [keys[0]]
         # a graceful failover: the promoted replica is watched, the old master is not
         graceful_failover(cl, new.port, old.port)
         assert within(lambda: w.watching() == _addrs(cl))
         assert ("127.0.0.1", old.port) not in w.watching()
         client = redis.RedisCluster(host="127.0.0.1", port=new.port)
         assert client.delete(t.store_key(keys[1])) == 1
-        assert _removed_until(t, 1) == [keys[1]]
+        assert removed_until(t, 1) == [keys[1]]
         # a slot moved to another master: MIGRATE deletes the key from its old node; not a removal
         dst = cl.node(dst_port)
         slot = key_slot(t.store_key(keys[2]))
@@ -130,7 +120,7 @@ def test_failover_reshard_and_replicas_follow_the_slot_map(cluster6: RedisCluste
         redis.Redis(port=new.port).execute_command("MIGRATE", "127.0.0.1", dst_port, t.store_key(keys[2]), 0, 5000)
         for node in (dst, new):
             node.cli("cluster", "setslot", str(slot), "node", dst_id)
-        assert _removed_until(t, 0, quiet=1.0) == []
+        assert removed_until(t, 0, quiet=1.0) == []
         assert t.contains(keys[2:]) == [True]
         assert t.stats().removal_events_off == 0
     # a node with notifications off: the stats say so, nothing fails

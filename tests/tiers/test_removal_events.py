@@ -17,21 +17,11 @@ from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import RedisTier
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.redis_events import notifications_missing
-from tests.tiers.conftest import NS, make_records, require_redis
+from tests.tiers.conftest import NS, make_records, removed_until, require_redis
 
 RB = 256 << 10
 MAC_A = b"integrity-key-A-0123456789"
 MAC_B = b"integrity-key-B-0123456789"
-
-
-def _removed_until(t: RedisTier, want: int, timeout: float = 10.0) -> list[bytes]:
-    out: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < want and time.monotonic() < deadline:
-        out += t.take_removed()
-        time.sleep(0.02)
-    time.sleep(0.2)  # and nothing more arrives
-    return out + t.take_removed()
 
 
 def test_every_evicted_key_yields_one_event_and_nothing_else(tmp_path: Path) -> None:
@@ -54,7 +44,7 @@ def test_every_evicted_key_yields_one_event_and_nothing_else(tmp_path: Path) -> 
             evicted = int(info["evicted_keys"])
             present = {k for k, x in zip(keys, there, strict=True) if x}
             assert evicted > 0 and 0 < len(present) < n
-            removed = _removed_until(t, n - len(present))
+            removed = removed_until(t, n - len(present))
             assert len(removed) == len(set(removed))  # one event per key
             assert set(removed) == set(keys) - present  # exactly the evicted keys of this tier
             assert t.stats().removals == len(removed) and t.stats().removal_events_off == 0
@@ -62,12 +52,12 @@ def test_every_evicted_key_yields_one_event_and_nothing_else(tmp_path: Path) -> 
             keep = sorted(present)[0]
             assert settle(t, [keep])[0] == LOOKUP_HIT
             client.delete(t.store_key(keep))
-            assert _removed_until(t, 1) == [keep]
+            assert removed_until(t, 1) == [keep]
             assert t.lookup([keep])[0] == LOOKUP_MISS
             # an expiry: one event
             other = sorted(present)[1]
             client.pexpire(t.store_key(other), 1)
-            assert _removed_until(t, 1) == [other]
+            assert removed_until(t, 1) == [other]
     finally:
         srv.stop()
 
@@ -153,13 +143,13 @@ def test_each_rejected_value_yields_one_event(tmp_path: Path) -> None:
             _corrupt(client, t.store_key(keys[1]))  # under a MAC: an integrity rejection, kept
             got = run_job(t, "load", 2, keys + [b"absent"], [4, 5, 6, 7, 4, 5])
             assert got == (False, False, True, False, False, False)
-            removed = _removed_until(t, 3)
+            removed = removed_until(t, 3)
             assert sorted(removed) == sorted([keys[0], keys[1], keys[3]])  # keys[2] loaded, absent missed
             st = t.stats()
             assert st.rejected_values == 3 and st.removals == 3 and st.deleted_values == 1  # keys[0]
             assert client.exists(t.store_key(keys[3]))  # kept for readers holding MAC_A
             assert run_job(t, "load", 3, keys[3:4], [7]) == (False,)
-            assert _removed_until(t, 1) == [keys[3]]  # one per rejection
+            assert removed_until(t, 1) == [keys[3]]  # one per rejection
     finally:
         srv.stop()
 
@@ -178,7 +168,7 @@ def test_rejected_value_is_one_event_with_notifications_off(tmp_path: Path) -> N
             _corrupt(client, t.store_key(keys[0]))
             assert t.stats().removal_events_off == 1
             assert run_job(t, "load", 2, keys, [2, 3]) == (False, True)
-            assert _removed_until(t, 1) == [keys[0]]
+            assert removed_until(t, 1) == [keys[0]]
             assert t.stats().deleted_values == 1
     finally:
         srv.stop()

@@ -32,12 +32,13 @@ amortised per append.
 
 from __future__ import annotations
 
-import heapq
 import logging
 from array import array
 from typing import Any
 
 import numpy as np
+
+from kvoffload.cache.policies.parked import ParkedHeap
 
 logger = logging.getLogger(__name__)
 
@@ -68,14 +69,12 @@ class SlotOrder:
         self.head = 0
         self.tail = 0
         self.size = 0
-        self._heap: list[tuple[int, int]] = []
-        self._pushed: dict[int, int] = {}
+        self._parked = ParkedHeap()
         # memoryviews for the scalar (small-batch) methods; ``_bm`` follows ``buf``
         self._mm = member.data
         self._pm = pos.data
         self._bm = self.buf.data
 
-    # ------------------------------------------------------------------ basics
     def __len__(self) -> int:
         return self.size
 
@@ -84,17 +83,12 @@ class SlotOrder:
         self.base += self.tail
         self.head = self.tail = 0
         self.size = 0
-        self._heap.clear()
-        self._pushed.clear()
+        self._parked.clear()
 
     @property
     def scan_position(self) -> int:
         """Position of the eviction scan's head: only slots at lower positions can be parked."""
         return self.base + self.head
-
-    def contains_mask(self, slots: np.ndarray) -> np.ndarray:
-        """Boolean mask: which of ``slots`` are in this list."""
-        return self.member[slots] == self.lid
 
     def push_back(self, slots: np.ndarray | list[int], members: bool = False, fresh: bool = False) -> None:
         """Append distinct ``slots`` at the newest end, in order (the last one is the newest).
@@ -165,17 +159,14 @@ class SlotOrder:
             pos = self._pm
             if min(map(pos.__getitem__, slots)) >= limit:
                 return  # nothing parked (the common case), found with one C-level pass
-            parked = [(s, pos[s]) for s in slots if pos[s] < limit and self._mm[s] == self.lid]
+            parked = [(pos[s], s) for s in slots if pos[s] < limit and self._mm[s] == self.lid]
         else:
             p = self.pos[slots]
             if int(p.min()) >= limit:
                 return  # nothing parked (the common case: blocks pushed since the last scan)
             mask = (self.member[slots] == self.lid) & (p < limit)
-            parked = list(zip(slots[mask].tolist(), p[mask].tolist(), strict=True))  # type: ignore[index]
-        for s, ps in parked:
-            if self._pushed.get(s) != ps:
-                self._pushed[s] = ps
-                heapq.heappush(self._heap, (ps, s))
+            parked = list(zip(p[mask].tolist(), slots[mask].tolist(), strict=True))  # type: ignore[index]
+        self._parked.push(parked)
 
     def take(
         self,
@@ -210,12 +201,10 @@ class SlotOrder:
         prot = prot_mark.data if protected else None
         out: list[int] = []
         deferred: list[tuple[int, int]] = []
-        heap, pushed = self._heap, self._pushed
+        parked = self._parked
         member, pos, lid = self._mm, self._pm, self.lid
-        while heap and len(out) < k:
-            ps, s = heapq.heappop(heap)
-            if pushed.get(s) == ps:
-                del pushed[s]
+        while parked and len(out) < k:
+            ps, s = parked.pop()
             if member[s] != lid or pos[s] != ps or ref_s[s] != 0:
                 continue  # moved/removed since it was parked, or pinned again
             if prot is not None and prot[s]:
@@ -238,10 +227,7 @@ class SlotOrder:
                 if len(out) == k:
                     break
             self.head = h
-        for ps, s in deferred:
-            if pushed.get(s) != ps:
-                pushed[s] = ps
-                heapq.heappush(heap, (ps, s))
+        parked.push(deferred)
         if len(out) < k and self.head < self.tail:
             ref_np = ref if ref.__class__ is np.ndarray else np.frombuffer(ref, dtype=np.int32)
             prot_np = np.array(protected, dtype=np.int64) if protected else _EMPTY_I64
@@ -257,7 +243,6 @@ class SlotOrder:
         parked = parked[np.argsort(self.pos[parked], kind="stable")]
         return parked.tolist() + cur.tolist()
 
-    # ------------------------------------------------------------------ eviction scan
     def _take_array(
         self,
         k: int,
@@ -272,15 +257,13 @@ class SlotOrder:
             return _EMPTY_I64
         out: list[int] = []
         deferred: list[tuple[int, int]] = []
-        heap = self._heap
+        parked = self._parked
         member, pos, lid = self.member, self.pos, self.lid
         has_prot = len(protected) > 0
         limited = stamps is not None and limit is not None
         stopped = False
-        while heap and len(out) < k:
-            ps, s = heapq.heappop(heap)
-            if self._pushed.get(s) == ps:
-                del self._pushed[s]
+        while parked and len(out) < k:
+            ps, s = parked.pop()
             if member[s] != lid or pos[s] != ps:
                 continue  # moved or removed since it was parked
             if ref[s] != 0:
@@ -329,10 +312,7 @@ class SlotOrder:
             chunks.append(seg[idx])
             need = 0 if stopped else need - len(idx)
             self.head = h + consumed
-        for ps, s in deferred:
-            if self._pushed.get(s) != ps:
-                self._pushed[s] = ps
-                heapq.heappush(heap, (ps, s))
+        parked.push(deferred)
         if len(chunks) == 1:
             return taken
         if len(chunks) == 2 and not out:
@@ -351,32 +331,30 @@ class SlotOrder:
         member, pos, lid = self.member, self.pos, self.lid
         has_prot = len(protected) > 0
         out: list[int] = []
-        heap, pushed = self._heap, self._pushed
-        while heap:  # drop what take() would drop: moved or removed since parked, or pinned again
-            ps, s = heap[0]
+        parked = self._parked
+        while parked:  # drop what take() would drop: moved or removed since parked, or pinned again
+            ps, s = parked.first()
             if member[s] == lid and pos[s] == ps and ref[s] == 0:
                 break
-            heapq.heappop(heap)
-            if pushed.get(s) == ps:
-                del pushed[s]
-        if heap and k == 1 and not (has_prot and prot_mark[heap[0][1]]):
-            return np.array([heap[0][1]], dtype=np.int64)  # the oldest parked slot is evictable again
-        if heap:
-            ahead = heap if len(heap) <= 4 * k + 16 else heapq.nsmallest(4 * k + 16, heap)
-            for ps, s in sorted(ahead):
+            parked.pop()
+        if parked and k == 1 and not (has_prot and prot_mark[parked.first()[1]]):
+            return np.array([parked.first()[1]], dtype=np.int64)  # the oldest parked slot is evictable again
+        if parked:
+            ahead = parked.smallest(4 * k + 16)
+            for ps, s in ahead:
                 if len(out) == k:
                     break
                 if member[s] == lid and pos[s] == ps and ref[s] == 0 and not (has_prot and prot_mark[s]):
                     out.append(s)
-            if len(out) < k and len(ahead) < len(heap):
+            if len(out) < k and len(ahead) < len(parked):
                 out = []
-                for ps, s in sorted(heap):
+                for ps, s in parked.smallest(len(parked)):
                     if len(out) == k:
                         break
                     if member[s] == lid and pos[s] == ps and ref[s] == 0 and not (has_prot and prot_mark[s]):
                         out.append(s)
         h = self.head
-        if not out and k <= 8 and not heap:  # a few: entry by entry for a bounded number of steps
+        if not out and k <= 8 and not parked:  # a few: entry by entry for a bounded number of steps
             buf, mm, pm, base = self._bm, self._mm, self._pm, self.base
             ref_s = ref.data
             prot = prot_mark.data if has_prot else None
@@ -417,7 +395,6 @@ class SlotOrder:
             return _EMPTY_I64
         return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
 
-    # ------------------------------------------------------------------ internals
     def _compact(self, extra: int) -> None:
         h, t = self.head, self.tail
         seg = self.buf[h:t].astype(np.int64)
