@@ -61,7 +61,11 @@ def key_position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int |
     """The request's key -> token position lookup (None where vLLM records none): for vLLM's own
     ``ReqContext`` the ``get`` of the dict its method reads (the same answers, without a Python
     call per key: a request's end looks up every key it touched), else the context's method."""
-    if req_context.__class__ is ReqContext and ReqContext.get_offload_key_position is _VLLM_KEY_POSITION:
+    if (
+        _VLLM_KEY_POSITION is not None
+        and req_context.__class__ is ReqContext
+        and ReqContext.get_offload_key_position is _VLLM_KEY_POSITION
+    ):
         positions = req_context.__dict__.get("_offload_key_positions")
         if positions.__class__ is dict:
             return positions.get  # type: ignore[union-attr]
