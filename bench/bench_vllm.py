@@ -32,23 +32,24 @@ The realistic settings offload chunks of 256 tokens, so that the CPU pool is lar
 cache that runs the concurrent requests, as in a deployment: with 16-token chunks a 10^4-chunk
 pool would be a third of that GPU cache and nothing would come back from it.
 
-Timed: the scheduler-role connector calls of each step (``get_num_new_matched_tokens``,
-``update_state_after_alloc``, ``build_connector_meta``, ``update_connector_output``,
-``request_finished``), which is where the manager is called, and inside them the manager's own
-calls (both managers behind the same timing wrapper). Reported per setting and policy (LRU, ARC):
-µs per engine step for both and their ratios (kvoffload / vLLM; below 1 is faster), the two runs
-alternated, best of ``--repeats`` each (default 1 for the realistic settings, 3 for the small
-trace). Each repeat is 4 runs (2 managers x 2 policies); on a 2-core machine 64req-1e4 takes about
-3 s per run (20 s in all at ``--repeats 1``), 256req-1e5 about 30 s per run (2 minutes in all),
-mostly vLLM's own request hashing and scheduling, which are not timed. Both runs must produce the
-same tokens and the same CPU-tier loads, else the comparison is void (asserted).
-Once the engine is built the GC heap is frozen (``gc.freeze``), as vLLM's ``EngineCore`` does after
-start-up, so that collections during the run do not rescan the engine's start-up objects. The
-manager's calls also include ``on_new_request``, which vLLM calls from ``add_request`` (not a
-timed connector call). A garbage collection runs inside whichever call allocates when the
-collector's counter is due, mostly on the engine's own garbage (a request's block hashes); the
-time of the collections that ran inside the timed calls is reported beside each figure
-(``*_gc_us_per_step``), and is part of it.
+Timed: the scheduler-role connector calls (``on_new_request``, from the scheduler's
+``add_request``, and each step's ``get_num_new_matched_tokens``, ``update_state_after_alloc``,
+``build_connector_meta``, ``update_connector_output``, ``request_finished``), which is where the
+manager is called, and inside them the manager's own calls (both managers behind the same timing
+wrapper). Reported per setting and policy (LRU, ARC): µs per engine step for both and their ratios
+(kvoffload / vLLM; below 1 is faster), the two runs alternated (which one runs first swaps every
+repeat), best of ``--repeats`` each (default 1 for the realistic settings, 3 for the small trace).
+Each repeat is 4 runs (2 managers x 2 policies); on a 2-core machine 64req-1e4 takes about 3 s per
+run (20 s in all at ``--repeats 1``), 256req-1e5 about 30 s per run (2 minutes in all), mostly
+vLLM's own request hashing and scheduling, which are not timed. Both runs must produce the same
+tokens and the same CPU-tier loads, else the comparison is void (asserted). Every manager call is
+made inside a timed connector call, so the time the connector spends outside the manager's calls
+(``*_outside_manager_us_per_step``) is vLLM's own connector code. Once the engine is built the GC
+heap is frozen (``gc.freeze``), as vLLM's ``EngineCore`` does after start-up, so that collections
+during the run do not rescan the engine's start-up objects. A garbage collection runs inside
+whichever call allocates when the collector's counter is due, mostly on the engine's own garbage
+(a request's block hashes); the time of the collections that ran inside the timed calls is
+reported beside each figure (``*_gc_us_per_step``), and is part of it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ _MANAGER_CALLS = (
     "touch",
 )
 _TIMED = (
+    "on_new_request",
     "get_num_new_matched_tokens",
     "update_state_after_alloc",
     "build_connector_meta",
@@ -263,9 +265,11 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
     waves = _trace(s)
     rows = []
     for policy in policies:
-        runs = [_run_once(s, waves, use_vllm, policy) for _ in range(repeats) for use_vllm in (False, True)]
-        ours = min(runs[0::2], key=lambda r: r["us_per_step"])
-        theirs = min(runs[1::2], key=lambda r: r["us_per_step"])
+        # alternated, the first of each pair swapped every repeat (no manager always runs first)
+        order = [use_vllm for i in range(repeats) for use_vllm in ((False, True) if i % 2 == 0 else (True, False))]
+        runs = [_run_once(s, waves, use_vllm, policy) for use_vllm in order]
+        ours = min((r for r, v in zip(runs, order, strict=True) if not v), key=lambda r: r["us_per_step"])
+        theirs = min((r for r, v in zip(runs, order, strict=True) if v), key=lambda r: r["us_per_step"])
         for r in runs[1:]:  # every run, not only the best ones, must agree
             assert r["outputs"] == runs[0]["outputs"], "two runs produced different tokens"
             assert r["loads"] == runs[0]["loads"], ("two runs loaded differently", r["loads"], runs[0]["loads"])
@@ -281,6 +285,9 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
             "kvoffload_manager_us_per_step": round(ours["manager_us_per_step"], 1),
             "vllm_manager_us_per_step": round(theirs["manager_us_per_step"], 1),
             "manager_ratio": round(ours["manager_us_per_step"] / theirs["manager_us_per_step"], 3),
+            # vLLM's own connector code around the manager's calls (the same code for both managers)
+            "kvoffload_outside_manager_us_per_step": round(ours["us_per_step"] - ours["manager_us_per_step"], 1),
+            "vllm_outside_manager_us_per_step": round(theirs["us_per_step"] - theirs["manager_us_per_step"], 1),
             # of which garbage collections that ran inside the timed calls (the engine's garbage too)
             "kvoffload_gc_us_per_step": round(ours["gc_us_per_step"], 1),
             "vllm_gc_us_per_step": round(theirs["gc_us_per_step"], 1),

@@ -23,7 +23,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VLLMManager  
 
 from kvoffload.errors import InvalidArgumentError  # noqa: E402
 from kvoffload.integrations.vllm import KVOffloadManager, KVOffloadSpec  # noqa: E402
-from kvoffload.integrations.vllm.manager import HAS_METADATA_ONLY  # noqa: E402
+from kvoffload.integrations.vllm.manager import HAS_METADATA_ONLY, key_position_getter  # noqa: E402
 
 
 def k(i: int) -> bytes:
@@ -200,3 +200,45 @@ def test_same_decisions_as_vllms_manager(policy: str, threshold: int, via: str) 
             if o is not None and o.keys_to_store:
                 m.complete_store(o.keys_to_store, c)
             m.on_request_finished(c)
+
+
+def test_key_positions_read_as_vllms_context_answers() -> None:
+    """The request-end position lookup gives the context's own answers (a subclass's too)."""
+    c = ReqContext(req_id="a")
+    c.set_offload_key_position(k(1), 32)
+    get = key_position_getter(c)
+    assert get is not None and [get(k(1)), get(k(2))] == [32, None]
+
+    class Shifted(ReqContext):
+        def get_offload_key_position(self, key: bytes) -> int | None:
+            return 7
+
+    c2 = Shifted(req_id="b")
+    c2.set_offload_key_position(k(1), 32)
+    get2 = key_position_getter(c2)
+    assert get2 is not None and get2(k(1)) == 7
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_out_of_order_stores_age_by_position_as_in_vllm(policy: str) -> None:
+    """Keys stored tail first (positions say head first): the same evictions as vLLM's manager."""
+    ours, theirs = KVOffloadManager(8, cache_policy=policy), VLLMManager(8, cache_policy=policy)
+    for m in (ours, theirs):
+        for r, (first, second) in enumerate((([3, 4], [1, 2]), ([7, 8], [5, 6]))):
+            c = ReqContext(req_id=f"r{r}")
+            m.on_new_request(c)
+            for i in first + second:
+                c.set_offload_key_position(k(i), 16 * (i - 4 * r))
+            for part in (first, second):
+                out = m.prepare_store([k(i) for i in part], c)
+                assert out is not None
+                m.complete_store(out.keys_to_store, c)
+            m.on_request_finished(c)
+    evicted = []
+    for m in (ours, theirs):
+        c = ReqContext(req_id="new")
+        m.on_new_request(c)
+        out = m.prepare_store([k(20), k(21)], c)
+        assert out is not None
+        evicted.append(list(out.evicted_keys))
+    assert evicted[0] == evicted[1] and sorted(evicted[0]) == [k(3), k(4)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from vllm.v1.kv_offload.base import (
@@ -53,6 +53,25 @@ VLLM_LOOKUP: tuple[LookupResult, ...] = (
 )
 #: what :meth:`KVOffloadManager.on_new_request` answers for every request (vLLM's default policy)
 _CHUNK_LEVEL = RequestOffloadingContext()
+#: vLLM's own ``ReqContext.get_offload_key_position`` (None where this vLLM has no key positions)
+_VLLM_KEY_POSITION = getattr(ReqContext, "get_offload_key_position", None)
+
+
+def key_position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int | None] | None:
+    """The request's key -> token position lookup (None where vLLM records none): for vLLM's own
+    ``ReqContext`` the ``get`` of the dict its method reads (the same answers, without a Python
+    call per key: a request's end looks up every key it touched), else the context's method."""
+    if (
+        _VLLM_KEY_POSITION is not None
+        and req_context.__class__ is ReqContext
+        and ReqContext.get_offload_key_position is _VLLM_KEY_POSITION
+    ):
+        positions = req_context.__dict__.get("_offload_key_positions")
+        if positions.__class__ is dict:
+            return positions.get  # type: ignore[union-attr]
+    return getattr(req_context, "get_offload_key_position", None)
+
+
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
 
@@ -126,8 +145,7 @@ class KVOffloadManager(OffloadingManager):
         return _CHUNK_LEVEL
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        position = getattr(req_context, "get_offload_key_position", None)
-        self.core.on_request_finished(req_context, key_position=position)  # type: ignore[arg-type]
+        self.core.on_request_finished(req_context, key_position=key_position_getter(req_context))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
