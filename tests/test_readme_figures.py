@@ -8,6 +8,7 @@ time, a rate) must be one of them: a hand-copied number that drifts from its fil
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from collections.abc import Callable
@@ -54,6 +55,34 @@ def _newcomer_load() -> str:
     return f"load average {steps['first_make_demo']['load_average_before']:.0f}"
 
 
+def _fleet_table() -> str:
+    """The README's fleet table, from ``bench/results/fleet-conversation/fleet.csv``: per routing and
+    replica count (one replica is the same fleet whatever the routing), the share of prompt tokens
+    found in the replica's host pool, then in host pool + shared tier, and prefill GPU-seconds saved."""
+    with (RESULTS / "fleet-conversation" / "fleet.csv").open() as f:
+        rows = {(r["routing"], r["replicas"], r["host_tokens"], r["tier_tokens"] != "0"): r for r in csv.DictReader(f)}
+    hosts = sorted({k[2] for k in rows}, key=int)
+    lines = [
+        "routing       replicas | host pool only: 1M / 3M tok, GPU-s saved | + 20M-token tier: 1M / 3M,"
+        " GPU-s saved, tier GB/s read 1M / 3M / written"
+    ]
+    keys = [("random", "1")] + [(r, n) for r in ("random", "least-loaded", "session", "prefix") for n in ("4", "8")]
+    for routing, n in keys:
+        alone = [rows[(routing, n, h, False)] for h in hosts]
+        tier = [rows[(routing, n, h, True)] for h in hosts]
+        cells = [
+            " / ".join(f"{100 * float(r['host_share']):4.1f}%" for r in alone),
+            " / ".join(f"{float(r['prefill_gpu_s_saved']):5,.0f}" for r in alone),
+            " / ".join(f"{100 * (float(r['host_share']) + float(r['tier_share'])):4.1f}%" for r in tier),
+            " / ".join(f"{float(r['prefill_gpu_s_saved']):5,.0f}" for r in tier),
+            " / ".join(f"{float(r['tier_read_gbps']):.2f}" for r in tier)
+            + f" / {float(tier[0]['tier_write_gbps']):.2f}",
+        ]
+        name = "any" if n == "1" else routing
+        lines.append(f"{name:<13} {n:>8} | {cells[0]}, {cells[1]} | {cells[2]}, {cells[3]}, {cells[4]}")
+    return "\n".join(lines)
+
+
 #: the README's figures: what each is, and how to read it from its results file
 QUOTED: dict[str, Callable[[], str]] = {
     "kvoffload's manager / vLLM's per step, LRU, 256req-1e5": _vllm_manager_ratio,
@@ -62,6 +91,7 @@ QUOTED: dict[str, Callable[[], str]] = {
     "first make demo in a fresh clone": _newcomer("first_make_demo"),
     "second make demo": _newcomer("second_make_demo"),
     "machine load during the newcomer run": _newcomer_load,
+    "the fleet table on the Mooncake conversation trace": _fleet_table,
 }
 
 #: a measured-looking number: a ratio, a share, a time or a rate (a range counts as one)
@@ -83,5 +113,5 @@ def test_quoted_figure_matches_its_results_file(what: str) -> None:
 def test_every_figure_in_the_prose_has_a_source() -> None:
     sources = [f() for f in QUOTED.values()] + list(marked_blocks("output of").values())
     found = FIGURE.findall(_prose())
-    assert len(found) >= len(QUOTED) - 1  # the load average is not a unit-bearing figure
+    assert len(found) >= len(QUOTED) - 2  # the load average has no unit; the fleet table is a code block
     assert [f for f in found if not any(f in s for s in sources)] == []
