@@ -33,38 +33,45 @@ class Stores:
         self.policy = policy
         self.counters = counters
         self.events = events
+        self._lists = policy.takes_lists
 
     def prepare(
         self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, r: Resolved | None = None
     ) -> StorePlan:
         """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: the
         resolved keys of an array (the memo learns the new slots)."""
-        protected: list[int] | np.ndarray
         if slots.__class__ is list:
             to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
-            protected = [s for s in slots if s >= 0]
             positions = None
         else:
             absent_mask = slots < 0  # type: ignore[operator]
             positions = absent_mask.nonzero()[0]
             to_store = list(keys) if len(positions) == len(keys) else [keys[i] for i in positions.tolist()]
-            protected = slots[~absent_mask] if len(positions) < len(keys) else _EMPTY_I64  # type: ignore[index,call-overload,assignment]
+        n_present = len(keys) - len(to_store)
         if not to_store:
-            return self._stored([], slots[:0], [], len(protected))
-        evicted = self.make_room(len(to_store), protected, len(keys))
-        if evicted is None:
-            return StorePlan(to_store, None, [])
+            return self._stored([], slots[:0], [], n_present)
         t = self.table
+        evicted: list[OffloadKey] = []
+        if len(to_store) > t.num_free:  # the present keys are spared: only then are they needed
+            protected: list[int] | np.ndarray
+            if positions is None:
+                protected = [s for s in slots if s >= 0]
+            else:
+                protected = slots[~absent_mask] if n_present else _EMPTY_I64  # type: ignore[index,call-overload,assignment]
+            made = self.make_room(len(to_store), protected, len(keys))
+            if made is None:
+                return StorePlan(to_store, None, [])
+            evicted = made
         count_before = t.insert_count
         new_slots = t.allocate(to_store, as_list=positions is None)
         if r is not None:
             t.memo_note_insert(r, positions, new_slots, count_before)  # type: ignore[arg-type]
-        self.policy.insert(self._arg(new_slots), to_store)
-        return self._stored(to_store, new_slots, evicted, len(protected))
+        self.policy.insert(new_slots if self._lists else self._arg(new_slots), to_store)
+        return self._stored(to_store, new_slots, evicted, n_present)
 
     def _arg(self, slots: list[int] | np.ndarray) -> Any:
         """``slots`` as the policy takes them (a list only if it ``takes_lists``)."""
-        if slots.__class__ is list and not self.policy.takes_lists:
+        if slots.__class__ is list and not self._lists:
             return np.array(slots, dtype=np.int64)
         return slots
 
@@ -109,7 +116,7 @@ class Stores:
                     ref[s] = 0
             else:
                 t.ref[pend] = 0
-            self.policy.on_evictable(self._arg(pend))
+            self.policy.on_evictable(pend if self._lists else self._arg(pend))  # type: ignore[arg-type]
             t.num_pending -= len(pend)
             t.num_evictable += len(pend)
             self.counters.stores_completed += len(pend)

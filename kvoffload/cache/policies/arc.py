@@ -151,9 +151,11 @@ class ARCPolicy(CachePolicy):
             if not slots:
                 return
             lowest = min(map(self._pos_mv.__getitem__, slots))  # nothing parked in a list whose scan is below it
-            for lst in (self.t1, self.t2):
-                if lowest < lst.scan_position:
-                    lst.on_evictable(slots)
+            t1, t2 = self.t1, self.t2
+            if lowest < t1.base + t1.head:  # t1.scan_position, without the property call
+                t1.on_evictable(slots)
+            if lowest < t2.base + t2.head:
+                t2.on_evictable(slots)
             return
         self.t1.on_evictable(slots)
         self.t2.on_evictable(slots)
