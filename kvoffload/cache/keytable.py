@@ -25,7 +25,7 @@ from kvoffload.checks import check_int
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
 from kvoffload.errors import InvalidTypeError, KeyStateError
 
-__all__ = ["FREE", "PENDING", "SlotTable", "ClosedIndex"]
+__all__ = ["FREE", "PENDING", "SlotTable", "ClosedIndex", "any_below"]
 
 FREE = -2
 PENDING = -1
@@ -42,6 +42,15 @@ class ClosedIndex:
 
     def __contains__(self, key: object) -> bool:
         raise KeyStateError("the CPUOffloadingManager has been shut down")
+
+
+def any_below(pos: memoryview | array, slots: list[int], limit: int) -> bool:
+    """Whether some slot of ``slots`` has ``pos[s] < limit`` (``pos``: a per-slot buffer); a loop
+    that stops at the first, about twice as fast as ``min(map(pos.__getitem__, slots))`` on a few."""
+    for s in slots:
+        if pos[s] < limit:
+            return True
+    return False
 
 
 class SlotTable:

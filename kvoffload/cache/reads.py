@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.cache.batch import Resolved
-from kvoffload.cache.keytable import PENDING, SlotTable
+from kvoffload.cache.keytable import PENDING, SlotTable, any_below
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import OffloadingStats
 from kvoffload.core.base import CPULoadStoreSpec, OffloadKey, ReqContext, check_req_context, validate_keys
@@ -117,7 +117,7 @@ class Loads:
         pending (nothing pinned then)."""
         if slots.__class__ is list:
             ref = self.table.ref_buf
-            if not slots or (min(slots) >= 0 and min(map(ref.__getitem__, slots)) >= 0):  # C-level passes
+            if not slots or (min(slots) >= 0 and not any_below(ref, slots, 0)):
                 newly = 0
                 for s in slots:
                     r = ref[s]
@@ -147,7 +147,7 @@ class Loads:
             ref = t.ref_buf
             if not slots:
                 return
-            if len(set(slots)) == len(slots) and min(slots) >= 0 and min(map(ref.__getitem__, slots)) >= 1:
+            if len(set(slots)) == len(slots) and min(slots) >= 0 and not any_below(ref, slots, 1):
                 freed = []
                 for s in slots:
                     r = ref[s] - 1

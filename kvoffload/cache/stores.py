@@ -86,10 +86,14 @@ class Stores:
     def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, success: bool, unique: bool) -> None:
         """``complete_store`` of ``keys`` with their ``slots`` (-1 = absent; repeats unless ``unique``)."""
         if slots.__class__ is list:
-            ref = self.table.ref_buf  # each pending slot once, first occurrences (equal keys, equal slots)
-            pending = {s: k for k, s in zip(keys, slots, strict=True) if s >= 0 and ref[s] == PENDING}
-            if pending:
-                self._finish(list(pending), list(pending.values()) if self.events is not None else [], success)
+            ref = self.table.ref_buf
+            pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
+            if not pend:
+                return
+            if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
+                pend = list(dict.fromkeys(pend))
+            karr = self.table.keys  # a slot's key (equal keys, equal slots)
+            self._finish(pend, [karr[s] for s in pend] if self.events is not None else [], success)
             return
         if len(slots) == 0:
             return

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.keytable import SlotTable
+from kvoffload.cache.keytable import SlotTable, any_below
 from kvoffload.cache.policies.base import CachePolicy, Slots
 from kvoffload.cache.policies.lru import first_occurrences
 from kvoffload.cache.policies.order import SlotOrder
@@ -148,13 +148,9 @@ class ARCPolicy(CachePolicy):
 
     def on_evictable(self, slots: Slots) -> None:
         if slots.__class__ is list:
-            if not slots:
-                return
-            lowest = min(map(self._pos_mv.__getitem__, slots))  # nothing parked in a list whose scan is below it
-            t1, t2 = self.t1, self.t2
-            if lowest < t1.base + t1.head:  # t1.scan_position, without the property call
+            t1, t2 = self.t1, self.t2  # nothing parked in a list whose scan position is below every slot
+            if any_below(self._pos_mv, slots, max(t1.base + t1.head, t2.base + t2.head)):
                 t1.on_evictable(slots)
-            if lowest < t2.base + t2.head:
                 t2.on_evictable(slots)
             return
         self.t1.on_evictable(slots)

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from kvoffload.cache.keytable import any_below
 from kvoffload.cache.policies.parked import ParkedHeap
 
 logger = logging.getLogger(__name__)
@@ -157,8 +158,8 @@ class SlotOrder:
         limit = self.base + self.head
         if slots.__class__ is list:
             pos = self._pm
-            if min(map(pos.__getitem__, slots)) >= limit:
-                return  # nothing parked (the common case), found with one C-level pass
+            if not any_below(pos, slots, limit):
+                return  # nothing parked (the common case)
             parked = [(pos[s], s) for s in slots if pos[s] < limit and self._mm[s] == self.lid]
         else:
             p = self.pos[slots]
