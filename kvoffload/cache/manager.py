@@ -244,7 +244,9 @@ class CPUOffloadingManager(OffloadingManager):
         if len(candidates) < len(absent):  # the filter held some back: store the rest
             passed = set(candidates)
             batch = batch.select([s >= 0 or k in passed for k, s in zip(batch, batch.slots, strict=True)])
-        plan = self._stores.prepare(*self._at(batch, False))
+            absent = candidates
+        ks, slots, r = self._at(batch, False)
+        plan = self._stores.prepare(ks, slots, r, absent if r is None else None)
         if st is not None and plan.slots is not None:
             st.inserted.update(plan.keys)
         return plan

@@ -36,12 +36,17 @@ class Stores:
         self._lists = policy.takes_lists
 
     def prepare(
-        self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, r: Resolved | None = None
+        self,
+        keys: Sequence[OffloadKey],
+        slots: list[int] | np.ndarray,
+        r: Resolved | None = None,
+        absent: list[OffloadKey] | None = None,
     ) -> StorePlan:
         """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: the
-        resolved keys of an array (the memo learns the new slots)."""
+        resolved keys of an array (the memo learns the new slots); ``absent``: the keys whose slot is
+        -1, in order, when the caller has them already (a list of slots only)."""
         if slots.__class__ is list:
-            to_store = [k for k, s in zip(keys, slots, strict=True) if s < 0]
+            to_store = absent if absent is not None else [k for k, s in zip(keys, slots, strict=True) if s < 0]
             positions = None
         else:
             absent_mask = slots < 0  # type: ignore[operator]
