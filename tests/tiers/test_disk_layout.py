@@ -31,6 +31,13 @@ def _aligned_records(n: int, seed: int) -> tuple[np.ndarray, mmap.mmap]:
     return arr, mm
 
 
+def _unaligned_records(n: int) -> np.ndarray:
+    """``n`` zeroed rows whose first byte is 8 bytes past a page boundary (never page-aligned)."""
+    buf = np.zeros(n * RB + 2 * PAGE, dtype=np.uint8)
+    start = (-buf.ctypes.data) % PAGE + 8
+    return buf[start : start + n * RB].reshape(n, RB)
+
+
 def _need_o_direct(d: Path) -> None:
     if not _independent_o_direct_check(d):
         pytest.skip(f"{d} does not accept O_DIRECT")
@@ -73,7 +80,7 @@ def test_packed_files_readable_with_o_direct(tmp_path: Path, aligned: bool) -> N
         data = Path(t.value_path(keys[1])).read_bytes()
         hb = t.codec.header_bytes(keys[1])
         assert len(data) == hb + RB and data[hb:] == src[1].tobytes()
-    dst, _m = _aligned_records(4, seed=0) if aligned else (np.zeros((4, RB), dtype=np.uint8), None)
+    dst, _m = _aligned_records(4, seed=0) if aligned else (_unaligned_records(4), None)
     dst[:] = 0
     with DiskTier(dst, NS, tmp_path, o_direct=True) as t:
         assert t._in_place is aligned
