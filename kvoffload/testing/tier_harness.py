@@ -158,7 +158,10 @@ class _Stall:
 
 
 class _RedisValues(TierHarness):
-    """Raw values through a client of the harness's server (``_client``)."""
+    """Raw values through a client of the harness's server (``_client``); short socket timeouts
+    while faults are injected."""
+
+    fault_options = {"backoff_initial": 0.05, "backoff_max": 0.2, "socket_timeout": 0.5, "connect_timeout": 0.5}
 
     @abstractmethod
     def _client(self) -> Any:
@@ -183,7 +186,6 @@ class RedisHarness(_RedisValues):
 
     can_go_away = True
     can_stall = True
-    fault_options = {"backoff_initial": 0.05, "backoff_max": 0.2, "socket_timeout": 0.5, "connect_timeout": 0.5}
 
     def setup(self, workdir: Path) -> None:
         from kvoffload.testing.redis_server import RedisServer
@@ -228,7 +230,6 @@ class RedisClusterHarness(_RedisValues):
 
     can_go_away = True
     can_move = True
-    fault_options = {"backoff_initial": 0.05, "backoff_max": 0.2, "socket_timeout": 0.5, "connect_timeout": 0.5}
 
     def setup(self, workdir: Path) -> None:
         from kvoffload.testing.redis_server import RedisCluster3
