@@ -19,34 +19,24 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
-import platform
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from kvoffload.cache.manager import CPUOffloadingManager
-
 _HERE = Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:
+    sys.path.insert(0, str(_HERE.parent))
 
-
-def _trace_module() -> Any:
-    name = "bench.manager_trace"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _HERE / "manager_trace.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from bench import manager_trace as mt  # noqa: E402
+from bench.common import provenance  # noqa: E402
+from kvoffload.cache.manager import CPUOffloadingManager  # noqa: E402
 
 
 def bench_capacity(capacity: int, policies: list[str], n_requests: int, repeats: int) -> dict[str, Any]:
     """Best-of-``repeats`` requests/s of every policy at ``capacity`` blocks (runs alternate)."""
-    mt = _trace_module()
     trace = mt.PrefixTrace(seed=7, num_prefixes=max(50, capacity // 2000))
     warm = [trace.request() for _ in range(max(20, n_requests // 5))]
     reqs = [trace.request() for _ in range(n_requests)]
@@ -104,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/bench_policy_cost.py"
         + (" --quick" if args.quick else "")
         + f" --policies {args.policies} --requests {args.requests} --repeats {args.repeats}",
-        "machine": f"{platform.processor() or platform.machine()}, shared with other jobs",
+        "provenance": provenance(),
+        "load_average_before": os.getloadavg()[0],
         "policies": policies,
         "rows": rows,
     }
