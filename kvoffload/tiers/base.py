@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 import numpy as np
 
 from kvoffload.checks import check_int
+from kvoffload.core.lookup_code import LOOKUP_RETRY
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
 from kvoffload.tiers.counters import TierCounters
@@ -141,7 +142,7 @@ class Tier(TierCounters, ABC):
         self._step = StepProbe(Verdicts(lookup_ttl_steps, float(defer_hit_rate)), self._health, float(probe_wait))
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
-        self._probe_q: queue.SimpleQueue[Probe | _Tasks | None] = queue.SimpleQueue()
+        self._probe_q: queue.SimpleQueue[Probe | _Tasks | Callable[[], None] | None] = queue.SimpleQueue()
         self._pool = IOThreads(io_threads, f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
             target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
@@ -170,20 +171,44 @@ class Tier(TierCounters, ABC):
         and this thread sleeps on its answer.
         """
         batch, wait = self._step.take_batch()
-        if batch:
-            now = self._probe_now(batch, wait) if wait > 0 else None
-            if isinstance(now, list):
-                self._health.succeeded()
-                self._count_probe(batch, now)
-                self._step.verdicts.probed(batch, now)
-                return
-            with self._lock:
-                self._probes_in_flight += 1
-            self._step.sent()
-            self._probe_q.put(Probe(batch, now) if now is not None else Probe(batch, partial(self._probe, batch), True))
-            if now is not None:
-                return  # this step's wait is spent
+        if batch and self._send_probe(batch, self._probe_now(batch, wait) if wait > 0 else None):
+            return  # answered, or this step's wait is spent on a late reply
         self._step.wait(wait)
+
+    def probe_now(self, keys: Sequence[bytes]) -> np.ndarray:
+        """:meth:`lookup`, with the keys it queues probed at once on this thread (blocking: one round
+        trip, at most ``probe_wait`` seconds), when the backend can (:meth:`_probe_now`: a
+        standalone Redis server) and the tier is not in back-off.
+
+        A reply within ``probe_wait`` gives those keys their verdict in this call; a late one is
+        read by the lookup thread (the keys answer ``LOOKUP_RETRY`` until then); a backend that
+        cannot probe here sends nothing (the keys go with the step's batch). Each call with keys
+        to probe is a round trip of its own (:meth:`lookup` batches a step's keys into one).
+        """
+        keys = check_keys(keys, "keys")
+        codes = self._step.lookup(keys)
+        wait = self._step.probe_wait
+        if wait <= 0 or not (codes == LOOKUP_RETRY).any() or self._health.is_down():
+            return codes
+        verdicts = self._step.verdicts
+        batch = verdicts.queued(keys)
+        now = self._probe_now(batch, wait) if batch else None
+        if now is None:
+            return codes
+        verdicts.sending(batch)
+        self._send_probe(batch, now)
+        return self._step.lookup(keys)
+
+    def load_now(self, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> list[bool]:
+        """Copy the values of ``keys`` into the records in ``slots`` on this thread (blocking: one
+        pipelined read, up to the store's timeouts); per key whether it arrived (as
+        :meth:`submit_load`'s jobs, counted the same). All fail at once while in back-off."""
+        if self._closed:
+            raise InvalidArgumentError(f"tier {self.name} is closed")
+        keys = check_keys(keys, "keys")
+        ok = self._load(keys, check_slots(slots, "slots", len(keys), self.num_slots))
+        self._step.verdicts.finished(TierJobResult(-1, "load", tuple(keys), tuple(ok), 0, 0.0))
+        return ok
 
     @property
     def hit_rate(self) -> float:
@@ -349,9 +374,31 @@ class Tier(TierCounters, ABC):
         tasks: list[tuple[object, ...]] = [(job, a, b, slots[a:b]) for a, b in job.batches()]
         self._probe_q.put((priority, run, tasks))
 
+    def _send_probe(self, batch: list[bytes], now: list[bool] | Callable[[], list[bool]] | None) -> bool:
+        """Settle a probe of ``batch`` (its keys in flight) from :meth:`_probe_now`'s outcome ``now``:
+        answers applied (True); a late reply handed to the lookup thread (True); None: the lookup
+        thread probes the batch (False)."""
+        if isinstance(now, list):
+            self._health.succeeded()
+            self._count_probe(batch, now)
+            self._step.verdicts.probed(batch, now)
+            return True
+        with self._lock:
+            self._probes_in_flight += 1
+        self._step.sent()
+        self._probe_q.put(Probe(batch, now) if now is not None else Probe(batch, partial(self._probe, batch), True))
+        return now is not None
+
+    def _on_lookup_thread(self, fn: Callable[[], None]) -> None:
+        """Backends: run ``fn`` on the lookup thread, in turn with its probes (it must not raise)."""
+        self._probe_q.put(fn)
+
     def _lookup_loop(self) -> None:
         as_background_thread()
         while (item := self._probe_q.get()) is not None:
+            if callable(item):
+                item()
+                continue
             if not isinstance(item, Probe):
                 priority, run, tasks = item
                 for args in tasks:
@@ -395,16 +442,20 @@ class Tier(TierCounters, ABC):
             ok = [o in (STORED, PRESENT) for o in outcome]
             self._finish_batch(job, start, ok, stored * self.record_bytes)
 
-    def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
-        keys = job.keys[start:stop]
+    def _load(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
+        """One load batch on this thread, counted; per key ok."""
         t0 = time.perf_counter()
         got = None if self._health.is_down() else self._call_backend("load", self._load_batch, keys, slots)
         ok = [False] * len(keys) if got is None else got
         dt = time.perf_counter() - t0
-        n_ok = sum(ok)
         with self._lock:
-            self._count_load_batch(n_ok, len(keys), dt, self.record_bytes)
-            self._finish_batch(job, start, ok, n_ok * self.record_bytes)
+            self._count_load_batch(sum(ok), len(keys), dt, self.record_bytes)
+        return ok
+
+    def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
+        ok = self._load(job.keys[start:stop], slots)
+        with self._lock:
+            self._finish_batch(job, start, ok, sum(ok) * self.record_bytes)
 
     def _finish_empty(self, job_id: int, kind: Literal["store", "load"]) -> None:
         """A job without keys: finished (successfully) at submission."""

@@ -43,7 +43,7 @@ class StepProbe:
     def __init__(self, verdicts: Verdicts, health: Health, probe_wait: float) -> None:
         self.verdicts = verdicts
         self._health = health
-        self._probe_wait = probe_wait
+        self.probe_wait = probe_wait
         self._unanswered = 0  # probe batches sent and not applied yet
         self._done: queue.SimpleQueue[tuple[list[bytes], list[bool] | None]] = queue.SimpleQueue()
 
@@ -58,7 +58,7 @@ class StepProbe:
         self._apply()
         deferred = self.verdicts.deferred
         batch = self.verdicts.take_batch()
-        return batch, self._probe_wait if deferred and not self._health.is_down() else 0.0
+        return batch, self.probe_wait if deferred and not self._health.is_down() else 0.0
 
     def sent(self) -> None:
         """A batch went to the lookup thread; its answers come back by :meth:`answered`."""
