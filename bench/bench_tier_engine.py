@@ -23,10 +23,12 @@ reference engine three ways, in the same process, alternating, ``--reps`` times:
   comparison: what the measurement cannot resolve).
 
 Per request, the wall time from its first deferred lookup to the lookup that answers (p50, p99;
-``deferred_ms_*``), beside, for the same requests, the transfer time of the blocks promoted for it
-at the tier's measured read GB/s and one round trip to the server (the median of ``PING``s on a
-connection of its own): ``within_bound`` is the share of deferred requests whose deferral is at
-most one round trip plus their transfer time. The engine-thread time blocked in lookups that
+``deferred_ms_*``); per request that waited on the tier (deferred, or blocks promoted for it), the
+wall time from the start of its first lookup to the end of the one that answers (``waited_ms_*``:
+for a request answered within its first lookup, that call), beside the transfer time of the blocks
+promoted for it at the tier's measured read GB/s and one round trip to the server (the median of
+``PING``s on a connection of its own); ``within_bound`` is the share of those requests whose wait
+is at most one round trip plus their transfer time. The engine-thread time blocked in lookups that
 answer within the call (``Tier.probe_now``, ``Tier.load_now``) is reported per step (mean, max).
 
 Timed: what the engine thread spends in the scheduler's calls -- ``get_num_new_matched_tokens``
@@ -68,10 +70,12 @@ from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  
 TIMED = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_step", "complete_jobs", "request_finished")
 
 
-def _instrument(sched: Any, acc: list[float], deferred: dict[str, float]) -> None:
+def _instrument(sched: Any, acc: list[float], deferred: dict[str, float], waited: dict[str, float]) -> None:
     """Wrap the scheduler's calls on the instance: their wall time adds up in ``acc[0]``, the
     engine thread's CPU time in them in ``acc[1]``; per request, the wall time from its first
-    deferred lookup (``(None, False)``) to the lookup that answers goes to ``deferred``."""
+    deferred lookup (``(None, False)``) to the end of the lookup that answers goes to
+    ``deferred``, and from the start of its first lookup to the end of the one that answers (the
+    answering call itself for a request never deferred) to ``waited``."""
     since: dict[str, float] = {}
     for name in TIMED:
         fn = getattr(sched, name)
@@ -88,8 +92,12 @@ def _instrument(sched: Any, acc: list[float], deferred: dict[str, float]) -> Non
                 rid = a[0].request_id
                 if out[0] is None:
                     since.setdefault(rid, t0)
-                elif rid in since:
-                    deferred[rid] = time.perf_counter() - since.pop(rid)
+                else:
+                    end = time.perf_counter()
+                    first = since.pop(rid, None)
+                    if first is not None:
+                        deferred[rid] = end - first
+                    waited.setdefault(rid, end - (t0 if first is None else first))
             return out
 
         setattr(sched, name, timed)
@@ -155,9 +163,10 @@ def run_once(settings: DemoSettings, rtt: float = 0.0, **manager_options: Any) -
     engine = build_engine(settings)
     acc = [0.0, 0.0]
     deferred: dict[str, float] = {}
+    waited: dict[str, float] = {}
     blocked = [0.0]  # per engine step: wall time blocked in tier calls
     promoted: dict[str, int] = {}
-    _instrument(engine.scheduler, acc, deferred)
+    _instrument(engine.scheduler, acc, deferred, waited)
     if engine.tiered is not None:
         for k, v in manager_options.items():
             setattr(engine.tiered, k, v)
@@ -204,11 +213,16 @@ def run_once(settings: DemoSettings, rtt: float = 0.0, **manager_options: Any) -
         ts = tier.stats()
         u = engine.tiered.usage()[0]
         gbps = ts.bytes_read / ts.read_seconds / 1e9 if ts.read_seconds else 0.0
-        # per deferred request: the transfer time of its promoted blocks at the run's GB/s
-        xfer = {r: promoted.get(r, 0) * tier.record_bytes / (gbps * 1e9) if gbps else 0.0 for r in deferred}
-        within = [d <= rtt + xfer[r] for r, d in deferred.items()]
+        # per request that waited on the tier (deferred, or blocks promoted for it): the wait, and
+        # the transfer time of its promoted blocks at the run's GB/s
+        tiered = {r: w for r, w in waited.items() if r in deferred or r in promoted}
+        xfer = {r: promoted.get(r, 0) * tier.record_bytes / (gbps * 1e9) if gbps else 0.0 for r in tiered}
+        within = [w <= rtt + xfer[r] for r, w in tiered.items()]
         out.update(
             round_trip_ms=rtt * 1e3,
+            tier_requests=len(tiered),
+            waited_ms_p50=_pct(list(tiered.values()), 0.5) * 1e3,
+            waited_ms_p99=_pct(list(tiered.values()), 0.99) * 1e3,
             transfer_ms_p50=_pct(list(xfer.values()), 0.5) * 1e3,
             transfer_ms_p99=_pct(list(xfer.values()), 0.99) * 1e3,
             within_bound=sum(within) / len(within) if within else 1.0,
@@ -232,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="16 conversations, 1 repetition")
     ap.add_argument("--conversations", type=int, default=None)
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--event-pairs", type=int, default=4, help="removal events off/on pairs per repetition")
+    ap.add_argument("--event-pairs", type=int, default=3, help="removal events off/on pairs per repetition")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     problem = redis_binaries_problem()
@@ -294,6 +308,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "deferred_ms_p99",
             "deferrals",
             "deferred_requests",
+            "tier_requests",
+            "waited_ms_p50",
+            "waited_ms_p99",
             "transfer_ms_p50",
             "transfer_ms_p99",
             "round_trip_ms",
@@ -320,9 +337,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"wall {r['wall_per_step_ratio']:.2f}x / {r['wall_per_busy_step_ratio']:.2f}x / "
             f"{r['wall_per_run_ratio']:.2f}x; steps {r['steps_ratio']:.2f}x, run {r['run_wall_ratio']:.2f}x; "
             f"deferred per request p50 {r['deferred_ms_p50']:.1f} ms, p99 {r['deferred_ms_p99']:.1f} ms "
-            f"({r['deferrals']:.0f} deferrals, {r['deferred_requests']:.0f} requests; their transfer p50 "
-            f"{r['transfer_ms_p50']:.1f} / p99 {r['transfer_ms_p99']:.1f} ms, round trip {r['round_trip_ms']:.2f} ms, "
-            f"within {r['within_bound']:.0%}); blocked in lookups {r['blocked_ms_per_step']:.2f} ms/step "
+            f"({r['deferrals']:.0f} deferrals, {r['deferred_requests']:.0f} requests); waited on the tier per "
+            f"request p50 {r['waited_ms_p50']:.1f} / p99 {r['waited_ms_p99']:.1f} ms ({r['tier_requests']:.0f} "
+            f"requests; their transfer p50 {r['transfer_ms_p50']:.1f} / p99 {r['transfer_ms_p99']:.1f} ms, round "
+            f"trip {r['round_trip_ms']:.2f} ms, within {r['within_bound']:.0%}); blocked in lookups "
+            f"{r['blocked_ms_per_step']:.2f} ms/step "
             f"(max {r['blocked_ms_max_step']:.1f})"
         )
     on, off = runs["redis-warm-events"], runs["redis-warm-events-off"]

@@ -91,7 +91,7 @@ class TieredManager(OffloadingManager):
         sync_load_budget_bytes: record bytes the lookups of one engine step may read from the
             tiers on the calling thread (a lookup's promotions that fit what is left are loaded
             within it and answer ``LOOKUP_HIT``; larger ones are promoted asynchronously); 0:
-            every promotion is asynchronous.
+            every promotion is asynchronous. Default 1 MiB.
 
     Raises:
         InvalidTypeError: ``primary`` is not a ``CPUOffloadingManager``, a tier is not a ``Tier``.
@@ -106,7 +106,7 @@ class TieredManager(OffloadingManager):
         max_write_blocks: int | None = None,
         max_promoted_blocks: int | None = None,
         probe_in_lookup: bool = True,
-        sync_load_budget_bytes: int = 4 << 20,
+        sync_load_budget_bytes: int = 1 << 20,
     ) -> None:
         if not isinstance(primary, CPUOffloadingManager):
             raise InvalidTypeError(f"primary must be a CPUOffloadingManager, got {type(primary).__name__}")
