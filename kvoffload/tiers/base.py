@@ -2,7 +2,9 @@
 
 A :class:`Tier` moves whole host-pool records (one offloaded block each) between the host pool's
 record array and a store (Redis, a directory...). Every method is called from one engine thread
-and returns without waiting on the store; the bytes move on the tier's own threads:
+and returns without waiting on the store (except :meth:`Tier.probe_now` and :meth:`Tier.load_now`,
+which a caller uses to answer a lookup within the call, and ``end_step``'s bounded wait); the
+bytes move on the tier's own threads:
 
 * :meth:`Tier.lookup` answers per key from verdicts already known and queues the rest, which
   answer :data:`LOOKUP_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
@@ -15,7 +17,8 @@ and returns without waiting on the store; the bytes move on the tier's own threa
   (counted), loads fail; after the back-off the next operation reconnects.
 
 Backends implement :meth:`Tier._probe`, :meth:`Tier._store_batch`, :meth:`Tier._load_batch` and
-:meth:`Tier._close_backend`, all called on tier threads.
+:meth:`Tier._close_backend`, called on tier threads (``_load_batch`` also on the engine thread,
+by :meth:`Tier.load_now`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A standalone Redis tier's probe answered on the engine thread, within the step's ``probe_wait``.
+"""A standalone Redis tier's probe answered on the engine thread, within ``probe_wait`` (the step's
+probe at ``end_step``, or a lookup's own with :meth:`~kvoffload.tiers.base.Tier.probe_now`).
 
 Handing a step's probe to the tier's lookup thread and waiting for its answer costs two thread
 hand-offs (the lookup thread must get a core and the GIL to send, then the engine thread to take
