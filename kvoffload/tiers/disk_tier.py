@@ -205,7 +205,7 @@ class DiskTier(Tier):
                 continue
             size = self.file_bytes(key)
             if self.max_bytes is not None and size > self.max_bytes:
-                self._count_error("store", OSError(errno.EFBIG, f"a value of {size} bytes exceeds max_bytes"))
+                self.counters.error("store", OSError(errno.EFBIG, f"a value of {size} bytes exceeds max_bytes"))
                 out.append(FAILED)
                 continue
             payload = self.records[slot]
@@ -219,7 +219,7 @@ class DiskTier(Tier):
             except OSError as exc:
                 if exc.errno == errno.ENOENT:  # the subdirectory was removed: re-create it next time
                     self._subdirs.discard(sub)
-                self._count_error("store", exc)
+                self.counters.error("store", exc)
                 out.append(FAILED)
                 continue
             self.index.add(fid, size, key)
@@ -243,10 +243,9 @@ class DiskTier(Tier):
                 pass
             if key is not None:
                 removed.append(key)
-        with self._lock:
-            self._stats.evictions += len(victims)
+        self.counters.count("evictions", len(victims))
         if self.removal_events and removed:
-            self._note_removed(removed)
+            self.counters.removed(removed)
 
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
         ok = [False] * len(keys)
@@ -260,22 +259,22 @@ class DiskTier(Tier):
                 self.codec.check_parts(key, header, row.data if payload is None else payload)
             except FileNotFoundError:
                 self.index.remove(fid)
-                self._count("absent")
+                self.counters.count("absent")
                 continue
             except ValueRejected as rej:
-                self._count_rejected(rej)
+                self.counters.rejected(rej)
                 if self.removal_events:  # forgotten for this reader, whether deleted or not
-                    self._note_removed([key])
+                    self.counters.removed([key])
                 if rej.delete:
                     self.index.remove(fid)
                     try:
                         os.unlink(path)
-                        self._count("deleted_values")
+                        self.counters.count("deleted_values")
                     except OSError:
                         pass
                 continue
             except OSError as exc:
-                self._count_error("load", exc)
+                self.counters.error("load", exc)
                 continue
             if payload is not None:  # read into the bounce buffer: copied once checked
                 row[:] = np.frombuffer(payload, dtype=np.uint8)
