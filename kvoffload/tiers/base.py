@@ -214,9 +214,8 @@ class Tier(ABC):
             if reason is None and self._book.pending_write_bytes + nbytes > self._max_pending_write:
                 reason = "write queue full"
             if reason is not None:
-                self.counters.stats.dropped_writes += len(keys)
+                self.counters.dropped(len(keys), reason)
                 self._book.finish_now(job_id, "store", keys, False)
-                self.counters.log_once(f"drop-{reason}", "tier %s drops stores: %s (counted in dropped_writes)", reason)
                 return
             self._book.pending_write_bytes += nbytes
             job = self._book.jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
