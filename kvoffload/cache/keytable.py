@@ -1,12 +1,12 @@
 """Per-slot state of the CPU offloading manager, in flat arrays (no object per block).
 
-For a pool of ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (``dict[bytes, int]``,
-key -> slot of every present key: the only per-key Python structure), ``keys`` (slot -> key,
-``None`` when free), ``ref`` (``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or
-``>= 0``: ready, pinned by that many loads; ``ref_buf`` is the same memory as an ``array('i')``
-for single-slot access), ``gen`` (``uint32``, bumped when the slot is freed: the memo's check).
-Never-used slots are allocated first in increasing order, then freed ones last-in-first-out.
-``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned`` are exact at every step.
+For ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (key -> slot of every present
+key: the only per-key Python structure), ``keys`` (slot -> key, ``None`` when free), ``ref``
+(``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or ``>= 0``: ready, pinned that many
+times; ``ref_buf``: the same memory as an ``array('i')``), ``gen`` (``uint32``, bumped whenever the
+slot is freed: the memo's check). Never-used slots are allocated first in increasing order, then
+freed ones last-in-first-out. ``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned``
+are exact at every step.
 """
 
 from __future__ import annotations
@@ -20,28 +20,18 @@ from typing import Any
 import numpy as np
 
 from kvoffload.cache import batch as _batch
-from kvoffload.cache.batch import KeyBatch, Resolved, TranslationMemo, as_key_list
+from kvoffload.cache.batch import KeyBatch, Resolved, TranslationMemo
 from kvoffload.checks import check_int
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
-from kvoffload.errors import InvalidTypeError, KeyStateError
+from kvoffload.errors import InvalidTypeError
 
-__all__ = ["FREE", "PENDING", "SlotTable", "ClosedIndex", "any_below"]
+__all__ = ["FREE", "PENDING", "SlotTable", "any_below"]
 
 FREE = -2
 PENDING = -1
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _BYTES_ONLY = {bytes}
-
-
-class ClosedIndex:
-    """The key index after ``shutdown``: every per-key lookup raises."""
-
-    def get(self, key: object, default: object = None) -> object:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
-
-    def __contains__(self, key: object) -> bool:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
 
 
 def any_below(pos: memoryview | array, slots: list[int], limit: int) -> bool:
@@ -157,27 +147,21 @@ class SlotTable:
         return list(map(self.index.get, keys, repeat(-1)))
 
     def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int) -> KeyBatch:
-        """Validate ``keys`` and resolve them to slots once (:meth:`resolve`'s checks), repeats
-        reduced to their first occurrence with ``dedup``; a ``list`` of at most ``limit`` keys with
-        scalar code."""
+        """``keys`` checked (:meth:`resolve`'s checks) and resolved to slots once, repeats reduced to
+        their first occurrence with ``dedup``; a ``list`` of at most ``limit`` keys with scalar code."""
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
                 return keys  # type: ignore[return-value]
         slots = self.small_slots(keys, limit) if keys.__class__ is list else None
-        if slots is not None:
-            out = KeyBatch(keys)
-            out.unique = len(set(out)) == len(out)
-            if dedup and not out.unique:
-                first = dict(zip(keys, slots, strict=True))  # equal keys have equal slots
-                out, slots = KeyBatch(first), list(first.values())
-                out.unique = True
-        else:
-            lst = list(keys) if keys.__class__ is KeyBatch else keys
-            if dedup:
-                lst = list(dict.fromkeys(as_key_list(lst, name, allow_duplicates=True)))
-            r = self.resolve(lst, name, allow_duplicates=not dedup, remember=False)
-            out, slots = KeyBatch(r.keys), r.slots.tolist()
-            out.unique = r.unique
+        if slots is None:
+            r = self.resolve(keys, name, allow_duplicates=True, remember=False)
+            keys, slots = r.keys, r.slots.tolist()
+        out = KeyBatch(keys)
+        out.unique = len(set(out)) == len(out)
+        if dedup and not out.unique:
+            first = dict(zip(out, slots, strict=True))  # equal keys have equal slots
+            out, slots = KeyBatch(first), list(first.values())
+            out.unique = True
         out.slots, out.owner, out.epoch = slots, self, self.epoch
         return out
 

@@ -5,7 +5,6 @@ manager: a list (a few keys: scalar code) or an ``int64`` array (numpy operation
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,8 +25,7 @@ LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], 
 
 
 def make_lookup(
-    index: dict[bytes, int],
-    ref: array,
+    table: SlotTable,
     counters: OffloadingStats,
     answers: tuple[Any, Any, Any] = (True, False, None),
     context_cls: type = ReqContext,
@@ -37,7 +35,7 @@ def make_lookup(
     closure cells make a miss cost a ``dict.get`` and one call) answering ``answers`` for a ready,
     an absent and a pending key; ``context_cls`` contexts pass unchecked; ``count``: called with
     each answered key and the request id (a reuse filter counting lookups), or None."""
-    get = index.get
+    get, ref = table.index.get, table.ref_buf
     hit, miss, pending = answers
 
     def lookup(key: OffloadKey, req_context: Any) -> Any:
@@ -65,7 +63,7 @@ def make_lookup(
         counters.pending_hits += 1
         return pending
 
-    counted = make_lookup(index, ref, counters, answers, context_cls) if count is not None else None
+    counted = make_lookup(table, counters, answers, context_cls) if count is not None else None
     return lookup
 
 
