@@ -85,11 +85,9 @@ class SlotTable:
     def resolve(
         self, keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool, remember: bool
     ) -> Resolved:
-        """Validate ``keys`` and translate them to slots (``-1`` = absent); ``remember``: the memo
-        keeps them. An absent key must be exactly ``bytes`` (``numpy.bytes_`` may have lost
-        trailing NULs); a present one equals a stored key. Repeats raise unless ``allow_duplicates``.
-        The keys and slots returned are the caller's to keep.
-        """
+        """Validate ``keys`` and translate them to slots (``-1`` = absent; the caller's to keep);
+        ``remember``: the memo keeps them. An absent key must be exactly ``bytes``, a present one
+        equals a stored key. Repeats raise unless ``allow_duplicates``."""
         if keys.__class__ is list:
             lst: list[OffloadKey] = keys  # type: ignore[assignment]
         else:
@@ -111,7 +109,7 @@ class SlotTable:
                 b, off = found
                 return Resolved(b.keys[off : off + n], memo.slots(b, off, n, self.insert_count), not b.has_dups, b, off)
         try:
-            slots = np.fromiter(map(self.index.get, lst, repeat(-1)), dtype=np.int64, count=n)
+            slots = self.slots_of(lst)
         except TypeError:
             validate_keys(lst, name, allow_duplicates=allow_duplicates)
             raise
@@ -127,11 +125,6 @@ class SlotTable:
             unique = unique or not b.has_dups
             return Resolved(lst, slots.copy(), unique, b, 0)
         return Resolved(lst, slots, unique, None, 0)
-
-    def memo_note_insert(self, r: Resolved, positions: np.ndarray, slots: np.ndarray, count_before: int) -> None:
-        """Keys of ``r`` at ``positions`` were just allocated ``slots``: the memo learns them."""
-        if r.batch is not None:
-            self.memo.note_insert(r.batch, r.offset + positions, slots, count_before, self.insert_count)
 
     def small_slots(self, keys: Iterable[OffloadKey], limit: int) -> list[int] | None:
         """Slot (-1 = absent) per key of a current :class:`KeyBatch` or a ``list`` of at most

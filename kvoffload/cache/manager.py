@@ -1,10 +1,7 @@
-"""The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
-
-One class holding its parts and calling them directly: a slot table, a cache policy, stores and
-evictions, loads, counters and events, and optionally a reuse filter (``store_threshold``) and a
-request log (vLLM's request hooks). Each operation checks its arguments once, then runs scalar
-code over a list of slots for a ``list`` of at most :data:`SMALL_BATCH` keys (a numpy call costs
-about a microsecond whatever its size) and a fixed number of numpy operations otherwise.
+"""The CPU offloading manager (docs/contract.md §2, §3): one class calling its parts directly (slot
+table, policy, stores, loads, counters, events, optional reuse filter and request log). Each
+operation checks its arguments once, then runs scalar code for a ``list`` of at most
+:data:`SMALL_BATCH` keys (a numpy call costs ~1 us whatever its size), numpy operations otherwise.
 """
 
 from __future__ import annotations
@@ -46,12 +43,10 @@ class CPUOffloadingManager(OffloadingManager):
     """Manager of a pool of ``num_blocks`` CPU slots, vLLM semantics (docs/contract.md §2).
 
     A key is absent, *pending* (store in flight: neither loadable nor evictable) or *ready*; a
-    ready block with ref count > 0 is *pinned* by loads. Slot ids are CPU block ids: never-used
-    slots first in increasing order, then freed slots last-in-first-out. Every method checks all
-    its arguments before changing anything; a failing call changes nothing. Keys are exactly
-    ``bytes`` (``numpy.bytes_`` drops trailing NULs). Costs (``k`` keys): one C-level dict pass
-    plus a fixed number of numpy operations, O(k) amortised whatever the capacity and the pinned
-    blocks. Not thread-safe.
+    ready block with ref count > 0 is *pinned* by loads. Slot ids are CPU block ids (never-used
+    slots first, in increasing order, then freed ones last-in-first-out). A failing call changes
+    nothing. Keys are exactly ``bytes``. A call on ``k`` keys costs O(k) amortised, whatever the
+    capacity and the pinned blocks. Not thread-safe.
 
     Args:
         num_blocks: CPU slots (``>= 0``; 0 makes every store fail).

@@ -1,7 +1,5 @@
-"""The read side of :class:`~kvoffload.cache.manager.CPUOffloadingManager`: lookups (a per-key
-closure, batch answers as :class:`~kvoffload.core.lookup_code.LookupCode` values) and loads (pin
-ready blocks, unpin them; a block unpinned to zero is evictable again). Slots come resolved by the
-manager: a list (a few keys: scalar code) or an ``int64`` array (numpy operations)."""
+"""The manager's lookups (a per-key closure; batch answers as ``LookupCode`` values) and loads (pin
+ready blocks, unpin them), on slots the manager resolved: a list (a few keys) or an ``int64`` array."""
 
 from __future__ import annotations
 
@@ -31,10 +29,9 @@ def make_lookup(
     context_cls: type = ReqContext,
     count: Callable[[tuple[OffloadKey], str], None] | None = None,
 ) -> Callable[[OffloadKey, Any], Any]:
-    """A ``lookup(key, req_context)`` closure (:meth:`CPUOffloadingManager.lookup`'s contract;
-    closure cells make a miss cost a ``dict.get`` and one call) answering ``answers`` for a ready,
-    an absent and a pending key; ``context_cls`` contexts pass unchecked; ``count``: called with
-    each answered key and the request id (a reuse filter counting lookups), or None."""
+    """A ``lookup(key, req_context)`` closure over ``table`` answering ``answers`` for a ready, an absent
+    and a pending key; ``context_cls`` contexts pass unchecked; ``count``: called with each answered
+    key and the request id (a reuse filter counting lookups), or None."""
     get, ref = table.index.get, table.ref_buf
     hit, miss, pending = answers
 

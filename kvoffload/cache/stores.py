@@ -1,7 +1,5 @@
-"""Stores and evictions of the host pool: the part of
-:class:`~kvoffload.cache.manager.CPUOffloadingManager` that runs ``prepare_store`` (room made by
-evicting the policy's victims), ``complete_store`` and ``discard``. Slots come resolved by the
-manager: a list (a few keys: scalar code) or an ``int64`` array (numpy operations)."""
+"""The manager's ``prepare_store`` (room made by evicting the policy's victims), ``complete_store``
+and ``discard``, on slots the manager resolved: a list (a few keys: scalar code) or an ``int64`` array."""
 
 from __future__ import annotations
 
@@ -42,9 +40,8 @@ class Stores:
         r: Resolved | None = None,
         absent: list[OffloadKey] | None = None,
     ) -> StorePlan:
-        """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: the
-        resolved keys of an array (the memo learns the new slots); ``absent``: the keys whose slot is
-        -1, in order, when the caller has them already (a list of slots only)."""
+        """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: their
+        resolution (the memo learns the new slots); ``absent``: the keys of slot -1 if known (lists)."""
         if slots.__class__ is list:
             to_store = absent if absent is not None else [k for k, s in zip(keys, slots, strict=True) if s < 0]
             positions = None
@@ -69,9 +66,9 @@ class Stores:
             evicted = made
         count_before = t.insert_count
         new_slots = t.allocate(to_store, as_list=positions is None)
-        if r is not None:
-            t.memo_note_insert(r, positions, new_slots, count_before)  # type: ignore[arg-type]
-        self.policy.insert(new_slots if self._lists else self._arg(new_slots), to_store)
+        if r is not None and r.batch is not None:  # the memo learns the new slots
+            t.memo.note_insert(r.batch, r.offset + positions, new_slots, count_before, t.insert_count)  # type: ignore[operator,arg-type]
+        self.policy.insert(self._arg(new_slots), to_store)
         return self._stored(to_store, new_slots, evicted, n_present)
 
     def _arg(self, slots: list[int] | np.ndarray) -> Any:
@@ -125,7 +122,7 @@ class Stores:
                     ref[s] = 0
             else:
                 t.ref[pend] = 0
-            self.policy.on_evictable(pend if self._lists else self._arg(pend))  # type: ignore[arg-type]
+            self.policy.on_evictable(self._arg(pend))
             t.num_pending -= len(pend)
             t.num_evictable += len(pend)
             self.counters.stores_completed += len(pend)
