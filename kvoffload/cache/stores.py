@@ -143,7 +143,7 @@ class Stores:
         if protected.__class__ is list:
             prot_ev = sum(1 for s in protected if t.ref_buf[s] == 0)
         else:
-            prot_ev = int(np.count_nonzero(t.ref[protected] == 0))
+            prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if len(protected) else 0
         victims: np.ndarray | list[int] | None = None
         if need <= t.num_evictable - prot_ev:  # else hopeless: fail in O(1)
             self._mark(protected, 1)
