@@ -184,8 +184,7 @@ class CPUOffloadingManager(OffloadingManager):
         return self._codes(keys, count=False)
 
     def _codes(self, keys: Sequence[OffloadKey], count: bool) -> np.ndarray:
-        _, slots, r = self._at(keys, True, remember=count)
-        return lookup_codes(self._table, self._counters if count else None, slots if r is None else None, r)
+        return lookup_codes(self._table, self._counters if count else None, self._at(keys, True, remember=count)[1])
 
     def prepare_load(
         self, keys: Sequence[OffloadKey], req_context: ReqContext, *, record_access: bool = True

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import Resolved
 from kvoffload.cache.keytable import PENDING, SlotTable, any_below
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import OffloadingStats
@@ -64,27 +63,22 @@ def make_lookup(
     return lookup
 
 
-def lookup_codes(
-    table: SlotTable, counters: OffloadingStats | None, small: list[int] | None, r: Resolved | None
-) -> np.ndarray:
-    """``np.int8`` code per key from the keys' ``small`` slots (a few keys) or their resolved
-    batch ``r``; counted in ``counters`` unless None."""
-    if small is not None:
+def lookup_codes(table: SlotTable, counters: OffloadingStats | None, slots: list[int] | np.ndarray) -> np.ndarray:
+    """``np.int8`` code per key of ``slots`` (-1 = absent; a list: scalar code), counted in
+    ``counters`` unless None."""
+    if slots.__class__ is list:
         ref = table.ref_buf
-        codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
+        codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in slots]
         if counters is not None:
             hits, pend = codes.count(LOOKUP_HIT), codes.count(LOOKUP_PENDING)
             counters.hits += hits
             counters.pending_hits += pend
             counters.misses += len(codes) - hits - pend
         return np.array(codes, dtype=np.int8)
-    assert r is not None
-    if not r.keys:
-        return np.zeros(0, dtype=np.int8)
-    st = table.ref[r.slots] if table.num_blocks else np.zeros(len(r.slots), dtype=np.int32)
+    st = table.ref[slots] if table.num_blocks else np.zeros(len(slots), dtype=np.int32)
     np.minimum(st, 0, out=st)  # class: 3 ready, 2 pending (a present key is never FREE), 0 absent
     st += 3
-    st[r.slots < 0] = 0
+    st[slots < 0] = 0  # type: ignore[operator]
     if counters is not None:
         counts = np.bincount(st, minlength=4)
         counters.hits += int(counts[3])

@@ -87,30 +87,23 @@ class Stores:
 
     def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, success: bool, unique: bool) -> None:
         """``complete_store`` of ``keys`` with their ``slots`` (-1 = absent; repeats unless ``unique``)."""
+        karr = self.table.keys  # the keys of the slots made ready (equal keys, equal slots)
         if slots.__class__ is list:
             ref = self.table.ref_buf
             pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
-            if not pend:
-                return
             if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
                 pend = list(dict.fromkeys(pend))
-            karr = self.table.keys  # a slot's key (equal keys, equal slots)
-            self._finish(pend, [karr[s] for s in pend] if self.events is not None else [], success)
+            if pend:
+                self._finish(pend, [karr[s] for s in pend] if self.events is not None else [], success)
             return
-        if len(slots) == 0:
-            return
-        sel_mask = self.table.ref[slots] == PENDING
-        sel_mask &= slots >= 0  # type: ignore[operator]
-        idx = sel_mask.nonzero()[0]
-        if len(idx) == 0:
-            return
-        pend = slots[idx]  # type: ignore[call-overload]
+        pend = slots[slots >= 0]  # type: ignore[operator,assignment]
+        pend = pend[self.table.ref[pend] == PENDING]
         if not unique and len(pend) > 1:
-            uniq, first = np.unique(pend, return_index=True)
-            if len(uniq) != len(pend):
-                order = np.sort(first)
-                idx, pend = idx[order], pend[order]
-        self._finish(pend, [keys[i] for i in idx.tolist()] if self.events is not None else [], success)
+            first = np.unique(pend, return_index=True)[1]
+            if len(first) != len(pend):
+                pend = pend[np.sort(first)]
+        if len(pend):
+            self._finish(pend, karr[pend].tolist() if self.events is not None else [], success)
 
     def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
         """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
