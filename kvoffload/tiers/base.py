@@ -29,13 +29,11 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 
 from kvoffload.checks import check_int
-from kvoffload.core.lookup_code import LOOKUP_RETRY
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
 from kvoffload.tiers.counters import TierCounters
@@ -141,10 +139,18 @@ class Tier(ABC):
         self._health = Health(name, backoff_initial, backoff_max)
         self._book = JobBook(self._lock)
         self._closed = False
-        self._step = StepProbe(Verdicts(lookup_ttl_steps, float(defer_hit_rate)), self._health, float(probe_wait))
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
         self._probe_q: queue.SimpleQueue[Probe | _Tasks | Callable[[], None] | None] = queue.SimpleQueue()
+        self._step = StepProbe(
+            Verdicts(lookup_ttl_steps, float(defer_hit_rate)),
+            self._health,
+            float(probe_wait),
+            self.counters,
+            self._probe,
+            self._probe_now,
+            self._hand_probe,
+        )
         self._pool = IOThreads(io_threads, f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
             target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
@@ -165,41 +171,19 @@ class Tier(ABC):
         """Send this step's queued lookups as one probe batch; call once per engine step.
 
         While a key answered ``LOOKUP_RETRY`` (a request waits on it) has not been probed, wait
-        for the answers up to ``probe_wait`` seconds (one round trip on a healthy store),
-        so a request deferred on the probe is answered at the engine's next step (without the wait
-        it waits for the lookup thread to be scheduled behind the engine thread, steps longer). A
-        backend that can (:meth:`_probe_now`: a standalone Redis server) sends the batch and reads
-        its answer on this thread, with no thread hand-off; otherwise the lookup thread probes
-        and this thread sleeps on its answer.
+        for the answers up to ``probe_wait`` seconds, so a request deferred on the probe is
+        answered at the engine's next step. A backend that can (:meth:`_probe_now`: a standalone
+        Redis server) sends the batch and reads its answer on this thread; otherwise the lookup
+        thread probes and this thread sleeps on its answer.
         """
-        batch, wait = self._step.take_batch()
-        if batch and self._send_probe(batch, self._probe_now(batch, wait) if wait > 0 else None):
-            return  # answered, or this step's wait is spent on a late reply
-        self._step.wait(wait)
+        self._step.end_step()
 
     def probe_now(self, keys: Sequence[bytes]) -> np.ndarray:
-        """:meth:`lookup`, with the keys it queues probed at once on this thread (blocking: one round
-        trip, at most ``probe_wait`` seconds), when the backend can (:meth:`_probe_now`: a
-        standalone Redis server) and the tier is not in back-off.
-
-        A reply within ``probe_wait`` gives those keys their verdict in this call; a late one is
-        read by the lookup thread (the keys answer ``LOOKUP_RETRY`` until then); a backend that
-        cannot probe here sends nothing (the keys go with the step's batch). Each call with keys
-        to probe is a round trip of its own (:meth:`lookup` batches a step's keys into one).
-        """
-        keys = check_keys(keys, "keys")
-        codes = self._step.lookup(keys)
-        wait = self._step.probe_wait
-        if wait <= 0 or not (codes == LOOKUP_RETRY).any() or self._health.is_down():
-            return codes
-        verdicts = self._step.verdicts
-        batch = verdicts.queued(keys)
-        now = self._probe_now(batch, wait) if batch else None
-        if now is None:
-            return codes
-        verdicts.sending(batch)
-        self._send_probe(batch, now)
-        return self._step.lookup(keys)
+        """:meth:`lookup`, with the keys it queues probed at once on this thread when the backend can
+        (:meth:`_probe_now`) and the tier is not in back-off: one round trip of its own, waited for
+        at most ``probe_wait`` (a late reply is read by the lookup thread, the keys answer
+        ``LOOKUP_RETRY`` until then; a backend that cannot sends nothing: the step's batch does)."""
+        return self._step.probe_now(check_keys(keys, "keys"))
 
     def load_now(self, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> list[bool]:
         """Copy the values of ``keys`` into the records in ``slots`` on this thread (blocking: one
@@ -365,20 +349,11 @@ class Tier(ABC):
         tasks: list[tuple[object, ...]] = [(job, a, b, slots[a:b]) for a, b in job.batches()]
         self._probe_q.put((priority, run, tasks))
 
-    def _send_probe(self, batch: list[bytes], now: list[bool] | Callable[[], list[bool]] | None) -> bool:
-        """Settle a probe of ``batch`` (its keys in flight) from :meth:`_probe_now`'s outcome ``now``:
-        answers applied (True); a late reply handed to the lookup thread (True); None: the lookup
-        thread probes the batch (False)."""
-        if isinstance(now, list):
-            self._health.succeeded()
-            self.counters.probe(batch, now)
-            self._step.verdicts.probed(batch, now)
-            return True
+    def _hand_probe(self, probe: Probe) -> None:
+        """A probe for the lookup thread (to send, or a late reply to read)."""
         with self._lock:
             self._book.probes_in_flight += 1
-        self._step.sent()
-        self._probe_q.put(Probe(batch, now) if now is not None else Probe(batch, partial(self._probe, batch), True))
-        return now is not None
+        self._probe_q.put(probe)
 
     def _on_lookup_thread(self, fn: Callable[[], None]) -> None:
         """Backends: run ``fn`` on the lookup thread, in turn with its probes (it must not raise)."""
