@@ -174,8 +174,6 @@ class HeadStartPolicy(CachePolicy):
         self._to_seen(rev)
 
     def on_evictable(self, slots: np.ndarray) -> None:
-        if len(slots) == 0 or int(self.pos[slots].min()) >= min(self.new.scan_position, self.seen.scan_position):
-            return  # none is parked in either list (the common case): one test for both
         self.new.on_evictable(slots)
         self.seen.on_evictable(slots)
 
