@@ -44,13 +44,13 @@ Rules (the reference model in the tests implements exactly these):
 Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + ``uint32``
 fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
 keys (64 to 129 B) + a ``uint8`` tag label: 102 to 167 bytes, plus 4 KB of tag counts, the victim
-queue (at most ``GHOST_BATCH`` plus one call's victims, 4 B each) and the
-tuner's small caches (four of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever
-the capacity). Cost: a touch or insert is O(keys)
-numpy work (a CRC-32 per inserted key); evicting ``n`` blocks takes the first-sight blocks up to
-the seen list's oldest candidate in one scan (usually all ``n``), then the two lists in turn
-(O(n) amortised); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of the
-accesses (its sample).
+queue (at most ``GHOST_BATCH`` plus one call's victims, 4 B each) and the tuner's small caches (four
+of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch
+or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key); evicting ``n``
+blocks takes the first-sight blocks up to the seen list's oldest candidate in one scan (usually all
+``n``), then the two lists in turn (O(n) amortised), and the history takes the queued victims in
+one numpy pass per batch; the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of
+the accesses (its sample).
 """
 
 from __future__ import annotations
