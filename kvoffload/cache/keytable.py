@@ -1,12 +1,12 @@
 """Per-slot state of the CPU offloading manager, in flat arrays (no object per block).
 
-For a pool of ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (``dict[bytes, int]``,
-key -> slot of every present key: the only per-key Python structure), ``keys`` (slot -> key,
-``None`` when free), ``ref`` (``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or
-``>= 0``: ready, pinned by that many loads; ``ref_buf`` is the same memory as an ``array('i')``
-for single-slot access), ``gen`` (``uint32``, bumped when the slot is freed: the memo's check).
-Never-used slots are allocated first in increasing order, then freed ones last-in-first-out.
-``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned`` are exact at every step.
+For ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (key -> slot of every present
+key: the only per-key Python structure), ``keys`` (slot -> key, ``None`` when free), ``ref``
+(``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or ``>= 0``: ready, pinned that many
+times; ``ref_buf``: the same memory as an ``array('i')``), ``gen`` (``uint32``: the epoch, mod ``2**32``,
+at which the slot was last freed: the memo's check). Never-used slots are allocated first in increasing order, then
+freed ones last-in-first-out. ``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned``
+are exact at every step.
 """
 
 from __future__ import annotations
@@ -20,28 +20,18 @@ from typing import Any
 import numpy as np
 
 from kvoffload.cache import batch as _batch
-from kvoffload.cache.batch import KeyBatch, Resolved, TranslationMemo, as_key_list
+from kvoffload.cache.batch import KeyBatch, Resolved, TranslationMemo
 from kvoffload.checks import check_int
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
-from kvoffload.errors import InvalidTypeError, KeyStateError
+from kvoffload.errors import InvalidTypeError
 
-__all__ = ["FREE", "PENDING", "SlotTable", "ClosedIndex", "any_below"]
+__all__ = ["FREE", "PENDING", "SlotTable", "any_below"]
 
 FREE = -2
 PENDING = -1
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _BYTES_ONLY = {bytes}
-
-
-class ClosedIndex:
-    """The key index after ``shutdown``: every per-key lookup raises."""
-
-    def get(self, key: object, default: object = None) -> object:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
-
-    def __contains__(self, key: object) -> bool:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
 
 
 def any_below(pos: memoryview | array, slots: list[int], limit: int) -> bool:
@@ -95,11 +85,9 @@ class SlotTable:
     def resolve(
         self, keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool, remember: bool
     ) -> Resolved:
-        """Validate ``keys`` and translate them to slots (``-1`` = absent); ``remember``: the memo
-        keeps them. An absent key must be exactly ``bytes`` (``numpy.bytes_`` may have lost
-        trailing NULs); a present one equals a stored key. Repeats raise unless ``allow_duplicates``.
-        The keys and slots returned are the caller's to keep.
-        """
+        """Validate ``keys`` and translate them to slots (``-1`` = absent; the caller's to keep);
+        ``remember``: the memo keeps them. An absent key must be exactly ``bytes``, a present one
+        equals a stored key. Repeats raise unless ``allow_duplicates``."""
         if keys.__class__ is list:
             lst: list[OffloadKey] = keys  # type: ignore[assignment]
         else:
@@ -121,7 +109,7 @@ class SlotTable:
                 b, off = found
                 return Resolved(b.keys[off : off + n], memo.slots(b, off, n, self.insert_count), not b.has_dups, b, off)
         try:
-            slots = np.fromiter(map(self.index.get, lst, repeat(-1)), dtype=np.int64, count=n)
+            slots = self.slots_of(lst)
         except TypeError:
             validate_keys(lst, name, allow_duplicates=allow_duplicates)
             raise
@@ -138,11 +126,6 @@ class SlotTable:
             return Resolved(lst, slots.copy(), unique, b, 0)
         return Resolved(lst, slots, unique, None, 0)
 
-    def memo_note_insert(self, r: Resolved, positions: np.ndarray, slots: np.ndarray, count_before: int) -> None:
-        """Keys of ``r`` at ``positions`` were just allocated ``slots``: the memo learns them."""
-        if r.batch is not None:
-            self.memo.note_insert(r.batch, r.offset + positions, slots, count_before, self.insert_count)
-
     def small_slots(self, keys: Iterable[OffloadKey], limit: int) -> list[int] | None:
         """Slot (-1 = absent) per key of a current :class:`KeyBatch` or a ``list`` of at most
         ``limit`` exact ``bytes`` (scalar code); None otherwise."""
@@ -157,31 +140,35 @@ class SlotTable:
         return list(map(self.index.get, keys, repeat(-1)))
 
     def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int) -> KeyBatch:
-        """Validate ``keys`` and resolve them to slots once (:meth:`resolve`'s checks), repeats
-        reduced to their first occurrence with ``dedup``; a ``list`` of at most ``limit`` keys with
-        scalar code."""
+        """``keys`` checked (:meth:`resolve`'s checks) and resolved to slots once, repeats reduced to
+        their first occurrence with ``dedup``; a ``list`` of at most ``limit`` keys with scalar code."""
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
                 return keys  # type: ignore[return-value]
         slots = self.small_slots(keys, limit) if keys.__class__ is list else None
-        if slots is not None:
-            out = KeyBatch(keys)
-            out.unique = len(set(out)) == len(out)
-            if dedup and not out.unique:
-                first = dict(zip(keys, slots, strict=True))  # equal keys have equal slots
-                out, slots = KeyBatch(first), list(first.values())
-                out.unique = True
-        else:
-            lst = list(keys) if keys.__class__ is KeyBatch else keys
-            if dedup:
-                lst = list(dict.fromkeys(as_key_list(lst, name, allow_duplicates=True)))
-            r = self.resolve(lst, name, allow_duplicates=not dedup, remember=False)
-            out, slots = KeyBatch(r.keys), r.slots.tolist()
-            out.unique = r.unique
+        if slots is None:
+            r = self.resolve(keys, name, allow_duplicates=True, remember=False)
+            keys, slots = r.keys, r.slots.tolist()
+        out = KeyBatch(keys)
+        out.unique = len(set(out)) == len(out)
+        if dedup and not out.unique:
+            first = dict(zip(out, slots, strict=True))  # equal keys have equal slots
+            out, slots = KeyBatch(first), list(first.values())
+            out.unique = True
         out.slots, out.owner, out.epoch = slots, self, self.epoch
         return out
 
     # ------------------------------------------------------------------ mutation
+    def _bump(self) -> int:
+        """Next epoch; its low 32 bits, the generation of a slot freed now (every generation is reset
+        to 0 and the memo emptied when they wrap, so a freed slot's generation is always new)."""
+        self.epoch += 1
+        stamp = self.epoch & 0xFFFFFFFF
+        if not stamp:
+            self.gen[:] = 0
+            self.memo.clear()
+        return stamp
+
     def allocate(self, keys: list[OffloadKey], as_list: bool = False) -> Any:
         """Give each (absent, distinct) key a pending slot (``len(keys) <= num_free``); the slots, an
         ``int64`` array or with ``as_list`` a list (scalar code)."""
@@ -199,7 +186,7 @@ class SlotTable:
         self.num_allocated = start + fresh
         self.num_pending += m
         self.insert_count += 1
-        self.epoch += 1
+        self._bump()
         if as_list:
             index, karr, ref = self.index, self.keys, self.ref_buf
             for k, s in zip(keys, slot_list, strict=True):
@@ -219,6 +206,7 @@ class SlotTable:
         keys. ``ready``: the caller knows they are all ready (eviction victims)."""
         if len(slots) == 0:
             return []
+        stamp = self._bump()
         if slots.__class__ is list:
             index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv
             keys: list[OffloadKey] = []
@@ -228,7 +216,7 @@ class SlotTable:
                 keys.append(k)
                 del index[k]
                 karr[s] = None
-                gen[s] = (gen[s] + 1) & 0xFFFFFFFF
+                gen[s] = stamp
                 n_pending += ref[s] == PENDING
                 ref[s] = FREE
             self.free_list.extend(slots)
@@ -236,25 +224,22 @@ class SlotTable:
             keys = self.keys[slots].tolist()
             deque(map(self.index.__delitem__, keys), maxlen=0)
             self.keys[slots] = None
-            self.gen[slots] += 1
+            self.gen[slots] = stamp
             n_pending = 0 if ready else int(np.count_nonzero(self.ref[slots] == PENDING))
             self.ref[slots] = FREE
             self.free_list.extend(slots.tolist())  # type: ignore[union-attr]
         self.num_pending -= n_pending
         self.num_evictable -= len(slots) - n_pending
-        self.epoch += 1
         return keys
 
     def clear(self) -> None:
         """Forget every key and return every slot to the never-used state."""
         self.index.clear()
         self.keys[:] = None
-        if self.num_blocks:
-            self.ref[:] = FREE
-            self.gen += 1
+        self.ref[:] = FREE
+        self.gen[:] = self._bump()
         self.num_allocated = 0
         self.free_list.clear()
         self.num_pending = self.num_evictable = self.num_pinned = 0
         self.insert_count += 1
-        self.epoch += 1
         self.memo.clear()
