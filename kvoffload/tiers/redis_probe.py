@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import select
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,11 +44,14 @@ class InlineProbe:
         make: a new, unconnected ``redis.Connection`` to the server (authenticates and selects
             the database when it connects).
         prefix: the tier's store-key prefix.
+        first_connect_wait: seconds the first :meth:`ask` waits for the first connect (made by
+            the lookup thread as the tier starts) when it is not over yet: once per tier.
     """
 
-    def __init__(self, make: Callable[[], Any], prefix: bytes) -> None:
+    def __init__(self, make: Callable[[], Any], prefix: bytes, first_connect_wait: float) -> None:
         self._make = make
         self._prefix = prefix
+        self._first_wait = first_connect_wait
         self._lock = threading.Lock()
         self._conn: Any = None
         self._lent = False  # a late reply is owed on the connection: the lookup thread reads it
@@ -80,12 +82,13 @@ class InlineProbe:
         """Probe ``keys`` (the engine thread): per key whether it is there, when the reply came
         within ``wait`` seconds; else a function that reads the late reply (the lookup thread's:
         raises :class:`~kvoffload.tiers.health.TierUnavailable` on an error); None when no
-        connection is ready (nothing was sent). Until the first connect is over, waits for it
-        within ``wait``."""
+        connection is ready (nothing was sent). The first call waits for the first connect if it
+        is not over (at most ``first_connect_wait``: the lookup thread needs the GIL a few times
+        to connect, milliseconds on a busy engine thread), so an engine's first lookups are
+        probed here too."""
         if not self._tried.is_set():
-            t0 = time.monotonic()
-            self._tried.wait(wait)
-            wait = max(0.0, wait - (time.monotonic() - t0))
+            self._tried.wait(self._first_wait)
+            self._tried.set()  # waited once
         with self._lock:
             conn = None if self._lent else self._conn
             if conn is None or getattr(conn, "_sock", None) is None:

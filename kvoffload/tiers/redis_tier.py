@@ -132,7 +132,7 @@ class RedisTier(Tier):
         # buffered bytes select cannot see)
         self._inline = None
         if not self.config.cluster and self.config.scheme in ("redis", "unix"):
-            self._inline = InlineProbe(self._probe_connection, self._prefix)
+            self._inline = InlineProbe(self._probe_connection, self._prefix, self.config.connect_timeout)
             self._on_lookup_thread(self._inline.connect)  # the first lookups may probe on the engine thread
         self._watcher: KeyspaceWatcher | ClusterWatchers | None = None
         self._removal_events = removal_events
