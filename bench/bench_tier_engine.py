@@ -4,7 +4,7 @@ Run: ``python bench/bench_tier_engine.py [--quick] [--no-write]``. Needs Debian'
 (started here on a free port, stopped at the end). Writes ``bench/results/<machine>-tier-engine.json``.
 
 The demo's chat workload (``kvoffload.app.demo``; ``--conversations`` per run) runs through the
-reference engine three ways, in the same process, alternating, ``--reps`` times:
+reference engine several ways, in the same process, alternating, ``--reps`` times:
 
 * ``none``: no tier (the baseline);
 * ``redis-cold``: a Redis tier emptied first: every lookup that misses the host pool is probed in
@@ -19,7 +19,7 @@ reference engine three ways, in the same process, alternating, ``--reps`` times:
 * ``redis-warm-events`` / ``redis-warm-events-off``: a warm tier with and without
   ``removal_events`` (the server publishing its key events, the tier watching them), in
   ``--event-pairs`` alternated pairs per repetition; the on/off ratio is pooled over all pairs
-  (goal <= 1.02x), beside the same ratio between the off runs of consecutive pairs (an A/A
+  (goal <= 1.02x), beside the same ratio between the off runs of alternate pairs (an A/A
   comparison: what the measurement cannot resolve).
 
 Per request, the wall time from its first deferred lookup to the lookup that answers (p50, p99;
