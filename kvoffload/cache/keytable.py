@@ -3,8 +3,8 @@
 For ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (key -> slot of every present
 key: the only per-key Python structure), ``keys`` (slot -> key, ``None`` when free), ``ref``
 (``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or ``>= 0``: ready, pinned that many
-times; ``ref_buf``: the same memory as an ``array('i')``), ``gen`` (``uint32``: the epoch, mod ``2**32``,
-at which the slot was last freed: the memo's check). Never-used slots are allocated first in increasing order, then
+times; ``ref_buf``: the same memory as an ``array('i')``), ``gen`` (``uint32``, bumped whenever the
+slot is freed: the memo's check). Never-used slots are allocated first in increasing order, then
 freed ones last-in-first-out. ``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned``
 are exact at every step.
 """
@@ -159,16 +159,6 @@ class SlotTable:
         return out
 
     # ------------------------------------------------------------------ mutation
-    def _bump(self) -> int:
-        """Next epoch; its low 32 bits, the generation of a slot freed now (every generation is reset
-        to 0 and the memo emptied when they wrap, so a freed slot's generation is always new)."""
-        self.epoch += 1
-        stamp = self.epoch & 0xFFFFFFFF
-        if not stamp:
-            self.gen[:] = 0
-            self.memo.clear()
-        return stamp
-
     def allocate(self, keys: list[OffloadKey], as_list: bool = False) -> Any:
         """Give each (absent, distinct) key a pending slot (``len(keys) <= num_free``); the slots, an
         ``int64`` array or with ``as_list`` a list (scalar code)."""
@@ -186,7 +176,7 @@ class SlotTable:
         self.num_allocated = start + fresh
         self.num_pending += m
         self.insert_count += 1
-        self._bump()
+        self.epoch += 1
         if as_list:
             index, karr, ref = self.index, self.keys, self.ref_buf
             for k, s in zip(keys, slot_list, strict=True):
@@ -206,7 +196,6 @@ class SlotTable:
         keys. ``ready``: the caller knows they are all ready (eviction victims)."""
         if len(slots) == 0:
             return []
-        stamp = self._bump()
         if slots.__class__ is list:
             index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv
             keys: list[OffloadKey] = []
@@ -216,7 +205,7 @@ class SlotTable:
                 keys.append(k)
                 del index[k]
                 karr[s] = None
-                gen[s] = stamp
+                gen[s] = (gen[s] + 1) & 0xFFFFFFFF
                 n_pending += ref[s] == PENDING
                 ref[s] = FREE
             self.free_list.extend(slots)
@@ -224,12 +213,13 @@ class SlotTable:
             keys = self.keys[slots].tolist()
             deque(map(self.index.__delitem__, keys), maxlen=0)
             self.keys[slots] = None
-            self.gen[slots] = stamp
+            self.gen[slots] += 1
             n_pending = 0 if ready else int(np.count_nonzero(self.ref[slots] == PENDING))
             self.ref[slots] = FREE
             self.free_list.extend(slots.tolist())  # type: ignore[union-attr]
         self.num_pending -= n_pending
         self.num_evictable -= len(slots) - n_pending
+        self.epoch += 1
         return keys
 
     def clear(self) -> None:
@@ -237,9 +227,10 @@ class SlotTable:
         self.index.clear()
         self.keys[:] = None
         self.ref[:] = FREE
-        self.gen[:] = self._bump()
+        self.gen += 1
         self.num_allocated = 0
         self.free_list.clear()
         self.num_pending = self.num_evictable = self.num_pinned = 0
         self.insert_count += 1
+        self.epoch += 1
         self.memo.clear()

@@ -123,7 +123,8 @@ class CPUOffloadingManager(OffloadingManager):
     def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True) -> KeyBatch:
         """``keys`` checked and resolved once (:meth:`SlotTable.key_batch`), taken as they are by
         this manager's calls while no key was inserted or freed since."""
-        self._live()
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
         return self._table.key_batch(keys, dedup=dedup, limit=SMALL_BATCH)
 
     def trust_context_class(self, cls: type) -> None:
@@ -150,7 +151,8 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> tuple[Any, Any, Resolved | None]:
         """``(keys, slots, resolved)``: a few keys with a list of slots (``resolved`` None), else the
         checked keys with an ``int64`` array. Raises on a bad key, or a repeat unless ``repeats``."""
-        self._live()
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
         small = self._table.small_slots(keys, SMALL_BATCH)
         if small is not None and (repeats or is_distinct(keys)):
             return keys, small, None

@@ -90,26 +90,3 @@ def test_lookup_batch_matches_lookup() -> None:
     expect = [m.lookup(x, CTX) for x in q]
     assert expect == [True, None, True, False, True, False]
     assert m.lookup_batch([], CTX).tolist() == []
-
-
-def test_memo_never_takes_a_freed_slot_across_the_generation_wrap() -> None:
-    """A slot's generation is the epoch (mod 2**32) it was last freed at: across the wrap of the
-    epoch's low bits, a remembered slot freed again at an equal low value is still seen as freed."""
-    m = CPUOffloadingManager(41)  # more keys than the manager's scalar path takes: the memo's path
-    a, x, y, spare = ks(*range(40)), k(100), k(101), k(102)
-    m.prepare_store([*a, spare], CTX)
-    m.complete_store([*a, spare], CTX)
-    assert m.discard([a[0]], CTX) == [a[0]]
-    m.prepare_store([x], CTX)  # x takes a[0]'s slot
-    m.complete_store([x], CTX)
-    remembered = [x, *a[1:]]
-    assert m.lookup_batch(remembered, CTX).tolist() == [LOOKUP_HIT] * 40
-    freed_at = int(m.table.gen[m.table.index[x]])
-    m.discard([spare], CTX)
-    m.table.epoch = (1 << 32) - 1  # as after 2**32 - 1 insertions and frees
-    for i in range(freed_at):  # one epoch each (an insertion, then its failure); the first wraps
-        m.prepare_store([k(200 + i)], CTX) if i % 2 == 0 else m.complete_store([k(199 + i)], CTX, success=False)
-    assert m.table.epoch & 0xFFFFFFFF == freed_at - 1
-    assert m.discard([x], CTX) == [x]  # x's slot freed again at the same low value
-    m.prepare_store([y], CTX)  # y reuses x's slot
-    assert m.lookup_batch(remembered, CTX).tolist() == [LOOKUP_MISS] + [LOOKUP_HIT] * 39
