@@ -73,14 +73,6 @@ def key_position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int |
     return getattr(req_context, "get_offload_key_position", None)
 
 
-def _distinct(keys: Collection[OffloadKey]) -> Collection[OffloadKey]:
-    """``keys`` as the manager's unpin/complete calls take them best: a few as a list (scalar
-    code), more as the ``set`` vLLM passes (distinct by construction: no repeat check)."""
-    if keys.__class__ is set and len(keys) > SMALL_BATCH:
-        return keys
-    return list(keys)
-
-
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
 
@@ -175,7 +167,10 @@ class KVOffloadManager(OffloadingManager):
         self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.core.complete_load(_distinct(keys), req_context)  # type: ignore[arg-type]
+        # a few keys as a list (scalar code), more as the set vLLM passes (distinct: no repeat check)
+        if keys.__class__ is not set or len(keys) <= SMALL_BATCH:
+            keys = list(keys)
+        self.core.complete_load(keys, req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -191,7 +186,8 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = _distinct(keys)
+        if keys.__class__ is not set or len(keys) <= SMALL_BATCH:  # as in complete_load
+            keys = list(keys)
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
