@@ -50,8 +50,9 @@ Layers (imports run downward only):
 * :mod:`kvoffload.integrations.vllm` (not imported here; imports vLLM) -- kvoffload as the backend
   of vLLM's ``OffloadingConnector``.
 
-Importing kvoffload never initialises CUDA, and never imports torch: the worker's names
-(:class:`KVCacheTable`, :class:`TransferWorker`, ...) are imported on first use.
+Importing kvoffload never initialises CUDA, and never imports torch: the names above are
+imported from their modules on first use (the worker's, :class:`KVCacheTable`,
+:class:`TransferWorker`..., import torch; the manager's and the scheduler's, numpy).
 """
 
 from __future__ import annotations
@@ -60,23 +61,6 @@ import importlib as _importlib
 import logging
 import typing as _typing
 
-from kvoffload.cache.manager import CPUOffloadingManager, OffloadingStats
-from kvoffload.cache.policies import CachePolicy, available_policies, get_policy_class, register_policy
-from kvoffload.core.base import (
-    BlockIDsLoadStoreSpec,
-    CPULoadStoreSpec,
-    GPULoadStoreSpec,
-    LoadStoreSpec,
-    OffloadingEvent,
-    OffloadingManager,
-    OffloadKey,
-    PrepareStoreOutput,
-    ReqContext,
-    get_offload_block_hash,
-    get_offload_group_idx,
-    make_offload_key,
-)
-from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupCode
 from kvoffload.errors import (
     BackendUnavailableError,
     InvalidArgumentError,
@@ -87,17 +71,25 @@ from kvoffload.errors import (
     StreamCaptureError,
     TransferError,
 )
-from kvoffload.scheduler import (
-    FinishedJob,
-    GroupOffloadConfig,
-    OffloadingScheduler,
-    OffloadingSchedulerConfig,
-    ScheduledRequest,
-    SchedulerStepOutput,
-    TransferJob,
-)
 
 if _typing.TYPE_CHECKING:
+    from kvoffload.cache.manager import CPUOffloadingManager, OffloadingStats
+    from kvoffload.cache.policies import CachePolicy, available_policies, get_policy_class, register_policy
+    from kvoffload.core.base import (
+        BlockIDsLoadStoreSpec,
+        CPULoadStoreSpec,
+        GPULoadStoreSpec,
+        LoadStoreSpec,
+        OffloadingEvent,
+        OffloadingManager,
+        OffloadKey,
+        PrepareStoreOutput,
+        ReqContext,
+        get_offload_block_hash,
+        get_offload_group_idx,
+        make_offload_key,
+    )
+    from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupCode
     from kvoffload.kernels import (
         GenericLayout,
         KernelBackend,
@@ -106,25 +98,65 @@ if _typing.TYPE_CHECKING:
         get_backend,
         register_backend,
     )
+    from kvoffload.scheduler import (
+        FinishedJob,
+        GroupOffloadConfig,
+        OffloadingScheduler,
+        OffloadingSchedulerConfig,
+        ScheduledRequest,
+        SchedulerStepOutput,
+        TransferJob,
+    )
     from kvoffload.transfer.host_pool import HostPool
     from kvoffload.transfer.result import TransferResult
     from kvoffload.transfer.worker import TransferWorker
 
 __version__ = "0.1.0"
 
-#: the GPU worker's names (they import torch), imported on first use: a scheduler process or a
-#: sizing tool imports kvoffload (manager, scheduler, tiers) without torch installed
-_LAZY = {
-    "GenericLayout": "kvoffload.kernels",
-    "KernelBackend": "kvoffload.kernels",
-    "KVCacheTable": "kvoffload.kernels",
-    "available_backends": "kvoffload.kernels",
-    "get_backend": "kvoffload.kernels",
-    "register_backend": "kvoffload.kernels",
-    "HostPool": "kvoffload.transfer.host_pool",
-    "TransferResult": "kvoffload.transfer.result",
-    "TransferWorker": "kvoffload.transfer.worker",
+#: the names imported on first use, by home module: ``import kvoffload`` (and so the import of
+#: any subpackage, ``kvoffload.tiers``, ``kvoffload.cache``...) loads only the errors (no numpy);
+#: a scheduler process or a sizing tool never loads the worker's names (torch), a
+#: worker never loads the manager's or the scheduler's
+_LAZY_BY_MODULE = {
+    "kvoffload.core.base": (
+        "BlockIDsLoadStoreSpec",
+        "CPULoadStoreSpec",
+        "GPULoadStoreSpec",
+        "LoadStoreSpec",
+        "OffloadingEvent",
+        "OffloadingManager",
+        "OffloadKey",
+        "PrepareStoreOutput",
+        "ReqContext",
+        "get_offload_block_hash",
+        "get_offload_group_idx",
+        "make_offload_key",
+    ),
+    "kvoffload.core.lookup_code": ("LOOKUP_HIT", "LOOKUP_MISS", "LOOKUP_PENDING", "LookupCode"),
+    "kvoffload.cache.manager": ("CPUOffloadingManager", "OffloadingStats"),
+    "kvoffload.cache.policies": ("CachePolicy", "available_policies", "get_policy_class", "register_policy"),
+    "kvoffload.scheduler": (
+        "FinishedJob",
+        "GroupOffloadConfig",
+        "OffloadingScheduler",
+        "OffloadingSchedulerConfig",
+        "ScheduledRequest",
+        "SchedulerStepOutput",
+        "TransferJob",
+    ),
+    "kvoffload.kernels": (
+        "GenericLayout",
+        "KernelBackend",
+        "KVCacheTable",
+        "available_backends",
+        "get_backend",
+        "register_backend",
+    ),
+    "kvoffload.transfer.host_pool": ("HostPool",),
+    "kvoffload.transfer.result": ("TransferResult",),
+    "kvoffload.transfer.worker": ("TransferWorker",),
 }
+_LAZY = {name: module for module, names in _LAZY_BY_MODULE.items() for name in names}
 
 
 def __getattr__(name: str) -> _typing.Any:

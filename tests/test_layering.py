@@ -122,3 +122,19 @@ def test_the_worker_names_load_on_first_use() -> None:
         "assert 'torch' in sys.modules and 'KVCacheTable' in dir(kvoffload)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_package_root_loads_its_names_on_first_use() -> None:
+    """``import kvoffload`` loads only the errors (no numpy), so importing one subpackage does not
+    import the others: the cache and the tiers come without the scheduler, the scheduler's names
+    on first use."""
+    code = (
+        "import sys, kvoffload\n"
+        "assert sorted(m for m in sys.modules if m.startswith('kvoffload')) == ['kvoffload', 'kvoffload.errors']\n"
+        "assert 'numpy' not in sys.modules\n"
+        "import kvoffload.cache, kvoffload.tiers\n"
+        "assert 'kvoffload.scheduler' not in sys.modules\n"
+        "assert kvoffload.OffloadingScheduler.__module__ == 'kvoffload.scheduler.scheduler'\n"
+        "assert 'kvoffload.scheduler' in sys.modules and 'torch' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

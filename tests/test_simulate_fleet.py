@@ -14,7 +14,7 @@ from kvoffload.app.simulate_fleet_report import PREFILL_TOKENS_PER_S, peak_rate
 from kvoffload.sim.fleet import FleetTrace, replay_fleet
 from kvoffload.sim.fleet_sweep import FleetSpec, sweep_fleet
 from kvoffload.sim.mooncake import read_mooncake_trace
-from tests.sim.mooncake_traces import random_mooncake, write_mooncake
+from tests.sim.mooncake_traces import random_mooncake, system_prompt_headed, write_mooncake
 from tests.test_simulate_trace import assert_refused
 
 
@@ -116,12 +116,7 @@ def test_the_report_names_a_routing_that_piles_load_onto_one_replica(
 ) -> None:
     # one system-prompt block heads every prompt: longest-prefix routing sends everything where the
     # first request went, and the report says so under its table; round-robin stays even
-    lines = random_mooncake(60, 12, 64, max_blocks=6)
-    for i, line in enumerate(lines):
-        line["hash_ids"] = [10**6, *line["hash_ids"]]  # type: ignore[list-item]
-        line["input_length"] = int(line["input_length"]) + 64  # type: ignore[call-overload]
-        line["timestamp"] = i * 2000
-    trace = write_mooncake(tmp_path / "sys.jsonl", lines)
+    trace = write_mooncake(tmp_path / "sys.jsonl", system_prompt_headed(60, 12, max_blocks=6, gap_ms=2000))
     argv = ["simulate", "--trace", str(trace), "--trace-block-size", "64", "--block-size", "64", "--jobs", "1"]
     rc = main([*argv, "--replicas", "1,3", "--routing", "round-robin,prefix", "--capacities", "40", "--no-plot",
                "--out", str(tmp_path / "o")])  # fmt: skip

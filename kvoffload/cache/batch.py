@@ -1,45 +1,23 @@
-"""Key batches: keys checked once and resolved to slots of a
-:class:`~kvoffload.cache.keytable.SlotTable`, and the table's memo of recent resolutions.
-
-The memo keeps the translation of the last :data:`MEMO_ENTRIES` key lists of at least
-:data:`MEMO_MIN_KEYS` keys given to ``lookup_batch`` / ``touch``; a later call whose keys equal a
-slice of a remembered list (one C-level comparison) reuses it instead of probing the key index (a
-scheduler calls the manager on slices of one request's keys). A remembered slot is used only while
-the slot's generation (``SlotTable.gen``, bumped when the slot is freed) is unchanged; remembered
-absences are re-checked whenever a key was inserted since.
+"""Key batches resolved to slots of a :class:`~kvoffload.cache.keytable.SlotTable`, and the table's
+memo of recent resolutions: the last :data:`MEMO_ENTRIES` key lists of at least :data:`MEMO_MIN_KEYS`
+keys given to ``lookup_batch`` / ``touch``; a later call whose keys equal a slice of one (a scheduler
+calls the manager on slices of a request's keys) reuses its slots while their generations
+(``SlotTable.gen``) are unchanged; remembered absences are re-checked after any insertion.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
-from kvoffload.errors import InvalidTypeError
+from kvoffload.core.base import OffloadKey
 
-if TYPE_CHECKING:
-    from kvoffload.cache.keytable import SlotTable
-
-__all__ = ["KeyBatch", "Resolved", "StorePlan", "MemoBatch", "TranslationMemo", "as_key_list", "is_distinct"]
+__all__ = ["KeyBatch", "Resolved", "StorePlan", "MemoBatch", "TranslationMemo", "is_distinct"]
 
 MEMO_ENTRIES = 16
 MEMO_MIN_KEYS = 8
-
-
-def as_key_list(keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool) -> list[OffloadKey]:
-    """``keys`` validated (C-level passes; :func:`~kvoffload.core.base.validate_keys` names a bad
-    item) as a new list."""
-    if keys.__class__ is not list:
-        check_key_batch(keys, name)
-    try:
-        lst = list(keys)
-    except TypeError as exc:
-        raise InvalidTypeError(f"{name} must be an iterable of bytes keys, got {type(keys).__name__}") from exc
-    if (lst and set(map(type, lst)) != {bytes}) or (not allow_duplicates and len(set(lst)) != len(lst)):
-        return validate_keys(lst, name, allow_duplicates=allow_duplicates)
-    return lst
 
 
 def is_distinct(keys: Sequence[OffloadKey]) -> bool:
@@ -50,16 +28,15 @@ def is_distinct(keys: Sequence[OffloadKey]) -> bool:
 
 
 class KeyBatch(list):  # type: ignore[type-arg]
-    """A ``list`` of keys resolved once (:meth:`SlotTable.key_batch`): their ``slots`` (-1 =
-    absent), whether they are ``unique``, and the table (``owner``) and ``epoch`` they were
-    resolved at. A manager takes the slots of a *current* batch (same table and epoch) as they
-    are; any other batch is just a list of keys."""
+    """A ``list`` of keys resolved once (:meth:`SlotTable.key_batch`): their ``slots`` (-1 = absent),
+    whether they are ``unique``, the table (``owner``) and its ``epoch`` then. A manager takes the
+    slots of a *current* batch (same table and epoch) as they are; any other is a list of keys."""
 
     __slots__ = ("slots", "unique", "owner", "epoch")
 
     slots: list[int]
     unique: bool
-    owner: SlotTable
+    owner: object  # the SlotTable (compared by identity)
     epoch: int
 
     def select(self, keep: list[bool]) -> KeyBatch:

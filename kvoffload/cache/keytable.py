@@ -1,12 +1,12 @@
 """Per-slot state of the CPU offloading manager, in flat arrays (no object per block).
 
-For a pool of ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (``dict[bytes, int]``,
-key -> slot of every present key: the only per-key Python structure), ``keys`` (slot -> key,
-``None`` when free), ``ref`` (``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or
-``>= 0``: ready, pinned by that many loads; ``ref_buf`` is the same memory as an ``array('i')``
-for single-slot access), ``gen`` (``uint32``, bumped when the slot is freed: the memo's check).
-Never-used slots are allocated first in increasing order, then freed ones last-in-first-out.
-``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned`` are exact at every step.
+For ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (key -> slot of every present
+key: the only per-key Python structure), ``keys`` (slot -> key, ``None`` when free), ``ref``
+(``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or ``>= 0``: ready, pinned that many
+times; ``ref_buf``: the same memory as an ``array('i')``), ``gen`` (``uint32``, bumped whenever the
+slot is freed: the memo's check). Never-used slots are allocated first in increasing order, then
+freed ones last-in-first-out. ``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned``
+are exact at every step.
 """
 
 from __future__ import annotations
@@ -20,28 +20,18 @@ from typing import Any
 import numpy as np
 
 from kvoffload.cache import batch as _batch
-from kvoffload.cache.batch import KeyBatch, Resolved, TranslationMemo, as_key_list
+from kvoffload.cache.batch import KeyBatch, Resolved, TranslationMemo
 from kvoffload.checks import check_int
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
-from kvoffload.errors import InvalidTypeError, KeyStateError
+from kvoffload.errors import InvalidTypeError
 
-__all__ = ["FREE", "PENDING", "SlotTable", "ClosedIndex", "any_below"]
+__all__ = ["FREE", "PENDING", "SlotTable", "any_below"]
 
 FREE = -2
 PENDING = -1
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 _BYTES_ONLY = {bytes}
-
-
-class ClosedIndex:
-    """The key index after ``shutdown``: every per-key lookup raises."""
-
-    def get(self, key: object, default: object = None) -> object:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
-
-    def __contains__(self, key: object) -> bool:
-        raise KeyStateError("the CPUOffloadingManager has been shut down")
 
 
 def any_below(pos: memoryview | array, slots: list[int], limit: int) -> bool:
@@ -95,11 +85,9 @@ class SlotTable:
     def resolve(
         self, keys: Iterable[OffloadKey], name: str = "keys", *, allow_duplicates: bool, remember: bool
     ) -> Resolved:
-        """Validate ``keys`` and translate them to slots (``-1`` = absent); ``remember``: the memo
-        keeps them. An absent key must be exactly ``bytes`` (``numpy.bytes_`` may have lost
-        trailing NULs); a present one equals a stored key. Repeats raise unless ``allow_duplicates``.
-        The keys and slots returned are the caller's to keep.
-        """
+        """Validate ``keys`` and translate them to slots (``-1`` = absent; the caller's to keep);
+        ``remember``: the memo keeps them. An absent key must be exactly ``bytes``, a present one
+        equals a stored key. Repeats raise unless ``allow_duplicates``."""
         distinct = keys.__class__ is set or keys.__class__ is frozenset  # no repeat to look for
         if keys.__class__ is list:
             lst: list[OffloadKey] = keys  # type: ignore[assignment]
@@ -122,7 +110,7 @@ class SlotTable:
                 b, off = found
                 return Resolved(b.keys[off : off + n], memo.slots(b, off, n, self.insert_count), not b.has_dups, b, off)
         try:
-            slots = np.fromiter(map(self.index.get, lst, repeat(-1)), dtype=np.int64, count=n)
+            slots = self.slots_of(lst)
         except TypeError:
             validate_keys(lst, name, allow_duplicates=allow_duplicates)
             raise
@@ -140,11 +128,6 @@ class SlotTable:
             return Resolved(lst, slots.copy(), unique, b, 0)
         return Resolved(lst, slots, unique, None, 0)
 
-    def memo_note_insert(self, r: Resolved, positions: np.ndarray, slots: np.ndarray, count_before: int) -> None:
-        """Keys of ``r`` at ``positions`` were just allocated ``slots``: the memo learns them."""
-        if r.batch is not None:
-            self.memo.note_insert(r.batch, r.offset + positions, slots, count_before, self.insert_count)
-
     def small_slots(self, keys: Iterable[OffloadKey], limit: int) -> list[int] | None:
         """Slot (-1 = absent) per key of a current :class:`KeyBatch` or a ``list`` of at most
         ``limit`` exact ``bytes`` (scalar code); None otherwise."""
@@ -159,27 +142,21 @@ class SlotTable:
         return list(map(self.index.get, keys, repeat(-1)))
 
     def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int) -> KeyBatch:
-        """Validate ``keys`` and resolve them to slots once (:meth:`resolve`'s checks), repeats
-        reduced to their first occurrence with ``dedup``; a ``list`` of at most ``limit`` keys with
-        scalar code."""
+        """``keys`` checked (:meth:`resolve`'s checks) and resolved to slots once, repeats reduced to
+        their first occurrence with ``dedup``; a ``list`` of at most ``limit`` keys with scalar code."""
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
                 return keys  # type: ignore[return-value]
         slots = self.small_slots(keys, limit) if keys.__class__ is list else None
-        if slots is not None:
-            out = KeyBatch(keys)
-            out.unique = len(set(out)) == len(out)
-            if dedup and not out.unique:
-                first = dict(zip(keys, slots, strict=True))  # equal keys have equal slots
-                out, slots = KeyBatch(first), list(first.values())
-                out.unique = True
-        else:
-            lst = list(keys) if keys.__class__ is KeyBatch else keys
-            if dedup:
-                lst = list(dict.fromkeys(as_key_list(lst, name, allow_duplicates=True)))
-            r = self.resolve(lst, name, allow_duplicates=not dedup, remember=False)
-            out, slots = KeyBatch(r.keys), r.slots.tolist()
-            out.unique = r.unique
+        if slots is None:
+            r = self.resolve(keys, name, allow_duplicates=True, remember=False)
+            keys, slots = r.keys, r.slots.tolist()
+        out = KeyBatch(keys)
+        out.unique = len(set(out)) == len(out)
+        if dedup and not out.unique:
+            first = dict(zip(out, slots, strict=True))  # equal keys have equal slots
+            out, slots = KeyBatch(first), list(first.values())
+            out.unique = True
         out.slots, out.owner, out.epoch = slots, self, self.epoch
         return out
 
@@ -251,9 +228,8 @@ class SlotTable:
         """Forget every key and return every slot to the never-used state."""
         self.index.clear()
         self.keys[:] = None
-        if self.num_blocks:
-            self.ref[:] = FREE
-            self.gen += 1
+        self.ref[:] = FREE
+        self.gen += 1
         self.num_allocated = 0
         self.free_list.clear()
         self.num_pending = self.num_evictable = self.num_pinned = 0

@@ -1,10 +1,7 @@
-"""The CPU offloading manager: which offloaded blocks live in the host pool (docs/contract.md §2, §3).
-
-One class holding its parts and calling them directly: a slot table, a cache policy, stores and
-evictions, loads, counters and events, and optionally a reuse filter (``store_threshold``) and a
-request log (vLLM's request hooks). Each operation checks its arguments once, then runs scalar
-code over a list of slots for a ``list`` of at most :data:`SMALL_BATCH` keys (a numpy call costs
-about a microsecond whatever its size) and a fixed number of numpy operations otherwise.
+"""The CPU offloading manager (docs/contract.md §2, §3): one class calling its parts directly (slot
+table, policy, stores, loads, counters, events, optional reuse filter and request log). Each
+operation checks its arguments once, then runs scalar code for a ``list`` of at most
+:data:`SMALL_BATCH` keys (a numpy call costs ~1 us whatever its size), numpy operations otherwise.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan, is_distinct
-from kvoffload.cache.keytable import ClosedIndex, SlotTable
+from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
 from kvoffload.cache.requests import RequestLog
@@ -48,12 +45,10 @@ class CPUOffloadingManager(OffloadingManager):
     """Manager of a pool of ``num_blocks`` CPU slots, vLLM semantics (docs/contract.md §2).
 
     A key is absent, *pending* (store in flight: neither loadable nor evictable) or *ready*; a
-    ready block with ref count > 0 is *pinned* by loads. Slot ids are CPU block ids: never-used
-    slots first in increasing order, then freed slots last-in-first-out. Every method checks all
-    its arguments before changing anything; a failing call changes nothing. Keys are exactly
-    ``bytes`` (``numpy.bytes_`` drops trailing NULs). Costs (``k`` keys): one C-level dict pass
-    plus a fixed number of numpy operations, O(k) amortised whatever the capacity and the pinned
-    blocks. Not thread-safe.
+    ready block with ref count > 0 is *pinned* by loads. Slot ids are CPU block ids (never-used
+    slots first, in increasing order, then freed ones last-in-first-out). A failing call changes
+    nothing. Keys are exactly ``bytes``. A call on ``k`` keys costs O(k) amortised, whatever the
+    capacity and the pinned blocks. Not thread-safe.
 
     Args:
         num_blocks: CPU slots (``>= 0``; 0 makes every store fail).
@@ -103,10 +98,8 @@ class CPUOffloadingManager(OffloadingManager):
         self._requests = RequestLog(self._table, self._policy) if record_requests else None
         self._closed = False
         self._ctx: type = ReqContext
-        self._index: dict[bytes, int] = self._table.index
-        self._ref = self._table.ref_buf
         if type(self).lookup is CPUOffloadingManager.lookup:
-            self.lookup = make_lookup(self._index, self._ref, self._counters, count=self._count_lookup)  # type: ignore[method-assign,assignment]
+            self.lookup = make_lookup(self._table, self._counters, count=self._count_lookup)  # type: ignore[method-assign,assignment]
             self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
 
     @property
@@ -143,6 +136,10 @@ class CPUOffloadingManager(OffloadingManager):
             raise InvalidTypeError(f"cls must be a class, got {type(cls).__name__}")
         self._ctx = cls
 
+    def _live(self) -> None:
+        if self._closed:
+            raise KeyStateError("the CPUOffloadingManager has been shut down")
+
     def _check(self, req_context: ReqContext) -> None:
         if (c := req_context.__class__) is not ReqContext and (
             c is not self._ctx or req_context.req_id.__class__ is not str
@@ -156,25 +153,25 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> tuple[Any, Any, Resolved | None]:
         """``(keys, slots, resolved)``: a few keys with a list of slots (``resolved`` None), else the
         checked keys with an ``int64`` array. Raises on a bad key, or a repeat unless ``repeats``."""
-        small = None if self._closed else self._table.small_slots(keys, SMALL_BATCH)
-        if small is not None and (repeats or is_distinct(keys)):
-            return keys, small, None
         if self._closed:
             raise KeyStateError("the CPUOffloadingManager has been shut down")
+        small = self._table.small_slots(keys, SMALL_BATCH)
+        if small is not None and (repeats or is_distinct(keys)):
+            return keys, small, None
         r = self._table.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
         return r.keys, r.slots, r
 
     def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
         """:meth:`lookup` answering ``answers`` (ready, absent, pending), taking ``context_cls``
         contexts unchecked, for an engine adapter; valid until :meth:`shutdown`."""
-        if self._closed:
-            raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return make_lookup(self._index, self._ref, self._counters, answers, context_cls, self._count_lookup)
+        self._live()
+        return make_lookup(self._table, self._counters, answers, context_cls, self._count_lookup)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """True if ``key`` is stored and ready, False if absent, None if its store is pending."""
+        self._live()
         self._check(req_context)
-        return make_lookup(self._index, self._ref, self._counters, count=self._count_lookup)(key, req_context)  # type: ignore[no-any-return]
+        return make_lookup(self._table, self._counters, count=self._count_lookup)(key, req_context)  # type: ignore[no-any-return]
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
         """:meth:`lookup` of each key (repeats allowed) as ``np.int8`` ``LookupCode`` values."""
@@ -191,8 +188,7 @@ class CPUOffloadingManager(OffloadingManager):
         return self._codes(keys, count=False)
 
     def _codes(self, keys: Sequence[OffloadKey], count: bool) -> np.ndarray:
-        _, slots, r = self._at(keys, True, remember=count)
-        return lookup_codes(self._table, self._counters if count else None, slots if r is None else None, r)
+        return lookup_codes(self._table, self._counters if count else None, self._at(keys, True, remember=count)[1])
 
     def prepare_load(
         self, keys: Sequence[OffloadKey], req_context: ReqContext, *, record_access: bool = True
@@ -302,8 +298,7 @@ class CPUOffloadingManager(OffloadingManager):
     def reset_cache(self) -> None:
         """Drop every block, the policy's history and the requests' records, keeping the filter's
         counts and the statistics (as vLLM); slots restart from 0; no event (docs/contract.md §2)."""
-        if self._closed:
-            raise KeyStateError("the CPUOffloadingManager has been shut down")
+        self._live()
         self._table.clear()
         self._policy.clear()
         if self._requests is not None:
@@ -317,7 +312,6 @@ class CPUOffloadingManager(OffloadingManager):
         if self._events is not None:
             self._events.clear()
         self._closed = True
-        self._index = ClosedIndex()  # type: ignore[assignment]
         self.__dict__.pop("lookup", None)  # back to the method, which now raises
 
     def __len__(self) -> int:
@@ -325,7 +319,8 @@ class CPUOffloadingManager(OffloadingManager):
         return self._table.num_used
 
     def __contains__(self, key: object) -> bool:
-        return key in self._index
+        self._live()
+        return key in self._table.index
 
     def __repr__(self) -> str:
         return f"CPUOffloadingManager({self.num_blocks}, {self.cache_policy!r}, used={len(self)})"

@@ -1,17 +1,13 @@
-"""The read side of :class:`~kvoffload.cache.manager.CPUOffloadingManager`: lookups (a per-key
-closure, batch answers as :class:`~kvoffload.core.lookup_code.LookupCode` values) and loads (pin
-ready blocks, unpin them; a block unpinned to zero is evictable again). Slots come resolved by the
-manager: a list (a few keys: scalar code) or an ``int64`` array (numpy operations)."""
+"""The manager's lookups (a per-key closure; batch answers as ``LookupCode`` values) and loads (pin
+ready blocks, unpin them), on slots the manager resolved: a list (a few keys) or an ``int64`` array."""
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import Resolved
 from kvoffload.cache.keytable import PENDING, SlotTable, any_below
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import OffloadingStats
@@ -26,18 +22,16 @@ LOOKUP_CODES = np.array([LOOKUP_MISS, LOOKUP_MISS, LOOKUP_PENDING, LOOKUP_HIT], 
 
 
 def make_lookup(
-    index: dict[bytes, int],
-    ref: array,
+    table: SlotTable,
     counters: OffloadingStats,
     answers: tuple[Any, Any, Any] = (True, False, None),
     context_cls: type = ReqContext,
     count: Callable[[tuple[OffloadKey], str], None] | None = None,
 ) -> Callable[[OffloadKey, Any], Any]:
-    """A ``lookup(key, req_context)`` closure (:meth:`CPUOffloadingManager.lookup`'s contract;
-    closure cells make a miss cost a ``dict.get`` and one call) answering ``answers`` for a ready,
-    an absent and a pending key; ``context_cls`` contexts pass unchecked; ``count``: called with
-    each answered key and the request id (a reuse filter counting lookups), or None."""
-    get = index.get
+    """A ``lookup(key, req_context)`` closure over ``table`` answering ``answers`` for a ready, an absent
+    and a pending key; ``context_cls`` contexts pass unchecked; ``count``: called with each answered
+    key and the request id (a reuse filter counting lookups), or None."""
+    get, ref = table.index.get, table.ref_buf
     hit, miss, pending = answers
 
     def lookup(key: OffloadKey, req_context: Any) -> Any:
@@ -65,31 +59,26 @@ def make_lookup(
         counters.pending_hits += 1
         return pending
 
-    counted = make_lookup(index, ref, counters, answers, context_cls) if count is not None else None
+    counted = make_lookup(table, counters, answers, context_cls) if count is not None else None
     return lookup
 
 
-def lookup_codes(
-    table: SlotTable, counters: OffloadingStats | None, small: list[int] | None, r: Resolved | None
-) -> np.ndarray:
-    """``np.int8`` code per key from the keys' ``small`` slots (a few keys) or their resolved
-    batch ``r``; counted in ``counters`` unless None."""
-    if small is not None:
+def lookup_codes(table: SlotTable, counters: OffloadingStats | None, slots: list[int] | np.ndarray) -> np.ndarray:
+    """``np.int8`` code per key of ``slots`` (-1 = absent; a list: scalar code), counted in
+    ``counters`` unless None."""
+    if slots.__class__ is list:
         ref = table.ref_buf
-        codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in small]
+        codes = [LOOKUP_MISS if s < 0 else (LOOKUP_HIT if ref[s] >= 0 else LOOKUP_PENDING) for s in slots]
         if counters is not None:
             hits, pend = codes.count(LOOKUP_HIT), codes.count(LOOKUP_PENDING)
             counters.hits += hits
             counters.pending_hits += pend
             counters.misses += len(codes) - hits - pend
         return np.array(codes, dtype=np.int8)
-    assert r is not None
-    if not r.keys:
-        return np.zeros(0, dtype=np.int8)
-    st = table.ref[r.slots] if table.num_blocks else np.zeros(len(r.slots), dtype=np.int32)
+    st = table.ref[slots] if table.num_blocks else np.zeros(len(slots), dtype=np.int32)
     np.minimum(st, 0, out=st)  # class: 3 ready, 2 pending (a present key is never FREE), 0 absent
     st += 3
-    st[r.slots < 0] = 0
+    st[slots < 0] = 0  # type: ignore[operator]
     if counters is not None:
         counts = np.bincount(st, minlength=4)
         counters.hits += int(counts[3])

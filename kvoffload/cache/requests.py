@@ -1,6 +1,5 @@
-"""Request recording of :class:`~kvoffload.cache.manager.CPUOffloadingManager` (vLLM's request hooks):
-which blocks each running request stored and which ready blocks it read, applied to the policy in
-one go when it ends (vLLM's scheduler never calls ``touch``)."""
+"""The manager's request log (vLLM's request hooks): the blocks each running request stored and the
+ready ones it read, applied to the policy when it ends (vLLM's scheduler never calls ``touch``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The reuse filter of :class:`~kvoffload.cache.manager.CPUOffloadingManager` (``store_threshold``,
-docs/contract.md §3): which absent keys of a store offer were seen often enough to be stored."""
+"""The manager's reuse filter (``store_threshold``, docs/contract.md §3): which absent keys of a store
+offer were seen often enough to be stored."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Statistics of :class:`~kvoffload.cache.manager.CPUOffloadingManager`: its counters and the snapshot
-:meth:`~kvoffload.cache.manager.CPUOffloadingManager.get_stats` returns."""
+"""The manager's counters and the snapshot ``get_stats`` returns."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Stores and evictions of the host pool: the part of
-:class:`~kvoffload.cache.manager.CPUOffloadingManager` that runs ``prepare_store`` (room made by
-evicting the policy's victims), ``complete_store`` and ``discard``. Slots come resolved by the
-manager: a list (a few keys: scalar code) or an ``int64`` array (numpy operations)."""
+"""The manager's ``prepare_store`` (room made by evicting the policy's victims), ``complete_store``
+and ``discard``, on slots the manager resolved: a list (a few keys: scalar code) or an ``int64`` array."""
 
 from __future__ import annotations
 
@@ -42,9 +40,8 @@ class Stores:
         r: Resolved | None = None,
         absent: list[OffloadKey] | None = None,
     ) -> StorePlan:
-        """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: the
-        resolved keys of an array (the memo learns the new slots); ``absent``: the keys whose slot is
-        -1, in order, when the caller has them already (a list of slots only)."""
+        """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: their
+        resolution (the memo learns the new slots); ``absent``: the keys of slot -1 if known (lists)."""
         if slots.__class__ is list:
             to_store = absent if absent is not None else [k for k, s in zip(keys, slots, strict=True) if s < 0]
             positions = None
@@ -69,9 +66,9 @@ class Stores:
             evicted = made
         count_before = t.insert_count
         new_slots = t.allocate(to_store, as_list=positions is None)
-        if r is not None:
-            t.memo_note_insert(r, positions, new_slots, count_before)  # type: ignore[arg-type]
-        self.policy.insert(new_slots if self._lists else self._arg(new_slots), to_store)
+        if r is not None and r.batch is not None:  # the memo learns the new slots
+            t.memo.note_insert(r.batch, r.offset + positions, new_slots, count_before, t.insert_count)  # type: ignore[operator,arg-type]
+        self.policy.insert(self._arg(new_slots), to_store)
         return self._stored(to_store, new_slots, evicted, n_present)
 
     def _arg(self, slots: list[int] | np.ndarray) -> Any:
@@ -90,30 +87,23 @@ class Stores:
 
     def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, success: bool, unique: bool) -> None:
         """``complete_store`` of ``keys`` with their ``slots`` (-1 = absent; repeats unless ``unique``)."""
+        karr = self.table.keys  # the keys of the slots made ready (equal keys, equal slots)
         if slots.__class__ is list:
             ref = self.table.ref_buf
             pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
-            if not pend:
-                return
             if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
                 pend = list(dict.fromkeys(pend))
-            karr = self.table.keys  # a slot's key (equal keys, equal slots)
-            self._finish(pend, [karr[s] for s in pend] if self.events is not None else [], success)
+            if pend:
+                self._finish(pend, [karr[s] for s in pend] if self.events is not None else [], success)
             return
-        if len(slots) == 0:
-            return
-        sel_mask = self.table.ref[slots] == PENDING
-        sel_mask &= slots >= 0  # type: ignore[operator]
-        idx = sel_mask.nonzero()[0]
-        if len(idx) == 0:
-            return
-        pend = slots[idx]  # type: ignore[call-overload]
+        pend = slots[slots >= 0]  # type: ignore[operator,assignment]
+        pend = pend[self.table.ref[pend] == PENDING]
         if not unique and len(pend) > 1:
-            uniq, first = np.unique(pend, return_index=True)
-            if len(uniq) != len(pend):
-                order = np.sort(first)
-                idx, pend = idx[order], pend[order]
-        self._finish(pend, [keys[i] for i in idx.tolist()] if self.events is not None else [], success)
+            first = np.unique(pend, return_index=True)[1]
+            if len(first) != len(pend):
+                pend = pend[np.sort(first)]
+        if len(pend):
+            self._finish(pend, karr[pend].tolist() if self.events is not None else [], success)
 
     def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
         """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
@@ -125,7 +115,7 @@ class Stores:
                     ref[s] = 0
             else:
                 t.ref[pend] = 0
-            self.policy.on_evictable(pend if self._lists else self._arg(pend))  # type: ignore[arg-type]
+            self.policy.on_evictable(self._arg(pend))
             t.num_pending -= len(pend)
             t.num_evictable += len(pend)
             self.counters.stores_completed += len(pend)
@@ -146,7 +136,7 @@ class Stores:
         if protected.__class__ is list:
             prot_ev = sum(1 for s in protected if t.ref_buf[s] == 0)
         else:
-            prot_ev = int(np.count_nonzero(t.ref[protected] == 0))
+            prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if len(protected) else 0
         victims: np.ndarray | list[int] | None = None
         if need <= t.num_evictable - prot_ev:  # else hopeless: fail in O(1)
             self._mark(protected, 1)

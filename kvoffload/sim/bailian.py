@@ -18,14 +18,13 @@ manager as ``ReqContext.workload``.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.mooncake import MooncakeRequest, check_hash_ids
-from kvoffload.sim.workload import read_jsonl
+from kvoffload.sim.workload import read_jsonl, write_jsonl
 
 __all__ = [
     "BAILIAN_BLOCK_TOKENS",
@@ -125,9 +124,10 @@ def read_bailian_trace(path: str | Path) -> list[BailianRequest]:
 
 def write_bailian_trace(path: str | Path, requests: list[BailianRequest]) -> None:
     """Write ``requests`` as a Bailian trace (one JSON object per line, the fields in order)."""
-    with Path(path).open("w") as f:
-        for r in requests:
-            row = {
+    write_jsonl(
+        path,
+        (
+            {
                 "chat_id": r.chat_id,
                 "parent_chat_id": r.parent_chat_id,
                 "timestamp": r.timestamp / 1000,
@@ -137,7 +137,9 @@ def write_bailian_trace(path: str | Path, requests: list[BailianRequest]) -> Non
                 "turn": r.turn,
                 "hash_ids": list(r.hash_ids),
             }
-            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+            for r in requests
+        ),
+    )
 
 
 #: per request type of :func:`generate_bailian_trace`: (share of new conversations, turns (min,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,6 +205,14 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, object]]:
             raise InvalidArgumentError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
 
 
+def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, object]]) -> None:
+    """Write ``rows`` to ``path`` as a JSONL trace (one compact JSON object per line, the fields
+    in the order given), the format :func:`read_jsonl` reads."""
+    with Path(path).open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+
 def read_trace(path: str | Path, hash_block_size: int = 16) -> list[TraceRequest]:
     """Read a JSONL trace (format in the module docstring); ``block_hashes`` are per
     ``hash_block_size`` tokens.
@@ -235,11 +243,10 @@ def read_trace(path: str | Path, hash_block_size: int = 16) -> list[TraceRequest
 
 def write_trace(path: str | Path, turns: list[ChatTurn]) -> None:
     """Write chat turns as a JSONL trace with ``token_ids`` (readable by :func:`read_trace`)."""
-    with Path(path).open("w") as f:
-        for t in turns:
-            f.write(
-                json.dumps(
-                    {"request_id": t.request_id, "token_ids": list(t.prompt_token_ids), "max_tokens": t.max_tokens}
-                )
-                + "\n"
-            )
+    write_jsonl(
+        path,
+        (
+            {"request_id": t.request_id, "token_ids": list(t.prompt_token_ids), "max_tokens": t.max_tokens}
+            for t in turns
+        ),
+    )

@@ -84,24 +84,23 @@ def _host_too_small(args: Args, table: KVCacheTable) -> Args:
     return out
 
 
-def _overlapping_records(args: Args, table: KVCacheTable) -> Args:
+def _second_like_first(args: Args, table: KVCacheTable, field: str, plus: int) -> Args:
+    """``args`` with ``field`` of the second block of the first non-empty group set to the first
+    block's plus ``plus``."""
     out = dict(args)
-    g = _first_nonempty(table)
-    idx = np.flatnonzero(args["group_ids"] == g)
-    offs = args["host_offsets"].copy()
-    offs[idx[1]] = offs[idx[0]] + 1
-    out["host_offsets"] = offs
+    idx = np.flatnonzero(args["group_ids"] == _first_nonempty(table))
+    values = args[field].copy()
+    values[idx[1]] = values[idx[0]] + plus
+    out[field] = values
     return out
+
+
+def _overlapping_records(args: Args, table: KVCacheTable) -> Args:
+    return _second_like_first(args, table, "host_offsets", 1)
 
 
 def _duplicate_block(args: Args, table: KVCacheTable) -> Args:
-    out = dict(args)
-    g = _first_nonempty(table)
-    idx = np.flatnonzero(args["group_ids"] == g)
-    bids = args["block_ids"].copy()
-    bids[idx[1]] = bids[idx[0]]
-    out["block_ids"] = bids
-    return out
+    return _second_like_first(args, table, "block_ids", 0)
 
 
 def bad_input_cases() -> list[BadInput]:

@@ -2,7 +2,9 @@
 
 A :class:`Tier` moves whole host-pool records (one offloaded block each) between the host pool's
 record array and a store (Redis, a directory...). Every method is called from one engine thread
-and returns without waiting on the store; the bytes move on the tier's own threads:
+and returns without waiting on the store (except :meth:`Tier.probe_now` and :meth:`Tier.load_now`,
+which a caller uses to answer a lookup within the call, and ``end_step``'s bounded wait); the
+bytes move on the tier's own threads:
 
 * :meth:`Tier.lookup` answers per key from verdicts already known and queues the rest, which
   answer :data:`LOOKUP_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
@@ -15,7 +17,9 @@ and returns without waiting on the store; the bytes move on the tier's own threa
   (counted), loads fail; after the back-off the next operation reconnects.
 
 Backends implement :meth:`Tier._probe`, :meth:`Tier._store_batch`, :meth:`Tier._load_batch` and
-:meth:`Tier._close_backend`, all called on tier threads.
+:meth:`Tier._close_backend`, called on tier threads (``_load_batch`` also on the engine thread,
+by :meth:`Tier.load_now`), and report what they see (values absent, rejected, removed...) through
+:attr:`Tier.counters` (:class:`TierCounters`).
 """
 
 from __future__ import annotations
@@ -25,8 +29,6 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from functools import partial
 from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
@@ -36,7 +38,7 @@ from kvoffload.errors import InvalidArgumentError
 from kvoffload.tiers.args import check_keys, check_records, check_slots, check_tier_options
 from kvoffload.tiers.counters import TierCounters
 from kvoffload.tiers.health import Health, TierUnavailable
-from kvoffload.tiers.jobs import Job
+from kvoffload.tiers.jobs import Job, JobBook
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import IntegrityKeys, RecordCodec
 from kvoffload.tiers.step_probe import Probe, StepProbe
@@ -54,7 +56,7 @@ _Tasks = tuple[int, Callable[..., None], list[tuple[object, ...]]]
 _R = TypeVar("_R")
 
 
-class Tier(TierCounters, ABC):
+class Tier(ABC):
     """A secondary KV tier over a host pool's records (see the module docstring and contract §8).
 
     Args:
@@ -80,6 +82,7 @@ class Tier(TierCounters, ABC):
         backoff_initial: first back-off after the store is unreachable, in seconds.
         backoff_max: longest back-off (it doubles up to this), in seconds.
 
+    ``counters`` (:class:`TierCounters`) holds the tier's cumulative counters; ``stats()`` copies them.
     A backend found by URL scheme (:mod:`kvoffload.tiers.registry`) turns its URL into
     constructor keywords with :meth:`options_from_url`.
     """
@@ -123,7 +126,9 @@ class Tier(TierCounters, ABC):
             probe_wait,
             defer_hit_rate,
         )
-        super().__init__(name)
+        self.name = name
+        self._lock = threading.Lock()  # the counters' and the jobs'
+        self.counters = TierCounters(name, self._lock)
         self.io_threads = io_threads
         self.namespace = namespace
         self.fingerprint = namespace.fingerprint()
@@ -132,16 +137,20 @@ class Tier(TierCounters, ABC):
         self._batch_keys = batch_keys
         self._max_pending_write = max_pending_write_bytes
         self._health = Health(name, backoff_initial, backoff_max)
-        self._idle = threading.Condition(self._lock)
-        self._jobs: dict[int, Job] = {}
-        self._finished: list[TierJobResult] = []
-        self._pending_write_bytes = 0
-        self._probes_in_flight = 0
+        self._book = JobBook(self._lock)
         self._closed = False
-        self._step = StepProbe(Verdicts(lookup_ttl_steps, float(defer_hit_rate)), self._health, float(probe_wait))
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
-        self._probe_q: queue.SimpleQueue[Probe | _Tasks | None] = queue.SimpleQueue()
+        self._probe_q: queue.SimpleQueue[Probe | _Tasks | Callable[[], None] | None] = queue.SimpleQueue()
+        self._step = StepProbe(
+            Verdicts(lookup_ttl_steps, float(defer_hit_rate)),
+            self._health,
+            float(probe_wait),
+            self.counters,
+            self._probe,
+            self._probe_now,
+            self._hand_probe,
+        )
         self._pool = IOThreads(io_threads, f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
             target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
@@ -162,28 +171,30 @@ class Tier(TierCounters, ABC):
         """Send this step's queued lookups as one probe batch; call once per engine step.
 
         While a key answered ``LOOKUP_RETRY`` (a request waits on it) has not been probed, wait
-        for the answers up to ``probe_wait`` seconds (one round trip on a healthy store),
-        so a request deferred on the probe is answered at the engine's next step (without the wait
-        it waits for the lookup thread to be scheduled behind the engine thread, steps longer). A
-        backend that can (:meth:`_probe_now`: a standalone Redis server) sends the batch and reads
-        its answer on this thread, with no thread hand-off; otherwise the lookup thread probes
-        and this thread sleeps on its answer.
+        for the answers up to ``probe_wait`` seconds, so a request deferred on the probe is
+        answered at the engine's next step. A backend that can (:meth:`_probe_now`: a standalone
+        Redis server) sends the batch and reads its answer on this thread; otherwise the lookup
+        thread probes and this thread sleeps on its answer.
         """
-        batch, wait = self._step.take_batch()
-        if batch:
-            now = self._probe_now(batch, wait) if wait > 0 else None
-            if isinstance(now, list):
-                self._health.succeeded()
-                self._count_probe(batch, now)
-                self._step.verdicts.probed(batch, now)
-                return
-            with self._lock:
-                self._probes_in_flight += 1
-            self._step.sent()
-            self._probe_q.put(Probe(batch, now) if now is not None else Probe(batch, partial(self._probe, batch), True))
-            if now is not None:
-                return  # this step's wait is spent
-        self._step.wait(wait)
+        self._step.end_step()
+
+    def probe_now(self, keys: Sequence[bytes]) -> np.ndarray:
+        """:meth:`lookup`, with the keys it queues probed at once on this thread when the backend can
+        (:meth:`_probe_now`) and the tier is not in back-off: one round trip of its own, waited for
+        at most ``probe_wait`` (a late reply is read by the lookup thread, the keys answer
+        ``LOOKUP_RETRY`` until then; a backend that cannot sends nothing: the step's batch does)."""
+        return self._step.probe_now(check_keys(keys, "keys"))
+
+    def load_now(self, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> list[bool]:
+        """Copy the values of ``keys`` into the records in ``slots`` on this thread (blocking: one
+        pipelined read, up to the store's timeouts); per key whether it arrived (as
+        :meth:`submit_load`'s jobs, counted the same). All fail at once while in back-off."""
+        if self._closed:
+            raise InvalidArgumentError(f"tier {self.name} is closed")
+        keys = check_keys(keys, "keys")
+        ok = self._load(keys, check_slots(slots, "slots", len(keys), self.num_slots))
+        self._step.verdicts.finished(TierJobResult(-1, "load", tuple(keys), tuple(ok), 0, 0.0))
+        return ok
 
     @property
     def hit_rate(self) -> float:
@@ -212,15 +223,14 @@ class Tier(TierCounters, ABC):
         nbytes = len(keys) * self.record_bytes
         with self._lock:
             reason = "unreachable" if self._health.is_down() else None
-            if reason is None and self._pending_write_bytes + nbytes > self._max_pending_write:
+            if reason is None and self._book.pending_write_bytes + nbytes > self._max_pending_write:
                 reason = "write queue full"
             if reason is not None:
-                self._stats.dropped_writes += len(keys)
-                self._finished.append(TierJobResult(job_id, "store", tuple(keys), (False,) * len(keys), 0, 0.0))
-                self._log_once(f"drop-{reason}", "tier %s drops stores: %s (counted in dropped_writes)", reason)
+                self.counters.dropped(len(keys), reason)
+                self._book.finish_now(job_id, "store", keys, False)
                 return
-            self._pending_write_bytes += nbytes
-            job = self._jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
+            self._book.pending_write_bytes += nbytes
+            job = self._book.jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
         self._dispatch(STORE, self._run_store, job, slots)
 
     def submit_load(self, job_id: int, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> None:
@@ -234,13 +244,12 @@ class Tier(TierCounters, ABC):
             self._finish_empty(job_id, "load")
             return
         with self._lock:
-            job = self._jobs[job_id] = Job(job_id, "load", keys, len(keys), self._batch_keys)
+            job = self._book.jobs[job_id] = Job(job_id, "load", keys, len(keys), self._batch_keys)
         self._dispatch(LOAD, self._run_load, job, slots)
 
     def get_finished(self) -> list[TierJobResult]:
         """The jobs finished since the last call (also updates lookup verdicts from them)."""
-        with self._lock:
-            done, self._finished = self._finished, []
+        done = self._book.take_finished()
         for res in done:
             self._step.verdicts.finished(res)
         return done
@@ -250,14 +259,7 @@ class Tier(TierCounters, ABC):
 
         Results stay queued for :meth:`get_finished`. Not for the engine's step loop.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
-            while self._jobs or self._probes_in_flight:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
+        return self._book.wait_idle(timeout)
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
         """Probe ``keys`` now on the calling thread (blocking; tools and tests, not the engine)."""
@@ -272,15 +274,13 @@ class Tier(TierCounters, ABC):
         tier with ``removal_events``: evicted, expired, deleted by any client; a disk tier with
         ``removal_events``: evicted by its budget; both: values a load rejected); each key once per
         removal. Their cached verdicts become misses."""
-        with self._lock:
-            out, self._removed = self._removed, []
+        out = self.counters.take_removed()
         self._step.verdicts.forget(out)
         return out
 
     def stats(self) -> TierStats:
         """A snapshot of the tier's cumulative counters."""
-        with self._lock:
-            return replace(self._stats)
+        return self.counters.snapshot()
 
     def close(self) -> None:
         """Wait for submitted work, stop the threads and release connections (idempotent)."""
@@ -319,8 +319,8 @@ class Tier(TierCounters, ABC):
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
         """Load ``keys`` into ``records[slots]`` after :meth:`RecordCodec.check`; per key ok.
 
-        Absent values are counted in ``absent`` (:meth:`_count`), rejected ones with
-        :meth:`_count_rejected`; a rejected value is deleted when ``delete`` says so, and only
+        Absent values are counted in ``absent`` (``self.counters.count("absent")``), rejected ones
+        with :meth:`TierCounters.rejected`; a rejected value is deleted when ``delete`` says so, and only
         then (never an absent value, nor one that could not be read).
         """
 
@@ -338,7 +338,7 @@ class Tier(TierCounters, ABC):
         keys = check_keys(keys, "keys")
         slot_arr = check_slots(slots, "slots", len(keys), self.num_slots)
         with self._lock:
-            if job_id in self._jobs:
+            if job_id in self._book.jobs:
                 raise InvalidArgumentError(f"job_id {job_id} is already in flight on tier {self.name}")
         return job_id, keys, slot_arr
 
@@ -349,9 +349,22 @@ class Tier(TierCounters, ABC):
         tasks: list[tuple[object, ...]] = [(job, a, b, slots[a:b]) for a, b in job.batches()]
         self._probe_q.put((priority, run, tasks))
 
+    def _hand_probe(self, probe: Probe) -> None:
+        """A probe for the lookup thread (to send, or a late reply to read)."""
+        with self._lock:
+            self._book.probes_in_flight += 1
+        self._probe_q.put(probe)
+
+    def _on_lookup_thread(self, fn: Callable[[], None]) -> None:
+        """Backends: run ``fn`` on the lookup thread, in turn with its probes (it must not raise)."""
+        self._probe_q.put(fn)
+
     def _lookup_loop(self) -> None:
         as_background_thread()
         while (item := self._probe_q.get()) is not None:
+            if callable(item):
+                item()
+                continue
             if not isinstance(item, Probe):
                 priority, run, tasks = item
                 for args in tasks:
@@ -359,11 +372,9 @@ class Tier(TierCounters, ABC):
                 continue
             down = item.fresh and self._health.is_down()  # a late reply is read whatever the health
             found = None if down else self._call_backend("lookup", item.run)
-            self._count_probe(item.keys, found)
+            self.counters.probe(item.keys, found)
             self._step.answered(item.keys, found)
-            with self._idle:
-                self._probes_in_flight -= 1
-                self._idle.notify_all()
+            self._book.probe_done()
 
     def _call_backend(self, kind: str, fn: Callable[..., _R], *args: Any) -> _R | None:
         """``fn(*args)`` on a tier thread, its outcome told to the tier's health: None when the
@@ -375,7 +386,7 @@ class Tier(TierCounters, ABC):
             self._health.failed(exc)
             return None
         except Exception as exc:
-            self._count_error(kind, exc)
+            self.counters.error(kind, exc)
             return None
         self._health.succeeded()
         return out
@@ -390,30 +401,27 @@ class Tier(TierCounters, ABC):
         dt = time.perf_counter() - t0
         stored = outcome.count(STORED)
         with self._lock:
-            self._count_store_batch(outcome, dropped, dt, self.record_bytes)
-            self._pending_write_bytes -= len(keys) * self.record_bytes
+            self.counters.store_batch(outcome, dropped, dt, self.record_bytes)
+            self._book.pending_write_bytes -= len(keys) * self.record_bytes
             ok = [o in (STORED, PRESENT) for o in outcome]
-            self._finish_batch(job, start, ok, stored * self.record_bytes)
+            self._book.record(job, start, ok, stored * self.record_bytes)
 
-    def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
-        keys = job.keys[start:stop]
+    def _load(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
+        """One load batch on this thread, counted; per key ok."""
         t0 = time.perf_counter()
         got = None if self._health.is_down() else self._call_backend("load", self._load_batch, keys, slots)
         ok = [False] * len(keys) if got is None else got
         dt = time.perf_counter() - t0
-        n_ok = sum(ok)
         with self._lock:
-            self._count_load_batch(n_ok, len(keys), dt, self.record_bytes)
-            self._finish_batch(job, start, ok, n_ok * self.record_bytes)
+            self.counters.load_batch(sum(ok), len(keys), dt, self.record_bytes)
+        return ok
+
+    def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
+        ok = self._load(job.keys[start:stop], slots)
+        with self._lock:
+            self._book.record(job, start, ok, sum(ok) * self.record_bytes)
 
     def _finish_empty(self, job_id: int, kind: Literal["store", "load"]) -> None:
         """A job without keys: finished (successfully) at submission."""
         with self._lock:
-            self._finished.append(TierJobResult(job_id, kind, (), (), 0, 0.0))
-
-    def _finish_batch(self, job: Job, start: int, ok: list[bool], nbytes: int) -> None:
-        """Record one batch's outcome (caller holds the lock); completes the job after its last batch."""
-        if job.record(start, ok, nbytes):
-            del self._jobs[job.job_id]
-            self._finished.append(job.result())
-            self._idle.notify_all()
+            self._book.finish_now(job_id, kind, [], True)

@@ -35,7 +35,9 @@ __all__ = [
     "BounceBuffers",
     "is_page_aligned",
     "write_value",
+    "open_value",
     "read_value",
+    "unlink_if_same",
     "temp_name",
     "is_stale_temp",
 ]
@@ -199,10 +201,17 @@ def write_value(
         raise
 
 
+def open_value(path: str, o_direct: bool) -> int:
+    """A read-only file descriptor of the value file at ``path`` (the caller closes it);
+    ``FileNotFoundError`` when there is none."""
+    return os.open(path, os.O_RDONLY | (_O_DIRECT if o_direct else 0))
+
+
 def read_value(
-    path: str, header_bytes: int, row: np.ndarray, bufs: BounceBuffers, o_direct: bool, in_place: bool
+    fd: int, header_bytes: int, row: np.ndarray, bufs: BounceBuffers, o_direct: bool, in_place: bool
 ) -> tuple[memoryview, memoryview | None]:
-    """Read the value file at ``path`` (either layout): its header, and its payload unless in ``row``.
+    """Read the value file open as ``fd`` (either layout; ``o_direct``: opened with O_DIRECT):
+    its header, and its payload unless in ``row``.
 
     The payload is read straight into ``row`` (the destination record; then ``None`` is returned
     for it) when the layout and mode allow, else into this thread's bounce buffer, returned for
@@ -212,27 +221,45 @@ def read_value(
     """
     rb = row.size
     buf = bufs.get()
-    fd = os.open(path, os.O_RDONLY | (_O_DIRECT if o_direct else 0))
+    size = os.fstat(fd).st_size
+    if size == ALIGN + _round_up(rb):  # paged
+        end = ALIGN + rb
+        if o_direct and not in_place:
+            views, payload = [buf.data[:size]], buf.data[ALIGN:end]
+        else:
+            views, payload = [buf.data[:ALIGN], row.data], None
+            if size > end:
+                views.append(buf.data[end:size])
+        _read_all(fd, views, size)
+        if buf[header_bytes:ALIGN].any() or buf[end:size].any():
+            raise ValueRejected("padding")
+        return buf.data[:header_bytes], payload
+    if size == header_bytes + rb:  # packed
+        if o_direct:  # aligned reads only: the whole file into the bounce buffer
+            _read_all(fd, [buf.data[: _round_up(size)]], size)
+            return buf.data[:header_bytes], buf.data[header_bytes:size]
+        _read_all(fd, [buf.data[:header_bytes], row.data], size)
+        return buf.data[:header_bytes], None
+    raise ValueRejected("truncated" if size < header_bytes + rb else "length")
+
+
+def unlink_if_same(path: str, fd: int) -> bool:
+    """Delete the file at ``path`` if it is the file open as ``fd``; True when deleted.
+
+    Another process sharing the directory may have replaced it since it was opened (a new value
+    renamed over it): that file is kept. The file is first renamed to a temporary name, so the
+    check and the deletion see the same file; one found not to be ``fd``'s (same device and inode,
+    which cannot be reused while ``fd`` is open) is renamed back. ``OSError`` as it comes.
+    """
+    mine = os.fstat(fd)
+    tmp = os.path.join(os.path.dirname(path), temp_name())
     try:
-        size = os.fstat(fd).st_size
-        if size == ALIGN + _round_up(rb):  # paged
-            end = ALIGN + rb
-            if o_direct and not in_place:
-                views, payload = [buf.data[:size]], buf.data[ALIGN:end]
-            else:
-                views, payload = [buf.data[:ALIGN], row.data], None
-                if size > end:
-                    views.append(buf.data[end:size])
-            _read_all(fd, views, size)
-            if buf[header_bytes:ALIGN].any() or buf[end:size].any():
-                raise ValueRejected("padding")
-            return buf.data[:header_bytes], payload
-        if size == header_bytes + rb:  # packed
-            if o_direct:  # aligned reads only: the whole file into the bounce buffer
-                _read_all(fd, [buf.data[: _round_up(size)]], size)
-                return buf.data[:header_bytes], buf.data[header_bytes:size]
-            _read_all(fd, [buf.data[:header_bytes], row.data], size)
-            return buf.data[:header_bytes], None
-        raise ValueRejected("truncated" if size < header_bytes + rb else "length")
-    finally:
-        os.close(fd)
+        os.rename(path, tmp)
+    except FileNotFoundError:  # removed meanwhile
+        return False
+    moved = os.stat(tmp)
+    if (moved.st_dev, moved.st_ino) == (mine.st_dev, mine.st_ino):
+        os.unlink(tmp)
+        return True
+    os.replace(tmp, path)  # another writer's value of the same key: back where it was
+    return False

@@ -32,8 +32,10 @@ from kvoffload.tiers.disk_io import (
     BounceBuffers,
     file_bytes,
     is_page_aligned,
+    open_value,
     probe_o_direct,
     read_value,
+    unlink_if_same,
     write_value,
 )
 from kvoffload.tiers.namespace import TierNamespace
@@ -205,7 +207,7 @@ class DiskTier(Tier):
                 continue
             size = self.file_bytes(key)
             if self.max_bytes is not None and size > self.max_bytes:
-                self._count_error("store", OSError(errno.EFBIG, f"a value of {size} bytes exceeds max_bytes"))
+                self.counters.error("store", OSError(errno.EFBIG, f"a value of {size} bytes exceeds max_bytes"))
                 out.append(FAILED)
                 continue
             payload = self.records[slot]
@@ -219,7 +221,7 @@ class DiskTier(Tier):
             except OSError as exc:
                 if exc.errno == errno.ENOENT:  # the subdirectory was removed: re-create it next time
                     self._subdirs.discard(sub)
-                self._count_error("store", exc)
+                self.counters.error("store", exc)
                 out.append(FAILED)
                 continue
             self.index.add(fid, size, key)
@@ -243,45 +245,53 @@ class DiskTier(Tier):
                 pass
             if key is not None:
                 removed.append(key)
-        with self._lock:
-            self._stats.evictions += len(victims)
+        self.counters.count("evictions", len(victims))
         if self.removal_events and removed:
-            self._note_removed(removed)
+            self.counters.removed(removed)
 
     def _load_batch(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
-        ok = [False] * len(keys)
-        for i, (key, slot) in enumerate(zip(keys, slots, strict=True)):
-            fid, path = _file_id(key), self.value_path(key)
-            row = self.records[slot]
-            try:
-                header, payload = read_value(
-                    path, self.codec.header_bytes(key), row, self._bufs, self.o_direct, self._in_place
-                )
-                self.codec.check_parts(key, header, row.data if payload is None else payload)
-            except FileNotFoundError:
+        return [self._load_one(key, self.records[slot]) for key, slot in zip(keys, slots, strict=True)]
+
+    def _load_one(self, key: bytes, row: np.ndarray) -> bool:
+        """Load ``key``'s value into ``row`` after checking it; a rejected value's file is deleted
+        when the rejection says so and only if it is still the file read (another engine sharing
+        the directory may have replaced it meanwhile)."""
+        fid, path = _file_id(key), self.value_path(key)
+        try:
+            fd = open_value(path, self.o_direct)
+        except FileNotFoundError:
+            self.index.remove(fid)
+            self.counters.count("absent")
+            return False
+        except OSError as exc:
+            self.counters.error("load", exc)
+            return False
+        try:
+            header, payload = read_value(
+                fd, self.codec.header_bytes(key), row, self._bufs, self.o_direct, self._in_place
+            )
+            self.codec.check_parts(key, header, row.data if payload is None else payload)
+        except ValueRejected as rej:
+            self.counters.rejected(rej)
+            if self.removal_events:  # forgotten for this reader, whether deleted or not
+                self.counters.removed([key])
+            if rej.delete:
                 self.index.remove(fid)
-                self._count("absent")
-                continue
-            except ValueRejected as rej:
-                self._count_rejected(rej)
-                if self.removal_events:  # forgotten for this reader, whether deleted or not
-                    self._note_removed([key])
-                if rej.delete:
-                    self.index.remove(fid)
-                    try:
-                        os.unlink(path)
-                        self._count("deleted_values")
-                    except OSError:
-                        pass
-                continue
-            except OSError as exc:
-                self._count_error("load", exc)
-                continue
-            if payload is not None:  # read into the bounce buffer: copied once checked
-                row[:] = np.frombuffer(payload, dtype=np.uint8)
-            self.index.touch(fid)
-            ok[i] = True
-        return ok
+                try:
+                    if unlink_if_same(path, fd):
+                        self.counters.count("deleted_values")
+                except OSError:
+                    pass
+            return False
+        except OSError as exc:
+            self.counters.error("load", exc)
+            return False
+        finally:
+            os.close(fd)
+        if payload is not None:  # read into the bounce buffer: copied once checked
+            row[:] = np.frombuffer(payload, dtype=np.uint8)
+        self.index.touch(fid)
+        return True
 
     def _close_backend(self) -> None:
         """Nothing to release: files are opened and closed per value."""

@@ -126,13 +126,14 @@ class RedisTier(Tier):
             self.name,
             self.config.max_connections or (self.io_threads + 2),
             (tier_options.get("backoff_initial", 0.1), tier_options.get("backoff_max", 5.0)),
-            self._count,
+            self.counters.count,
         )
         # a standalone server's probes sent and read on the engine thread (not through TLS, whose
         # buffered bytes select cannot see)
         self._inline = None
         if not self.config.cluster and self.config.scheme in ("redis", "unix"):
             self._inline = InlineProbe(self._probe_connection, self._prefix)
+            self._on_lookup_thread(self._inline.connect)  # the first lookups may probe on the engine thread
         self._watcher: KeyspaceWatcher | ClusterWatchers | None = None
         self._removal_events = removal_events
         if removal_events and self.config.cluster:
@@ -141,7 +142,7 @@ class RedisTier(Tier):
                 self._watch_client,
                 self._prefix,
                 self._note_gone,
-                self._removal_events_off,
+                self.counters.removal_events_off,
                 self.name,
             )
         elif removal_events:
@@ -149,8 +150,8 @@ class RedisTier(Tier):
                 partial(self._watch_client, None),
                 self.config.db,
                 self._prefix,
-                self._note_removed,
-                self._removal_events_off,
+                self.counters.removed,
+                self.counters.removal_events_off,
                 self.name,
             )
         if not self.codec.signs:
@@ -216,7 +217,7 @@ class RedisTier(Tier):
             elif isinstance(r, (Unreached, Redirect)):
                 out.append(FAILED)
             elif isinstance(r, ResponseError):
-                self._count_error("store", r)
+                self.counters.error("store", r)
                 out.append(FAILED)
             else:
                 out.append(PRESENT if r is None else STORED)
@@ -250,15 +251,15 @@ class RedisTier(Tier):
         kept: list[bytes] = []  # keys of rejected values not deleted (integrity rejections)
         for i, r in enumerate(replies):
             if r is None:
-                self._count("absent")
+                self.counters.count("absent")
             elif isinstance(r, ResponseError):
-                self._count_error("load", r)
+                self.counters.error("load", r)
             elif isinstance(r, int) and not isinstance(r, bool):
                 header, row = dests[i]
                 try:
                     self.codec.check_parts(keys[i], header, row)
                 except ValueRejected as rej:
-                    self._count_rejected(rej)
+                    self.counters.rejected(rej)
                     if rej.delete:
                         bad.append((i, r, (bytes(header) + bytes(row[:HEAD_BYTES]))[:HEAD_BYTES]))
                     else:
@@ -266,7 +267,7 @@ class RedisTier(Tier):
                     continue
                 ok[i] = True
             elif isinstance(r, Mismatch):
-                self._count_rejected(
+                self.counters.rejected(
                     ValueRejected("truncated" if r.length < head_len[i] + self.record_bytes else "length")
                 )
                 bad.append((i, r.length, r.head))
@@ -274,7 +275,7 @@ class RedisTier(Tier):
         if bad:
             kept += self._delete(keys, sk, bad)
         if kept and self._removal_events:
-            self._note_removed(kept)
+            self.counters.removed(kept)
         return ok
 
     def _delete(self, keys: list[bytes], sk: list[bytes], bad: list[tuple[int, int, bytes]]) -> list[bytes]:
@@ -290,8 +291,8 @@ class RedisTier(Tier):
         except TierUnavailable:  # the values stay; the loads of this batch still count
             replies = [None] * len(bad)
         deleted = [r == 1 and not isinstance(r, bool) for r in replies]
-        self._count("deleted_values", sum(deleted))
-        watched = self._watcher is not None and not self._stats.removal_events_off
+        self.counters.count("deleted_values", sum(deleted))
+        watched = self._watcher is not None and not self.counters.stats.removal_events_off
         return [keys[i] for (i, _, _), d in zip(bad, deleted, strict=True) if not (d and watched)]
 
     def _note_gone(self, keys: list[bytes]) -> None:
@@ -304,7 +305,7 @@ class RedisTier(Tier):
             there = [None] * len(keys)
         gone = [k for k, r in zip(keys, there, strict=True) if not (isinstance(r, int) and r > 0)]
         if gone:
-            self._note_removed(gone)
+            self.counters.removed(gone)
 
     def _close_backend(self) -> None:
         if self._inline is not None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
-__all__ = ["random_mooncake", "write_mooncake"]
+from kvoffload.sim.workload import write_jsonl
+
+__all__ = ["random_mooncake", "system_prompt_headed", "write_mooncake"]
 
 
 def random_mooncake(
@@ -47,6 +48,24 @@ def random_mooncake(
     return out
 
 
+#: The hash id of the system-prompt block of :func:`system_prompt_headed` (no random line uses it).
+SYSTEM_BLOCK = 10**6
+
+
+def system_prompt_headed(
+    n: int, seed: int, max_blocks: int, gap_ms: int, block_tokens: int = 64
+) -> list[dict[str, object]]:
+    """:func:`random_mooncake` lines, each headed by one shared system-prompt block
+    (:data:`SYSTEM_BLOCK`, ``block_tokens`` more input tokens), ``gap_ms`` apart."""
+    lines = random_mooncake(n, seed, block_tokens, max_blocks=max_blocks)
+    for i, line in enumerate(lines):
+        line["hash_ids"] = [SYSTEM_BLOCK, *line["hash_ids"]]  # type: ignore[list-item]
+        line["input_length"] = int(line["input_length"]) + block_tokens  # type: ignore[call-overload]
+        line["timestamp"] = i * gap_ms
+    return lines
+
+
 def write_mooncake(path: Path, lines: list[dict[str, object]]) -> Path:
-    path.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
+    """Write ``lines`` to ``path`` as a Mooncake JSONL trace; returns ``path``."""
+    write_jsonl(path, lines)
     return path

@@ -16,7 +16,7 @@ from kvoffload.sim.cache_replay import replay_cache
 from kvoffload.sim.fleet import FleetTrace, fleet_of_parts, replay_fleet, replay_replica
 from kvoffload.sim.mooncake import read_mooncake_trace
 from kvoffload.sim.routing import ROUTINGS, chat_conversations, check_routings, conversation_ids
-from tests.sim.mooncake_traces import random_mooncake, write_mooncake
+from tests.sim.mooncake_traces import random_mooncake, system_prompt_headed, write_mooncake
 from tests.sim.test_two_tier_replay import _lead, reference_request
 
 WINDOW = 98.0  # seconds of trace time: 14 requests (7 s apart) in the load window, one on its edge
@@ -265,12 +265,7 @@ def test_a_shared_system_prompt_alone_does_not_join_conversations() -> None:
 def test_prefix_routing_piles_onto_one_replica_when_every_prompt_shares_its_head(tmp_path: Path) -> None:
     # a system prompt block heads every prompt: it is cached only where the first request went, so
     # the longest cached prefix is always there; the report's balance shows it (N x the mean)
-    lines = random_mooncake(120, 12, 64, max_blocks=8)
-    for i, line in enumerate(lines):
-        line["hash_ids"] = [10**6, *line["hash_ids"]]  # type: ignore[list-item]
-        line["input_length"] = int(line["input_length"]) + 64  # type: ignore[call-overload]
-        line["timestamp"] = i * 7000
-    path = write_mooncake(tmp_path / "sys.jsonl", lines)
+    path = write_mooncake(tmp_path / "sys.jsonl", system_prompt_headed(120, 12, max_blocks=8, gap_ms=7000))
     ft = FleetTrace.from_mooncake(read_mooncake_trace(path, 64), 64, 32)
     got = replay_fleet(ft, "prefix", 4, "lru", 20, window_s=WINDOW)
     assert set(got.replica.tolist()) == {0}

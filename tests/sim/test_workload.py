@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.sim.workload import ChatWorkload, read_trace, write_trace
+from kvoffload.sim.workload import ChatWorkload, read_jsonl, read_trace, write_jsonl, write_trace
 
 
 def test_chat_workload_is_deterministic_and_shares_prefixes() -> None:
@@ -49,6 +49,16 @@ def test_trace_round_trip(tmp_path: Path) -> None:
     assert [r.token_ids for r in reqs] == [t.prompt_token_ids for t in w]
     assert [r.request_id for r in reqs] == [t.request_id for t in w]
     assert [r.max_tokens for r in reqs] == [t.max_tokens for t in w]
+
+
+def test_jsonl_rows_round_trip_one_line_each_in_order(tmp_path: Path) -> None:
+    rows = [{"b": 1, "a": [1, 2]}, {"s": "x\ny", "n": None}, {}]
+    path = tmp_path / "rows.jsonl"
+    write_jsonl(path, iter(rows))
+    lines = path.read_text().split("\n")
+    assert lines[-1] == "" and [json.loads(line) for line in lines[:-1]] == rows
+    assert lines[0] == '{"b":1,"a":[1,2]}'  # the fields in the order given
+    assert list(read_jsonl(path)) == [(1, rows[0]), (2, rows[1]), (3, rows[2])]
 
 
 def test_trace_with_block_hashes(tmp_path: Path) -> None:

@@ -91,17 +91,17 @@ class ToyTier(Tier):
             with self.store.lock:
                 value = self.store.values.get(self._prefix + key)
             if value is None:
-                self._count("absent")
+                self.counters.count("absent")
                 ok.append(False)
                 continue
             try:
                 payload = self.codec.check(key, memoryview(value))
             except ValueRejected as rej:
-                self._count_rejected(rej)
+                self.counters.rejected(rej)
                 if rej.delete:
                     with self.store.lock:
                         self.store.values.pop(self._prefix + key, None)
-                    self._count("deleted_values")
+                    self.counters.count("deleted_values")
                 ok.append(False)
                 continue
             self.records[slot] = np.frombuffer(payload, dtype=np.uint8)
