@@ -53,7 +53,7 @@ reported beside each figure (``*_gc_us_per_step``), and is part of it; ``*_no_gc
 figures and ratios without it (kvoffload's manager allocates little, so the engine's garbage is
 mostly collected in the connector's own code when it runs, and inside vLLM's manager calls when
 that one runs: the connector's time outside the manager's calls differs mostly by where they
-land, ``*_outside_manager_no_gc_us_per_step`` being within a few percent of each other).
+land; compare ``*_outside_manager_no_gc_us_per_step``).
 """
 
 from __future__ import annotations
