@@ -49,7 +49,11 @@ heap is frozen (``gc.freeze``), as vLLM's ``EngineCore`` does after start-up, so
 during the run do not rescan the engine's start-up objects. A garbage collection runs inside
 whichever call allocates when the collector's counter is due, mostly on the engine's own garbage
 (a request's block hashes); the time of the collections that ran inside the timed calls is
-reported beside each figure (``*_gc_us_per_step``), and is part of it.
+reported beside each figure (``*_gc_us_per_step``), and is part of it; ``*_no_gc`` are the
+figures and ratios without it (kvoffload's manager allocates little, so the engine's garbage is
+mostly collected in the connector's own code when it runs, and inside vLLM's manager calls when
+that one runs: the connector's time outside the manager's calls differs mostly by where they
+land; compare ``*_outside_manager_no_gc_us_per_step``).
 """
 
 from __future__ import annotations
@@ -260,6 +264,12 @@ def _run_once(
     return out
 
 
+def _no_gc(run: dict[str, Any], prefix: str = "") -> float:
+    """A run's µs per step in the connector's calls (``prefix`` ``"manager_"``: the manager's) less
+    the collections that ran inside them."""
+    return float(run[f"{prefix}us_per_step"] - run[f"{prefix}gc_us_per_step"])
+
+
 def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "arc")) -> list[dict[str, Any]]:
     """Rows for ``s``: per policy, kvoffload's manager and vLLM's alternated, best of ``repeats``."""
     waves = _trace(s)
@@ -293,6 +303,12 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
             "vllm_gc_us_per_step": round(theirs["gc_us_per_step"], 1),
             "kvoffload_manager_gc_us_per_step": round(ours["manager_gc_us_per_step"], 1),
             "vllm_manager_gc_us_per_step": round(theirs["manager_gc_us_per_step"], 1),
+            # the same without the collections (whose garbage is mostly the engine's, and which land
+            # in whichever call allocates when the collector is due)
+            "ratio_no_gc": round(_no_gc(ours) / _no_gc(theirs), 3),
+            "manager_ratio_no_gc": round(_no_gc(ours, "manager_") / _no_gc(theirs, "manager_"), 3),
+            "kvoffload_outside_manager_no_gc_us_per_step": round(_no_gc(ours) - _no_gc(ours, "manager_"), 1),
+            "vllm_outside_manager_no_gc_us_per_step": round(_no_gc(theirs) - _no_gc(theirs, "manager_"), 1),
             "run_wall_s": round(min(r["wall_s"] for r in runs), 1),
             "gpu_page_bytes": runs[0]["page_bytes"],
         }

@@ -88,6 +88,7 @@ class SlotTable:
         """Validate ``keys`` and translate them to slots (``-1`` = absent; the caller's to keep);
         ``remember``: the memo keeps them. An absent key must be exactly ``bytes``, a present one
         equals a stored key. Repeats raise unless ``allow_duplicates``."""
+        distinct = keys.__class__ is set or keys.__class__ is frozenset  # no repeat to look for
         if keys.__class__ is list:
             lst: list[OffloadKey] = keys  # type: ignore[assignment]
         else:
@@ -116,10 +117,11 @@ class SlotTable:
         if set(map(type, lst)) != _BYTES_ONLY:  # an absent key must be exactly bytes
             if {type(lst[i]) for i in np.flatnonzero(slots < 0).tolist()} - _BYTES_ONLY:
                 validate_keys(lst, name, allow_duplicates=allow_duplicates)  # raises
-        unique = not allow_duplicates
-        if unique and n > 1 and len(set(lst)) != n:
+        unique = not allow_duplicates or distinct
+        if not allow_duplicates and not distinct and n > 1 and len(set(lst)) != n:
             validate_keys(lst, name, allow_duplicates=False)  # raises: repeats
-        lst = list(lst)
+        if lst is keys:  # the caller's list: the keys returned are a copy
+            lst = list(lst)
         if remember and n >= _batch.MEMO_MIN_KEYS and self.num_blocks:
             b = memo.remember(lst, slots, self.insert_count)
             unique = unique or not b.has_dups

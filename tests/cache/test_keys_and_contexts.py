@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.cache.manager import SMALL_BATCH, CPUOffloadingManager
 from kvoffload.core.base import (
     ReqContext,
     get_offload_block_hash,
@@ -55,6 +55,8 @@ def test_store_of_a_numpy_key_array_is_rejected_instead_of_leaking_pending_slots
     assert m.get_stats().num_pending == 0 and all(m.lookup(k, CTX) for k in K0[:4])
 
 
+#: absent keys that make a call larger than the manager's small-call limit
+_PAD = [make_offload_key(b"pad%04d" % i, 0) for i in range(SMALL_BATCH)]
 MANAGER_METHODS = ["prepare_store", "complete_store", "prepare_load", "complete_load", "touch", "lookup_batch"]
 
 
@@ -64,7 +66,7 @@ MANAGER_METHODS = ["prepare_store", "complete_store", "prepare_load", "complete_
     [
         pytest.param(lambda ks: np.array(ks), id="ndarray"),
         pytest.param(lambda ks: list(np.array(ks)), id="list-small"),  # the scalar fast paths
-        pytest.param(lambda ks: list(np.array(ks)) + list(np.array(K0[8:40])), id="list-large"),  # > SMALL_BATCH
+        pytest.param(lambda ks: list(np.array(ks)) + list(np.array(_PAD)), id="list-large"),  # > SMALL_BATCH
         pytest.param(lambda ks: [np.bytes_(ks[1])], id="one-absent-key"),
     ],
 )

@@ -242,3 +242,35 @@ def test_out_of_order_stores_age_by_position_as_in_vllm(policy: str) -> None:
         assert out is not None
         evicted.append(list(out.evicted_keys))
     assert evicted[0] == evicted[1] and sorted(evicted[0]) == [k(3), k(4)]
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("n", [3, 40])
+def test_sets_and_repeats_as_vllm_passes_them(policy: str, n: int) -> None:
+    """complete_store / complete_load with the ``set`` vLLM passes (a few keys and more than the
+    manager's small-call limit), prepare_load with a repeated key: the same answers, slots and
+    evictions as vLLM's manager, and every pin released exactly once."""
+    ours, theirs = KVOffloadManager(2 * n, cache_policy=policy), VLLMManager(2 * n, cache_policy=policy)
+    keys = [k(i) for i in range(3 * n)]
+    for step, batch in enumerate((keys[:n], keys[n : 2 * n], keys[2 * n :], keys[:n])):
+        cs = [ReqContext(req_id=f"r{step}") for _ in range(2)]
+        outs = [m.prepare_store(batch, c) for m, c in zip((ours, theirs), cs, strict=True)]
+        assert outs[0] is not None and outs[1] is not None
+        assert outs[0].keys_to_store == outs[1].keys_to_store
+        assert outs[0].store_spec.block_ids.tolist() == outs[1].store_spec.block_ids.tolist()
+        assert sorted(outs[0].evicted_keys) == sorted(outs[1].evicted_keys)
+        for m, c, o in zip((ours, theirs), cs, outs, strict=True):
+            m.complete_store(set(o.keys_to_store), c)
+        ready = [key for key in batch if theirs.lookup(key, cs[1]) is LookupResult.HIT]
+        assert ready == [key for key in batch if ours.lookup(key, cs[0]) is LookupResult.HIT]
+        assert ours.prepare_load(ready + ready[:1], cs[0]).block_ids.tolist() == (
+            theirs.prepare_load(ready, cs[1]).block_ids.tolist()
+        )  # the repeat taken once
+        assert int(ours.core.table.ref[ours.core.table.ref > 0].sum()) == len(ready)
+        for m, c in zip((ours, theirs), cs, strict=True):
+            m.complete_load(set(ready), c)
+            m.on_request_finished(c)
+        assert ours.core.table.num_pinned == 0 and int((ours.core.table.ref > 0).sum()) == 0
+    assert sorted(key for key in keys if ours.lookup(key, cs[0]) is LookupResult.HIT) == sorted(
+        key for key in keys if theirs.lookup(key, cs[1]) is LookupResult.HIT
+    )

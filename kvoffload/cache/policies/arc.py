@@ -114,20 +114,25 @@ class ARCPolicy(CachePolicy):
         here (that happens at store time, :meth:`on_store_miss`)."""
         if slots.__class__ is list:
             member = self._member_mv
-            stay, promote, to_t2 = [], [], []
+            stay, to_t2 = [], []
+            promoted = 0
             # last key first: walk forward, prepend in reverse
             for s, ins, reu in zip(slots, inserted_only, reused, strict=True):
                 if s < 0:
                     continue
-                if member[s] == _T1:
+                m = member[s]
+                if m == _T1:
                     if ins:
                         stay.append(s)
                     elif reu:
-                        promote.append(s)
+                        member[s] = _T2  # leaves T1 (its entry there goes stale), joins T2 below
+                        promoted += 1
                         to_t2.append(s)
                 elif ins or reu:
                     to_t2.append(s)
-            self.t1.discard(promote)
+            if promoted:
+                self.t1.size -= promoted
+                self.t2.size += promoted
             stay.reverse()
             to_t2.reverse()
             self.t1.push_back(stay, members=True)

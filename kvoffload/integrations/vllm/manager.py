@@ -35,8 +35,9 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.cache.manager import SMALL_BATCH, CPUOffloadingManager
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, lookup_code
+from kvoffload.errors import InvalidArgumentError
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
 
 logger = logging.getLogger(__name__)
@@ -156,14 +157,20 @@ class KVOffloadManager(OffloadingManager):
         return CacheHitSource.HOST
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
-        spec = self.core.prepare_load(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
+        try:  # vLLM's keys are distinct: resolved once, by the manager's own checks
+            spec = self.core.prepare_load(keys if keys.__class__ is list else list(keys), req_context)  # type: ignore[arg-type]
+        except InvalidArgumentError:  # repeated keys (nothing changed): each once, first occurrences
+            spec = self.core.prepare_load(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
         return CPULoadStoreSpec(spec.block_ids)  # type: ignore[attr-defined]
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.core.complete_load(list(keys), req_context)  # type: ignore[arg-type]
+        # a few keys as a list (scalar code), more as the set vLLM passes (distinct: no repeat check)
+        if keys.__class__ is not set or len(keys) <= SMALL_BATCH:
+            keys = list(keys)
+        self.core.complete_load(keys, req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -179,7 +186,8 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = list(keys)
+        if keys.__class__ is not set or len(keys) <= SMALL_BATCH:  # as in complete_load
+            keys = list(keys)
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
