@@ -9,25 +9,36 @@ reach the manager as in ``kvoffload simulate --trace FILE``. At each capacity th
 replay runs LRU, ``headstart`` with the tags stripped, ``headstart`` with them, and Belady's
 optimum; reported per capacity: share of prompt tokens loaded, share of Belady's, ratio to LRU,
 and the tagged/untagged ratio. Writes a JSON results file (default
-``bench/results/workload-tags.json``). Hit rates do not depend on the machine.
+``bench/results/workload-tags.json``, with the run's provenance: versions, commit, machine). Hit
+rates do not depend on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvoffload.app.simulate_cache import block_trace_of
-from kvoffload.sim.bailian import BAILIAN_BLOCK_TOKENS, generate_bailian_trace, read_bailian_trace, write_bailian_trace
-from kvoffload.sim.cache_replay import replay_cache
-from kvoffload.sim.optimal import BeladyPlan, replay_belady
-
 _HERE = Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:
+    sys.path.insert(0, str(_HERE.parent))
+
+from bench.common import provenance  # noqa: E402
+from kvoffload.app.simulate_cache import block_trace_of  # noqa: E402
+from kvoffload.sim.bailian import (  # noqa: E402
+    BAILIAN_BLOCK_TOKENS,
+    generate_bailian_trace,
+    read_bailian_trace,
+    write_bailian_trace,
+)
+from kvoffload.sim.cache_replay import replay_cache  # noqa: E402
+from kvoffload.sim.optimal import BeladyPlan, replay_belady  # noqa: E402
+
 CAPACITY_TOKENS = (128 * 1024, 256 * 1024, 512 * 1024, 1024**2, 2 * 1024**2, 4 * 1024**2)
 
 
@@ -85,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": f"python bench/bench_workload_tags.py --requests {args.requests} --seed {args.seed} "
         + " ".join(f"--block-size {b}" for b in sizes),
         "seconds": round(time.perf_counter() - t0, 1),
+        "provenance": provenance(),
         "runs": runs,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -90,6 +90,14 @@ class TierJobs:
         self._promote[t].append((key, slot, ctx))
         self.reserved += 1
 
+    def promote_now(self, t: int, keys: list[bytes], slots: list[int], ctx: ReqContext) -> list[bool]:
+        """Load ``keys`` from tier ``t`` into the host-pool ``slots`` reserved for them on this thread
+        (blocking) and complete their stores at once, as a reported promotion; per key ok."""
+        ok = self.tiers[t].load_now(keys, slots)
+        self.reserved += len(keys)
+        self._promoted(t, _Job(keys, [ctx] * len(keys)), TierJobResult(-1, "load", tuple(keys), tuple(ok), 0, 0.0))
+        return ok
+
     def queue_writes(self, t: int, keys: Sequence[bytes], slots: Sequence[int], ctx: ReqContext) -> None:
         """Queue the write of ``keys`` (host-pool ``slots``, pinned for it) to tier ``t``."""
         self._write[t].extend((k, s, ctx) for k, s in zip(keys, slots, strict=True))

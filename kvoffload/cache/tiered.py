@@ -16,6 +16,12 @@ disk...), through the primary's public interface only:
   that failed (evicted or deleted in the store, unreachable, corrupt) are released
   (``complete_store(success=False)``), so the next lookup gets the prefix that is really there.
   When the host pool cannot make room, the hits answer ``LOOKUP_MISS`` (recompute).
+* **Lookups answer in the call when that is cheap.** With ``probe_in_lookup`` the keys a tier
+  has no verdict for are probed within the lookup (:meth:`Tier.probe_now
+  <kvoffload.tiers.base.Tier.probe_now>`: one round trip, at most the tier's ``probe_wait``)
+  instead of deferring the request to the step's probe batch; promotions whose bytes fit what is
+  left of ``sync_load_budget_bytes`` this step are read within the lookup too
+  (:meth:`Tier.load_now <kvoffload.tiers.base.Tier.load_now>`) and answer ``LOOKUP_HIT``.
 * **Stores are written through.** Keys that a successful GPU -> CPU store made ready
   (``complete_store``) are pinned (``primary.prepare_load``, once per tier) and written to every
   tier at :meth:`end_step`; each pin is released (``complete_load``) when that tier reports the
@@ -23,9 +29,10 @@ disk...), through the primary's public interface only:
 * **Removals are events.** Keys a tier's store removed on its own or by another client (a Redis
   or disk tier with ``removal_events``, values a load rejected included) come out of
   :meth:`take_events` as ``removed=True`` events whose ``medium`` is the tier's name.
-* **A slow or unreachable tier never stalls a step.** Nothing here waits on a tier: lookups of a
-  tier in back-off miss, its writes are dropped (by the tier, or here when more than
-  ``max_write_blocks`` blocks are pinned for writes; counted, logged once per tier), its loads fail.
+* **A slow or unreachable tier never stalls a step.** Nothing here waits on a tier beyond those
+  bounded reads (none while a tier is in back-off): lookups of a tier in back-off miss, its
+  writes are dropped (by the tier, or here when more than ``max_write_blocks`` blocks are pinned
+  for writes; counted, logged once per tier), its loads fail.
 
 Nothing leaks: every reserved slot is completed and every pin released when the tier reports the
 job; :meth:`drain` waits for all of them (then :meth:`num_reserved` and :meth:`num_write_pinned`
@@ -77,6 +84,14 @@ class TieredManager(OffloadingManager):
             Tier hits beyond it are not promoted (they answer ``LOOKUP_MISS``; counted in
             ``promotions_capped``), so promotions cannot crowd out the blocks the pool holds for
             other requests.
+        probe_in_lookup: probe a tier's keys without a verdict within the lookup that asks for
+            them (one round trip each such call, waiting at most the tier's ``probe_wait``; a
+            tier with ``probe_wait=0`` or a backend that cannot probe on this thread is not
+            asked), rather than deferring the request to the step's probe batch.
+        sync_load_budget_bytes: record bytes the lookups of one engine step may read from the
+            tiers on the calling thread (a lookup's promotions that fit what is left are loaded
+            within it and answer ``LOOKUP_HIT``; larger ones are promoted asynchronously); 0:
+            every promotion is asynchronous. Default 1 MiB.
 
     Raises:
         InvalidTypeError: ``primary`` is not a ``CPUOffloadingManager``, a tier is not a ``Tier``.
@@ -90,6 +105,8 @@ class TieredManager(OffloadingManager):
         *,
         max_write_blocks: int | None = None,
         max_promoted_blocks: int | None = None,
+        probe_in_lookup: bool = True,
+        sync_load_budget_bytes: int = 1 << 20,
     ) -> None:
         if not isinstance(primary, CPUOffloadingManager):
             raise InvalidTypeError(f"primary must be a CPUOffloadingManager, got {type(primary).__name__}")
@@ -107,6 +124,11 @@ class TieredManager(OffloadingManager):
         if max_promoted_blocks is None:
             max_promoted_blocks = max(1, primary.num_blocks // 2)
         self.max_promoted_blocks = check_int(max_promoted_blocks, "max_promoted_blocks", 1)
+        if not isinstance(probe_in_lookup, bool):
+            raise InvalidTypeError(f"probe_in_lookup must be a bool, got {type(probe_in_lookup).__name__}")
+        self.probe_in_lookup = probe_in_lookup
+        self.sync_load_budget_bytes = check_int(sync_load_budget_bytes, "sync_load_budget_bytes", 0)
+        self._sync_used = 0  # bytes read within lookups this step
         self._unread: set[bytes] = set()  # promoted (queued or arrived), not read by a load yet
         self.primary = primary
         self.tiers = tiers
@@ -169,7 +191,9 @@ class TieredManager(OffloadingManager):
         probing: list[int] = []  # positions whose probe is outstanding
         for t, tier in enumerate(self.tiers):
             rest = []
-            for i, c in zip(todo, tier.lookup([keys_l[i] for i in todo]).tolist(), strict=True):
+            asked = [keys_l[i] for i in todo]
+            answers = tier.probe_now(asked) if self.probe_in_lookup else tier.lookup(asked)
+            for i, c in zip(todo, answers.tolist(), strict=True):
                 if c == LOOKUP_HIT:
                     source[i] = t
                 elif c == LOOKUP_RETRY:
@@ -218,15 +242,30 @@ class TieredManager(OffloadingManager):
         got: dict[bytes, int] = {}
         if out is not None:
             got = dict(zip(out.keys_to_store, out.store_spec.block_ids.tolist(), strict=True))  # type: ignore[attr-defined]
+        now: dict[int, list[bytes]] = {}  # tier -> keys loaded within this call
+        nbytes = sum(k in got for k in tier_of) * self.tiers[0].record_bytes
+        sync = 0 < nbytes <= self.sync_load_budget_bytes - self._sync_used
         for k, t in tier_of.items():
             slot = got.get(k)
             if slot is None:
                 self._jobs.usage[t].promotions_refused += 1
+                continue
+            if sync:
+                now.setdefault(t, []).append(k)
             else:
                 self._jobs.queue_promotion(t, k, slot, ctx)
-                self._unread.add(k)
+            self._unread.add(k)
+        arrived: dict[bytes, bool] = {}
+        if sync:
+            self._sync_used += nbytes
+            for t, ks in now.items():
+                arrived.update(zip(ks, self._jobs.promote_now(t, ks, [got[k] for k in ks], ctx), strict=True))
         for i in positions:
-            codes[i] = LOOKUP_PENDING if keys[i] in got else LOOKUP_MISS
+            k = keys[i]
+            if k in arrived:
+                codes[i] = LOOKUP_HIT if arrived[k] else LOOKUP_MISS
+            else:
+                codes[i] = LOOKUP_PENDING if k in got else LOOKUP_MISS
 
     def _promotion_room(self) -> int:
         """Promotions the cap allows now (keys the pool no longer holds are forgotten first)."""
@@ -312,6 +351,7 @@ class TieredManager(OffloadingManager):
         self._poll()
         self._jobs.send()
         self._polled = False
+        self._sync_used = 0
 
     def _poll(self) -> None:
         """Apply every finished tier job to the primary."""

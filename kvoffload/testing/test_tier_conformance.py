@@ -83,6 +83,29 @@ def test_probe_answered_within_the_step_it_was_sent(store: Opener) -> None:
     assert (settle(s, late) != LOOKUP_RETRY).all()
 
 
+def test_probe_now_and_load_now_on_the_calling_thread(store: Opener) -> None:
+    """``probe_now`` answers like ``lookup`` and may give verdicts within the call (a backend that
+    can probe on the calling thread), never anything ``lookup`` would not; ``load_now`` moves bytes
+    as a load job does, absent keys failing and slots outside it untouched."""
+    src, dst = records(4, 24), records(4, 25)
+    before = dst.copy()
+    ks = make_keys(3, b"now")
+    a = store(src)
+    assert run(a, "store", 1, ks[:2], [2, 0]) == (True, True)
+    b = store(dst, probe_wait=1.0)
+    codes = b.probe_now(ks)
+    assert set(codes.tolist()) <= {LOOKUP_RETRY, LOOKUP_HIT, LOOKUP_MISS}
+    assert (settle(b, ks) == [LOOKUP_HIT, LOOKUP_HIT, LOOKUP_MISS]).all()
+    known = b.probe_now(ks)  # verdicts known: no probe
+    assert (known == [LOOKUP_HIT, LOOKUP_HIT, LOOKUP_MISS]).all()
+    assert b.load_now(ks, [3, 1, 0]) == [True, True, False]
+    np.testing.assert_array_equal(dst[[3, 1]], src[[2, 0]])
+    np.testing.assert_array_equal(dst[2], before[2])  # outside the call
+    assert b.stats().blocks_read == 2 and b.stats().read_failures == 1
+    with pytest.raises(InvalidArgumentError):
+        b.load_now(ks[:1], [4])  # no such slot
+
+
 def test_one_round_trip_per_step_whatever_the_keys(store: Opener) -> None:
     t = store(records(2, 5))
     settle(t, make_keys(1, b"warm"))

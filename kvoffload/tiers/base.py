@@ -2,7 +2,9 @@
 
 A :class:`Tier` moves whole host-pool records (one offloaded block each) between the host pool's
 record array and a store (Redis, a directory...). Every method is called from one engine thread
-and returns without waiting on the store; the bytes move on the tier's own threads:
+and returns without waiting on the store (except :meth:`Tier.probe_now` and :meth:`Tier.load_now`,
+which a caller uses to answer a lookup within the call, and ``end_step``'s bounded wait); the
+bytes move on the tier's own threads:
 
 * :meth:`Tier.lookup` answers per key from verdicts already known and queues the rest, which
   answer :data:`LOOKUP_RETRY` until their probe returns; :meth:`Tier.end_step` sends the step's
@@ -15,8 +17,9 @@ and returns without waiting on the store; the bytes move on the tier's own threa
   (counted), loads fail; after the back-off the next operation reconnects.
 
 Backends implement :meth:`Tier._probe`, :meth:`Tier._store_batch`, :meth:`Tier._load_batch` and
-:meth:`Tier._close_backend`, all called on tier threads, and report what they see (values absent,
-rejected, removed...) through :attr:`Tier.counters` (:class:`TierCounters`).
+:meth:`Tier._close_backend`, called on tier threads (``_load_batch`` also on the engine thread,
+by :meth:`Tier.load_now`), and report what they see (values absent, rejected, removed...) through
+:attr:`Tier.counters` (:class:`TierCounters`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
@@ -137,10 +139,18 @@ class Tier(ABC):
         self._health = Health(name, backoff_initial, backoff_max)
         self._book = JobBook(self._lock)
         self._closed = False
-        self._step = StepProbe(Verdicts(lookup_ttl_steps, float(defer_hit_rate)), self._health, float(probe_wait))
         # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
         # thread wakes one thread per step at most, and never starts a pool thread)
-        self._probe_q: queue.SimpleQueue[Probe | _Tasks | None] = queue.SimpleQueue()
+        self._probe_q: queue.SimpleQueue[Probe | _Tasks | Callable[[], None] | None] = queue.SimpleQueue()
+        self._step = StepProbe(
+            Verdicts(lookup_ttl_steps, float(defer_hit_rate)),
+            self._health,
+            float(probe_wait),
+            self.counters,
+            self._probe,
+            self._probe_now,
+            self._hand_probe,
+        )
         self._pool = IOThreads(io_threads, f"kvoffload-tier-{name}")
         self._lookup_thread = threading.Thread(
             target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
@@ -161,28 +171,30 @@ class Tier(ABC):
         """Send this step's queued lookups as one probe batch; call once per engine step.
 
         While a key answered ``LOOKUP_RETRY`` (a request waits on it) has not been probed, wait
-        for the answers up to ``probe_wait`` seconds (one round trip on a healthy store),
-        so a request deferred on the probe is answered at the engine's next step (without the wait
-        it waits for the lookup thread to be scheduled behind the engine thread, steps longer). A
-        backend that can (:meth:`_probe_now`: a standalone Redis server) sends the batch and reads
-        its answer on this thread, with no thread hand-off; otherwise the lookup thread probes
-        and this thread sleeps on its answer.
+        for the answers up to ``probe_wait`` seconds, so a request deferred on the probe is
+        answered at the engine's next step. A backend that can (:meth:`_probe_now`: a standalone
+        Redis server) sends the batch and reads its answer on this thread; otherwise the lookup
+        thread probes and this thread sleeps on its answer.
         """
-        batch, wait = self._step.take_batch()
-        if batch:
-            now = self._probe_now(batch, wait) if wait > 0 else None
-            if isinstance(now, list):
-                self._health.succeeded()
-                self.counters.probe(batch, now)
-                self._step.verdicts.probed(batch, now)
-                return
-            with self._lock:
-                self._book.probes_in_flight += 1
-            self._step.sent()
-            self._probe_q.put(Probe(batch, now) if now is not None else Probe(batch, partial(self._probe, batch), True))
-            if now is not None:
-                return  # this step's wait is spent
-        self._step.wait(wait)
+        self._step.end_step()
+
+    def probe_now(self, keys: Sequence[bytes]) -> np.ndarray:
+        """:meth:`lookup`, with the keys it queues probed at once on this thread when the backend can
+        (:meth:`_probe_now`) and the tier is not in back-off: one round trip of its own, waited for
+        at most ``probe_wait`` (a late reply is read by the lookup thread, the keys answer
+        ``LOOKUP_RETRY`` until then; a backend that cannot sends nothing: the step's batch does)."""
+        return self._step.probe_now(check_keys(keys, "keys"))
+
+    def load_now(self, keys: Sequence[bytes], slots: Sequence[int] | np.ndarray) -> list[bool]:
+        """Copy the values of ``keys`` into the records in ``slots`` on this thread (blocking: one
+        pipelined read, up to the store's timeouts); per key whether it arrived (as
+        :meth:`submit_load`'s jobs, counted the same). All fail at once while in back-off."""
+        if self._closed:
+            raise InvalidArgumentError(f"tier {self.name} is closed")
+        keys = check_keys(keys, "keys")
+        ok = self._load(keys, check_slots(slots, "slots", len(keys), self.num_slots))
+        self._step.verdicts.finished(TierJobResult(-1, "load", tuple(keys), tuple(ok), 0, 0.0))
+        return ok
 
     @property
     def hit_rate(self) -> float:
@@ -214,9 +226,8 @@ class Tier(ABC):
             if reason is None and self._book.pending_write_bytes + nbytes > self._max_pending_write:
                 reason = "write queue full"
             if reason is not None:
-                self.counters.stats.dropped_writes += len(keys)
+                self.counters.dropped(len(keys), reason)
                 self._book.finish_now(job_id, "store", keys, False)
-                self.counters.log_once(f"drop-{reason}", "tier %s drops stores: %s (counted in dropped_writes)", reason)
                 return
             self._book.pending_write_bytes += nbytes
             job = self._book.jobs[job_id] = Job(job_id, "store", keys, len(keys), self._batch_keys)
@@ -338,9 +349,22 @@ class Tier(ABC):
         tasks: list[tuple[object, ...]] = [(job, a, b, slots[a:b]) for a, b in job.batches()]
         self._probe_q.put((priority, run, tasks))
 
+    def _hand_probe(self, probe: Probe) -> None:
+        """A probe for the lookup thread (to send, or a late reply to read)."""
+        with self._lock:
+            self._book.probes_in_flight += 1
+        self._probe_q.put(probe)
+
+    def _on_lookup_thread(self, fn: Callable[[], None]) -> None:
+        """Backends: run ``fn`` on the lookup thread, in turn with its probes (it must not raise)."""
+        self._probe_q.put(fn)
+
     def _lookup_loop(self) -> None:
         as_background_thread()
         while (item := self._probe_q.get()) is not None:
+            if callable(item):
+                item()
+                continue
             if not isinstance(item, Probe):
                 priority, run, tasks = item
                 for args in tasks:
@@ -382,16 +406,20 @@ class Tier(ABC):
             ok = [o in (STORED, PRESENT) for o in outcome]
             self._book.record(job, start, ok, stored * self.record_bytes)
 
-    def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
-        keys = job.keys[start:stop]
+    def _load(self, keys: list[bytes], slots: np.ndarray) -> list[bool]:
+        """One load batch on this thread, counted; per key ok."""
         t0 = time.perf_counter()
         got = None if self._health.is_down() else self._call_backend("load", self._load_batch, keys, slots)
         ok = [False] * len(keys) if got is None else got
         dt = time.perf_counter() - t0
-        n_ok = sum(ok)
         with self._lock:
-            self.counters.load_batch(n_ok, len(keys), dt, self.record_bytes)
-            self._book.record(job, start, ok, n_ok * self.record_bytes)
+            self.counters.load_batch(sum(ok), len(keys), dt, self.record_bytes)
+        return ok
+
+    def _run_load(self, job: Job, start: int, stop: int, slots: np.ndarray) -> None:
+        ok = self._load(job.keys[start:stop], slots)
+        with self._lock:
+            self._book.record(job, start, ok, sum(ok) * self.record_bytes)
 
     def _finish_empty(self, job_id: int, kind: Literal["store", "load"]) -> None:
         """A job without keys: finished (successfully) at submission."""

@@ -110,6 +110,11 @@ class TierCounters:
         s.read_seconds += seconds if n_ok else 0.0
         s.read_failures += n - n_ok
 
+    def dropped(self, n: int, reason: str) -> None:
+        """A store job of ``n`` keys was dropped at submission for ``reason`` (caller holds the lock)."""
+        self.stats.dropped_writes += n
+        self.log_once(f"drop-{reason}", "tier %s drops stores: %s (counted in dropped_writes)", reason)
+
     def log_once(self, tag: str, fmt: str, arg: str) -> None:
         """Log ``fmt % (name, arg)`` at WARNING the first time ``tag`` is seen (caller holds the lock)."""
         if tag not in self._logged:

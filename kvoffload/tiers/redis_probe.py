@@ -1,4 +1,5 @@
-"""A standalone Redis tier's probe answered on the engine thread, within the step's ``probe_wait``.
+"""A standalone Redis tier's probe answered on the engine thread, within ``probe_wait`` (the step's
+probe at ``end_step``, or a lookup's own with :meth:`~kvoffload.tiers.base.Tier.probe_now`).
 
 Handing a step's probe to the tier's lookup thread and waiting for its answer costs two thread
 hand-offs (the lookup thread must get a core and the GIL to send, then the engine thread to take
@@ -8,8 +9,8 @@ on a connection of its own (a few hundred bytes: the write never blocks) and wai
 with ``select`` up to ``probe_wait`` seconds. A reply in time is read there (tiny: ``:0`` / ``:1``
 per key); a late one is left to the lookup thread, which reads it (blocking, under the socket
 timeout) and hands the answers back as any probe's, and the connection is not used again until
-then. The engine thread never connects: the lookup thread opens the connection after a probe it
-made succeeded, and drops it after any error (the next probes go through the lookup thread).
+then. The engine thread never connects: the lookup thread opens the connection as the tier starts
+and after a probe it made succeeded, and drops it after any error (the next probes go through the lookup thread).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import select
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -51,9 +53,11 @@ class InlineProbe:
         self._lock = threading.Lock()
         self._conn: Any = None
         self._lent = False  # a late reply is owed on the connection: the lookup thread reads it
+        self._tried = threading.Event()  # the first connect (as the tier starts) is over
 
     def connect(self) -> None:
-        """Open the connection if there is none (the lookup thread, after a probe succeeded)."""
+        """Open the connection if there is none (the lookup thread: as the tier starts, and after a
+        probe succeeded; never raises)."""
         with self._lock:
             if self._conn is not None or self._lent:
                 return
@@ -64,6 +68,8 @@ class InlineProbe:
             logger.debug("inline probe connection: %s", exc)
             conn.disconnect()
             return
+        finally:
+            self._tried.set()
         with self._lock:
             if self._conn is None and not self._lent:
                 self._conn, conn = conn, None
@@ -74,7 +80,12 @@ class InlineProbe:
         """Probe ``keys`` (the engine thread): per key whether it is there, when the reply came
         within ``wait`` seconds; else a function that reads the late reply (the lookup thread's:
         raises :class:`~kvoffload.tiers.health.TierUnavailable` on an error); None when no
-        connection is ready (nothing was sent)."""
+        connection is ready (nothing was sent). Until the first connect is over, waits for it
+        within ``wait``."""
+        if not self._tried.is_set():
+            t0 = time.monotonic()
+            self._tried.wait(wait)
+            wait = max(0.0, wait - (time.monotonic() - t0))
         with self._lock:
             conn = None if self._lent else self._conn
             if conn is None or getattr(conn, "_sock", None) is None:

@@ -133,6 +133,7 @@ class RedisTier(Tier):
         self._inline = None
         if not self.config.cluster and self.config.scheme in ("redis", "unix"):
             self._inline = InlineProbe(self._probe_connection, self._prefix)
+            self._on_lookup_thread(self._inline.connect)  # the first lookups may probe on the engine thread
         self._watcher: KeyspaceWatcher | ClusterWatchers | None = None
         self._removal_events = removal_events
         if removal_events and self.config.cluster:

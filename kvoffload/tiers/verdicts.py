@@ -80,6 +80,17 @@ class Verdicts:
             self._known = {k: v for k, v in self._known.items() if self._step - v[1] < self._ttl}
         return batch
 
+    def queued(self, keys: Iterable[bytes]) -> list[bytes]:
+        """Those of ``keys`` queued for the next batch (once each)."""
+        q = self._queued
+        return [k for k in dict.fromkeys(keys) if k in q]
+
+    def sending(self, batch: list[bytes]) -> None:
+        """``batch`` (queued keys) is probed ahead of the step's batch: in flight now."""
+        for k in batch:
+            self._queued.pop(k, None)
+        self._in_flight.update(batch)
+
     def probed(self, batch: Iterable[bytes], found: list[bool] | None) -> None:
         """Record a probe's answers (``found is None``: the tier could not be asked: misses)."""
         batch = list(batch)

@@ -179,6 +179,7 @@ class RefHeadStart:
         self.seen: OrderedDict[bytes, Any] = OrderedDict()
         self.stamp: dict[bytes, int] = {}
         self.ghost = RefGhost(max(1, 4 * capacity))
+        self.queued: list[int] = []  # victims' fingerprints not yet in the ghost history
         self.tuner = RefTuner(max(capacity, 1))
         self.tags = RefTags(capacity)
         self.workload: str | None = None
@@ -255,7 +256,11 @@ class RefHeadStart:
                 key, od = ks, self.seen  # type: ignore[assignment]
             out.append((key, od.pop(key)))
             del self.stamp[key]
-            self.ghost.add(fingerprint(key))
+            self.queued.append(fingerprint(key))
+        if len(self.queued) >= max(1, min(1024, self.ghost.size // 64)):
+            for f in self.queued:
+                self.ghost.add(f)
+            self.queued.clear()
         if self.tags.ids:
             self.tags.gone([k for k, _ in out])
         return out
@@ -265,6 +270,7 @@ class RefHeadStart:
         self.seen.clear()
         self.stamp.clear()
         self.ghost = RefGhost(max(1, 4 * self.capacity))
+        self.queued.clear()
         self.tuner.clear()
         self.tags = RefTags(self.capacity)
         self.clock = 0

@@ -16,7 +16,7 @@ from kvoffload.cache.policies.headstart_tags import TagClasses
 from kvoffload.cache.policies.headstart_tuner import fingerprints
 from kvoffload.core.base import ReqContext, make_offload_key
 from kvoffload.core.lookup_code import LOOKUP_HIT
-from tests.cache.headstart_reference import RefHeadStart, fingerprint
+from tests.cache.headstart_reference import RefGhost, RefHeadStart, fingerprint
 from tests.cache.test_manager_property import real_order
 from tests.cache.test_manager_reference import RefManager
 
@@ -173,8 +173,15 @@ def test_request_scoped_path_matches_reference(seed: int) -> None:
 
 
 def test_fingerprints_match_the_documented_mixer() -> None:
-    keys = [key(i) for i in range(200)] + [b"", b"x" * 40]
-    assert fingerprints(keys).tolist() == [fingerprint(k) for k in keys]
+    """One length (words only, and padded), mixed lengths, the empty key; a key's fingerprint does
+    not depend on the batch it comes in."""
+    keys = [key(i) for i in range(200)] + [b"", b"x" * 40, b"x" * 41, b"\xff" * 64]
+    want = [fingerprint(k) for k in keys]
+    assert fingerprints(keys).tolist() == want
+    assert fingerprints(keys[:200]).tolist() == want[:200]
+    assert fingerprints([k + b"abc" for k in keys[:50]]).tolist() == [fingerprint(k + b"abc") for k in keys[:50]]
+    assert [fingerprints([k]).tolist()[0] for k in keys] == want
+    assert len(set(want)) == len(want)
 
 
 def test_ghost_remembers_the_last_size_keys() -> None:
@@ -235,3 +242,32 @@ def test_small_touch_reaches_an_array_only_policy() -> None:
     m.touch(keys[:2], CTX)
     new, seen = m.policy.ordered_slots()  # type: ignore[attr-defined]
     assert [m.table.keys[s] for s in seen] == [keys[1], keys[0]] and [m.table.keys[s] for s in new] == [keys[2]]
+
+
+@pytest.mark.parametrize("size", [40, 1000, 20000])
+def test_ghost_batches_match_reference(size: int) -> None:
+    """Batches of every size (one key to more keys than a bucket has ways, so keys of one batch share
+    buckets, up to more than WAYS of them), interleaved with lookups of added, forgotten and new
+    fingerprints: the same answers and the same entries as the one-key-at-a-time reference."""
+    rng = np.random.default_rng(size)
+    g, ref = GhostKeys(size), RefGhost(size)
+    assert g.buckets == ref.nb
+    pool = rng.integers(0, 2**32, size=3 * size, dtype=np.uint32)
+    for step in range(60):
+        k = int(rng.choice([1, 3, 17, 200, 2 * size]))
+        fp = pool[rng.integers(0, len(pool), size=k)] if step % 3 else rng.integers(0, 2**32, size=k, dtype=np.uint32)
+        fp = np.unique(fp)[rng.permutation(len(np.unique(fp)))]  # distinct, as victims are
+        if step % 7 == 0:  # crowd buckets 0..few-1: up to more keys than ways in one bucket
+            few = 1 + step % 5
+            high = rng.integers(0, 2**32, size=4 * WAYS, dtype=np.uint32) & np.uint32(~g.mask & 0xFFFFFFFF)
+            fp = np.unique(high | (np.arange(4 * WAYS, dtype=np.uint32) % np.uint32(few)))
+        g.add(fp)
+        for f in fp.tolist():
+            ref.add(f)
+        probe = np.unique(np.concatenate([pool[rng.integers(0, len(pool), size=50)], fp[:5]]))
+        got = g.contains_pop(probe.copy())
+        want = [ref.contains_pop(f) for f in probe.tolist()]
+        assert (got.tolist() if got is not None else [False] * len(probe)) == want
+        entries = [[(int(v), int(q)) for v, q in zip(g.fp[b], g.seq[b], strict=True)] for b in range(g.buckets)]
+        assert entries == ref.entries
+        assert g.cursor.tolist() == ref.cursor

@@ -19,6 +19,9 @@ from tests.redis_support import require_redis as _require_redis
 from tests.redis_support import server_of_its_own
 
 NS = TierNamespace("test/model@1", "float16", "float16", "flash_attn", (2, 16, 4, 64), 16)
+#: TieredManager options under which nothing is answered within a lookup: probes go with the step's
+#: batch and promotions are asynchronous (the paths the tests of deferral exercise).
+ASYNC = {"probe_in_lookup": False, "sync_load_budget_bytes": 0}
 
 
 def require_redis() -> None:

@@ -17,7 +17,7 @@ from kvoffload.errors import InvalidTypeError
 from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier
 from tests.keys import CTX
-from tests.tiers.conftest import NS, make_records
+from tests.tiers.conftest import ASYNC, NS, make_records
 
 RB = 4096
 POOL = 8
@@ -32,7 +32,7 @@ def _pool_with_hot_blocks(tmp_path: Path, cap: int | None) -> tuple[TieredManage
         assert all(run_job(writer, "store", 1, tier_keys, list(range(12))))
     records = np.zeros((POOL, RB), np.uint8)
     m = TieredManager(
-        CPUOffloadingManager(POOL), [DiskTier(records, NS, tmp_path, o_direct=False)], max_promoted_blocks=cap
+        CPUOffloadingManager(POOL), [DiskTier(records, NS, tmp_path, o_direct=False)], max_promoted_blocks=cap, **ASYNC
     )
     out = m.prepare_store(hot, CTX)
     assert out is not None

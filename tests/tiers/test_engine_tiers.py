@@ -99,15 +99,23 @@ def test_redis_killed_mid_run_and_restarted(own_redis: RedisServer) -> None:
     assert first.tiered.usage()[0].blocks_written > 0  # type: ignore[union-attr]
     e = _engine(own_redis.url)
     tier = e.tiered.tiers[0]  # type: ignore[union-attr]
-    submit = tier.submit_load
+    submit, load_now = tier.submit_load, tier.load_now
+
+    def kill() -> None:
+        """Redis dies (SIGKILL) after the lookups said hit, as the first promotion starts (on the
+        tier's threads or within the lookup)."""
+        own_redis.kill()
+        tier.submit_load, tier.load_now = submit, load_now  # type: ignore[method-assign]
 
     def kill_then_load(job_id: int, keys: list[bytes], slots: list[int]) -> None:
-        """Redis dies (SIGKILL) after the lookups said hit, as the first promotion starts."""
-        own_redis.kill()
-        tier.submit_load = submit  # type: ignore[method-assign]
+        kill()
         submit(job_id, keys, slots)
 
-    tier.submit_load = kill_then_load  # type: ignore[method-assign]
+    def kill_then_load_now(keys: list[bytes], slots: list[int]) -> list[bool]:
+        kill()
+        return load_now(keys, slots)
+
+    tier.submit_load, tier.load_now = kill_then_load, kill_then_load_now  # type: ignore[method-assign]
     try:
         _run(e, seed=1)  # the engine keeps running: the loads fail, lookups miss, writes drop; it recomputes
         u = e.tiered.usage()[0]  # type: ignore[union-attr]
@@ -135,16 +143,24 @@ def test_values_deleted_between_lookup_and_load_recompute(redis_url: str) -> Non
     e = _engine(redis_url)
     tier = e.tiered.tiers[0]  # type: ignore[union-attr]
     client = redis.Redis.from_url(redis_url)
-    submit = tier.submit_load
+    submit, load_now = tier.submit_load, tier.load_now
     deleted: list[bytes] = []
 
-    def delete_then_load(job_id: int, keys: list[bytes], slots: list[int]) -> None:
-        """Another client deletes every value after the lookup said hit, before the load."""
+    def delete(keys: list[bytes]) -> None:
+        """Another client deletes every value after the lookup said hit, before the load (on the
+        tier's threads or within the lookup)."""
         client.delete(*[tier.store_key(k) for k in keys])  # type: ignore[attr-defined]
         deleted.extend(keys)
+
+    def delete_then_load(job_id: int, keys: list[bytes], slots: list[int]) -> None:
+        delete(keys)
         submit(job_id, keys, slots)
 
-    tier.submit_load = delete_then_load  # type: ignore[method-assign]
+    def delete_then_load_now(keys: list[bytes], slots: list[int]) -> list[bool]:
+        delete(keys)
+        return load_now(keys, slots)
+
+    tier.submit_load, tier.load_now = delete_then_load, delete_then_load_now  # type: ignore[method-assign]
     try:
         _run(e, seed=4)  # same workload: every tier hit is gone at load time
         u = e.tiered.usage()[0]  # type: ignore[union-attr]

@@ -17,7 +17,7 @@ from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import RedisTier
 from tests.keys import CTX
-from tests.tiers.conftest import NS, make_records
+from tests.tiers.conftest import ASYNC, NS, make_records
 from tests.tiers.proxy import TurnCountingProxy
 
 RB = 4096 + 24
@@ -63,7 +63,7 @@ def test_write_through_then_promotion_in_another_manager(redis_url: str) -> None
     a.close()
 
     rec_b = np.zeros((8, RB), np.uint8)
-    b = TieredManager(CPUOffloadingManager(8), [RedisTier(rec_b, NS, redis_url)], max_promoted_blocks=8)
+    b = TieredManager(CPUOffloadingManager(8), [RedisTier(rec_b, NS, redis_url)], max_promoted_blocks=8, **ASYNC)
     codes = b.lookup_batch(keys, CTX)  # host pool misses, tier not probed yet: defer
     assert (codes == LOOKUP_PENDING).all()
     assert (_settle(b, keys) == LOOKUP_HIT).all()
@@ -75,6 +75,84 @@ def test_write_through_then_promotion_in_another_manager(redis_url: str) -> None
     _no_leak(b)
     assert b.usage()[0].blocks_written == 0
     b.close()
+
+
+def test_lookup_answered_within_the_call(redis_url: str) -> None:
+    """With the defaults a lookup probes its unknown keys at once and reads the tier hits that fit
+    the step's ``sync_load_budget_bytes`` within the call: no deferral; larger ones are promoted
+    asynchronously; the budget is per step."""
+    keys = make_keys(6, b"now")
+    src = make_records(6, RB, seed=7)
+    with RedisTier(src, NS, redis_url) as w:
+        assert all(run_job(w, "store", 1, keys[:5], list(range(5))))  # keys[5] is nowhere
+    rec = np.zeros((8, RB), np.uint8)
+    tier = RedisTier(rec, NS, redis_url, probe_wait=1.0)  # generous: a loaded machine answers in time
+    m = TieredManager(CPUOffloadingManager(8), [tier], sync_load_budget_bytes=3 * RB)
+    assert m.probe_in_lookup
+    a, b = ReqContext("a"), ReqContext("b")
+    # 3 hits fit the budget: read here, answered HIT; the key missing everywhere answers MISS
+    codes = m.lookup_batch([*keys[:3], keys[5]], a)
+    assert codes.tolist() == [LOOKUP_HIT] * 3 + [LOOKUP_MISS]
+    assert tier.stats().lookup_round_trips == 1 and m.num_reserved() == 0
+    spec = m.prepare_load(keys[:3], a)
+    np.testing.assert_array_equal(rec[spec.block_ids], src[:3])
+    m.complete_load(keys[:3], a)
+    # the budget of this step is spent: two more hits are promoted asynchronously
+    assert (m.lookup_batch(keys[3:5], b) == LOOKUP_PENDING).all() and m.num_reserved() == 2
+    codes = _settle(m, keys[3:5])
+    assert (codes == LOOKUP_HIT).all()
+    np.testing.assert_array_equal(rec[m.prepare_load(keys[3:5], b).block_ids], src[3:5])
+    m.complete_load(keys[3:5], b)
+    assert m.usage()[0].blocks_promoted == 5
+    _no_leak(m)
+    m.close()
+
+
+@pytest.mark.parametrize("where", ["probe_wait=0", "probe_in_lookup=False"])
+def test_lookup_without_answers_in_the_call_defers(redis_url: str, where: str) -> None:
+    """A tier with ``probe_wait=0`` (vLLM's adapter), or ``probe_in_lookup=False``: a lookup never
+    waits on the store; its unknown keys go with the step's probe and the request is deferred."""
+    keys = make_keys(2, b"nw")
+    src = make_records(2, RB, seed=8)
+    with RedisTier(src, NS, redis_url) as w:
+        assert all(run_job(w, "store", 1, keys, [0, 1]))
+    rec = np.zeros((4, RB), np.uint8)
+    wait = 0.0 if where == "probe_wait=0" else 1.0
+    tier = RedisTier(rec, NS, redis_url, probe_wait=wait)
+    m = TieredManager(CPUOffloadingManager(4), [tier], probe_in_lookup=where != "probe_in_lookup=False")
+    assert (m.lookup_batch(keys, CTX) == LOOKUP_PENDING).all()
+    assert tier.stats().lookup_round_trips == 0
+    assert (_settle(m, keys) == LOOKUP_HIT).all()
+    _no_leak(m)
+    m.close()
+
+
+def test_sync_load_of_a_deleted_value_is_a_miss(redis_url: str) -> None:
+    keys = make_keys(3, b"sd")
+    src = make_records(3, RB, seed=9)
+    with RedisTier(src, NS, redis_url) as w:
+        assert all(run_job(w, "store", 1, keys, [0, 1, 2]))
+    rec = np.zeros((4, RB), np.uint8)
+    tier = RedisTier(rec, NS, redis_url, probe_wait=1.0)
+    m = TieredManager(CPUOffloadingManager(4), [tier], max_promoted_blocks=4)
+    assert (tier.probe_now(keys) == LOOKUP_HIT).all()  # verdicts known...
+    redis.Redis.from_url(redis_url).delete(tier.store_key(keys[1]))  # ...then another client deletes one
+    assert m.lookup_batch(keys, CTX).tolist() == [LOOKUP_HIT, LOOKUP_MISS, LOOKUP_HIT]
+    u = m.usage()[0]
+    assert (u.blocks_promoted, u.promotions_failed) == (2, 1)
+    assert m.primary.peek([keys[1]]).tolist() == [LOOKUP_MISS]  # its slot freed
+    np.testing.assert_array_equal(rec[m.prepare_load([keys[0], keys[2]], CTX).block_ids], src[[0, 2]])
+    m.complete_load([keys[0], keys[2]], CTX)
+    _no_leak(m)
+    m.close()
+
+
+def test_sync_load_budget_is_checked(redis_url: str) -> None:
+    with RedisTier(np.zeros((2, RB), np.uint8), NS, redis_url) as t:
+        with pytest.raises(ValueError, match="sync_load_budget_bytes"):
+            TieredManager(CPUOffloadingManager(2), [t], sync_load_budget_bytes=-1)
+        with pytest.raises(InvalidTypeError, match="probe_in_lookup"):
+            TieredManager(CPUOffloadingManager(2), [t], probe_in_lookup=1)  # type: ignore[arg-type]
 
 
 def test_promotion_stops_at_the_first_key_missing_everywhere(redis_url: str) -> None:
@@ -102,7 +180,7 @@ def test_value_deleted_between_lookup_and_load_frees_its_slot(redis_url: str) ->
         assert w.drain(10)
     rec_b = np.zeros((8, RB), np.uint8)
     tier = RedisTier(rec_b, NS, redis_url)
-    m = TieredManager(CPUOffloadingManager(8), [tier])
+    m = TieredManager(CPUOffloadingManager(8), [tier], **ASYNC)
     m.lookup_batch(keys, CTX)
     m.end_step()
     tier.drain(5)
@@ -180,7 +258,7 @@ def test_one_probe_round_trip_per_step_whatever_the_number_of_keys(redis_server:
     try:
         rec = np.zeros((4, RB), np.uint8)
         tier = RedisTier(rec, NS, proxy.url)
-        m = TieredManager(CPUOffloadingManager(4), [tier])
+        m = TieredManager(CPUOffloadingManager(4), [tier], **ASYNC)
         _settle(m, make_keys(1, b"warm"))  # connection set-up
         for n_req, n_keys in ((1, 1), (4, 8), (16, 64)):
             turns, trips = proxy.turns, tier.stats().lookup_round_trips

@@ -20,7 +20,7 @@ from kvoffload.scheduler.jobs import ScheduledRequest
 from kvoffload.scheduler.scheduler import OffloadingScheduler
 from kvoffload.tiers import RedisTier
 from tests.scheduler.conftest import key, make_req
-from tests.tiers.conftest import NS, make_records
+from tests.tiers.conftest import ASYNC, NS, make_records
 
 RB = 4096 + 24
 CFG = OffloadingSchedulerConfig((GroupOffloadConfig(0, 4, 4),))
@@ -50,7 +50,7 @@ def _write(url: str, keys: list[bytes], tag: bytes) -> None:
 
 def _manager(url: str, name: str) -> CountingTieredManager:
     tier = RedisTier(np.zeros((16, RB), np.uint8), NS, url, name=name)
-    return CountingTieredManager(CPUOffloadingManager(16), [tier])
+    return CountingTieredManager(CPUOffloadingManager(16), [tier], **ASYNC)
 
 
 def test_repeat_lookups_of_a_deferred_request_wait_for_its_keys(redis_url: str) -> None:

@@ -58,15 +58,18 @@ class GhostKeys:
     def contains_pop(self, fp: np.ndarray) -> np.ndarray | None:
         """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied. None: none is."""
         b = fp & np.uint32(self.mask)
-        rows, ways = (self.fp[b] == (fp | np.uint32(1))[:, None]).nonzero()
-        if len(rows) == 0:
+        match = self.fp[b] == (fp | np.uint32(1))[:, None]
+        if not match.any():  # the common case: one cheap test instead of the index search
             return None
+        rows, ways = match.nonzero()  # row-major: rows ascending
         live = (np.uint32(self.added) - self.seq[b[rows], ways]) <= np.uint32(self.size)  # among the last size
         rows, ways = rows[live], ways[live]
         if len(rows) == 0:
             return None
-        rows, first = np.unique(rows, return_index=True)  # the first matching entry of each key
-        self.fp[b[rows], ways[first]] = 0
+        if len(rows) > 1 and (rows[1:] == rows[:-1]).any():  # a key matching twice: its first entry
+            rows, first = np.unique(rows, return_index=True)
+            ways = ways[first]
+        self.fp[b[rows], ways] = 0
         hit = np.zeros(len(fp), dtype=bool)
         hit[rows] = True
         return hit
@@ -87,18 +90,37 @@ class GhostKeys:
         self.seq[b, way] = seq
         self.cursor[b] = _NEXT[way]
         lost = self.seq[b, way] != seq
-        if lost.any():  # keys sharing a bucket: write those again one by one, in order
+        if lost.any():  # keys sharing a bucket: write those again, in order
             clash = np.flatnonzero((b[:, None] == b[lost]).any(axis=1))
-            fps, seqs = self.fp, self.seq
-            nxt: dict[int, int] = {}
-            rows = zip(b[clash].tolist(), way[clash].tolist(), val[clash].tolist(), seq[clash].tolist(), strict=True)
-            for bi, c, v, q in rows:
-                c = nxt.get(bi, c)
-                fps[bi, c] = v
-                seqs[bi, c] = q
-                nxt[bi] = (c + 1) % WAYS
-            for bi, c in nxt.items():
-                self.cursor[bi] = c
+            self._add_clashing(b[clash], way[clash], val[clash], seq[clash])
+
+    def _add_clashing(self, b: np.ndarray, way: np.ndarray, val: np.ndarray, seq: np.ndarray) -> None:
+        """:meth:`add`'s writes again for the keys of the buckets that received several (in order):
+        the ``j``-th key of a bucket goes to the ``j``-th way from the bucket's cursor before the call
+        (``way``, the same for all of them)."""
+        order = np.argsort(b, kind="stable")
+        sb = b[order]
+        first = np.empty(len(b), dtype=bool)
+        first[0] = True
+        np.not_equal(sb[1:], sb[:-1], out=first[1:])
+        at = np.arange(len(b))
+        rank = at - np.maximum.accumulate(np.where(first, at, 0))  # place among its bucket's keys
+        if int(rank.max()) < WAYS:  # each way of a bucket written at most once: one vectorised write
+            ws = (way[order] + rank) % WAYS
+            self.fp[sb, ws] = val[order]
+            self.seq[sb, ws] = seq[order]
+            last = np.append(first[1:], True)
+            self.cursor[sb[last]] = _NEXT[ws[last]]
+            return
+        fps, seqs = self.fp, self.seq  # more keys than ways in one bucket: one by one, in order
+        nxt: dict[int, int] = {}
+        for bi, c, v, q in zip(b.tolist(), way.tolist(), val.tolist(), seq.tolist(), strict=True):
+            c = nxt.get(bi, c)
+            fps[bi, c] = v
+            seqs[bi, c] = q
+            nxt[bi] = (c + 1) % WAYS
+        for bi, c in nxt.items():
+            self.cursor[bi] = c
 
     def clear(self) -> None:
         self.fp[:] = 0

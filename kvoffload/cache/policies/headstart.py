@@ -27,25 +27,30 @@ Rules (the reference model in the tests implements exactly these):
   most recent), stamped with the clock.
 * evict ``n``: repeatedly, of the oldest evictable, unprotected block of each list, the
   first-sight one goes if there is no seen one or its stamp ``<=`` the seen one's stamp ``+ H``,
-  else the seen one. The victim's key enters the ghost history.
+  else the seen one. The victim's key enters the ghost history (queued, see below).
 * workload tags (``uses_workload``): once a request has carried a tag,
   :class:`~kvoffload.cache.policies.headstart_tags.TagClasses` counts per tag how often the blocks
   its requests placed are read again (inserts label blocks, reads count and relabel them, evictions
   count); an insert by a request whose tag is *hot* puts every inserted block on the seen list.
   Without tags nothing changes and nothing is kept.
 * ghost history: :class:`~kvoffload.cache.policies.ghost.GhostKeys` of about ``4 * capacity`` key
-  fingerprints (``headstart_tuner.fingerprints``), victims added in eviction order; a key found
-  there on insert leaves it. ``H`` is the tuner's ``head_start``.
+  fingerprints (``headstart_tuner.fingerprints``); a key found there on insert leaves it. Victims
+  enter it in eviction order, in batches: their fingerprints are queued, and at the end of an
+  evict call that leaves at least ``ghost_batch = max(1, min(GHOST_BATCH, history // 64))`` queued
+  (the history's size: ``4 * capacity``), the whole queue is added (so up to ``ghost_batch - 1``
+  recent victims, under 1/64 of the window, are not found yet; one numpy pass per batch instead of
+  per call). ``H`` is the tuner's ``head_start``.
 
 Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + ``uint32``
 fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
-keys (64 to 129 B) + a ``uint8`` tag label: 102 to 167 bytes, plus 4 KB of tag counts and the
-tuner's small caches (four of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever
-the capacity). Cost: a touch or insert is O(keys)
-numpy work (a CRC-32 per inserted key); evicting ``n`` blocks takes the first-sight blocks up to
-the seen list's oldest candidate in one scan (usually all ``n``), then the two lists in turn
-(O(n) amortised); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of the
-accesses (its sample).
+keys (64 to 129 B) + a ``uint8`` tag label: 102 to 167 bytes, plus 4 KB of tag counts, the victim
+queue (at most ``GHOST_BATCH`` plus one call's victims, 4 B each) and the tuner's small caches (four
+of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch
+or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key); evicting ``n``
+blocks takes the first-sight blocks up to the seen list's oldest candidate in one scan (usually all
+``n``), then the two lists in turn (O(n) amortised), and the history takes the queued victims in
+one numpy pass per batch; the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of
+the accesses (its sample).
 """
 
 from __future__ import annotations
@@ -69,8 +74,11 @@ __all__ = ["HeadStartPolicy"]
 
 _NEW = 1
 _SEEN = 2
+_NONE = np.zeros(0, dtype=np.int64)
 #: the ghost history remembers about this many evicted keys per block of capacity
 GHOST_FACTOR = 4
+#: victims enter the ghost history in batches of at least ``min(GHOST_BATCH, history // 64)`` keys
+GHOST_BATCH = 1024
 
 
 class HeadStartPolicy(CachePolicy):
@@ -88,6 +96,9 @@ class HeadStartPolicy(CachePolicy):
         self.new = SlotOrder(_NEW, self.member, self.pos, capacity)
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
         self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
+        self.ghost_batch = max(1, min(GHOST_BATCH, self.ghost.size // 64))
+        self._victims: list[np.ndarray] = []  # fingerprints of victims not yet in the ghost history
+        self._queued = 0
         self.tuner = HeadStartTuner(max(1, capacity))
         self.tags = TagClasses(capacity)
         self.clock = 0
@@ -168,13 +179,13 @@ class HeadStartPolicy(CachePolicy):
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
-        b = self.seen.peek(1, ref, protected, mark)
+        b = self.seen.peek(1, ref, protected, mark) if self.seen.size else _NONE
         # the first-sight blocks that go before the seen list's oldest (both lists' stamps only grow
         # from old to new, so one limited take finds them); usually that is every victim
         a = self.new.take(n, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
         if len(a) == n:
             self.new.discard(a)
-            self.ghost.add(self.fp[a])
+            self._to_ghost(a)
             if self.tags.ids:
                 self.tags.gone(a)
             return a
@@ -205,12 +216,23 @@ class HeadStartPolicy(CachePolicy):
         self.new.discard(np.concatenate(new_parts))
         self.seen.discard(np.concatenate(seen_parts))
         out = np.concatenate(victims)
-        self.ghost.add(self.fp[out])
+        self._to_ghost(out)
         if self.tags.ids:
             self.tags.gone(out)
         return out
 
+    def _to_ghost(self, victims: np.ndarray) -> None:
+        """Queue the victims' fingerprints; once ``ghost_batch`` are queued, add them all, in order."""
+        self._victims.append(self.fp[victims])
+        self._queued += len(victims)
+        if self._queued >= self.ghost_batch:
+            self.ghost.add(self._victims[0] if len(self._victims) == 1 else np.concatenate(self._victims))
+            self._victims.clear()
+            self._queued = 0
+
     def clear(self) -> None:
+        self._victims.clear()
+        self._queued = 0
         self.member[:] = 0
         self.new.clear()
         self.seen.clear()

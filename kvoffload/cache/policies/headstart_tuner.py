@@ -140,9 +140,9 @@ class HeadStartTuner:
     def observe(self, fp: np.ndarray) -> None:
         """Accesses, in order, given as the keys' :func:`fingerprints` (``uint32``)."""
         if self.threshold < _RANGE:
+            if len(fp) == 0 or int(fp.min()) >= self.threshold << 20:
+                return  # none sampled (most calls at large capacities): one reduction
             fp = fp[fp < np.uint32(self.threshold << 20)]
-            if len(fp) == 0:
-                return
         for f in fp.tolist():
             for c in self.caches:
                 c.access(f)
