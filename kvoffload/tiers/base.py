@@ -24,7 +24,6 @@ by :meth:`Tier.load_now`), and report what they see (values absent, rejected, re
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -42,16 +41,12 @@ from kvoffload.tiers.jobs import Job, JobBook
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import IntegrityKeys, RecordCodec
 from kvoffload.tiers.step_probe import Probe, StepProbe
-from kvoffload.tiers.threads import as_background_thread
+from kvoffload.tiers.threads import LookupThread
 from kvoffload.tiers.types import DROPPED, FAILED, PRESENT, STORED, TierJobResult, TierStats
 from kvoffload.tiers.verdicts import Verdicts
 from kvoffload.tiers.workers import LOAD, STORE, IOThreads
 
 __all__ = ["Tier", "STORED", "PRESENT", "FAILED", "DROPPED"]
-
-#: Store/load batches for the I/O threads: their priority, the task function and its argument tuples.
-_Tasks = tuple[int, Callable[..., None], list[tuple[object, ...]]]
-
 
 _R = TypeVar("_R")
 
@@ -139,9 +134,6 @@ class Tier(ABC):
         self._health = Health(name, backoff_initial, backoff_max)
         self._book = JobBook(self._lock)
         self._closed = False
-        # the lookup thread's inbox: probe batches, and jobs it hands to the pool (so the engine
-        # thread wakes one thread per step at most, and never starts a pool thread)
-        self._probe_q: queue.SimpleQueue[Probe | _Tasks | Callable[[], None] | None] = queue.SimpleQueue()
         self._step = StepProbe(
             Verdicts(lookup_ttl_steps, float(defer_hit_rate)),
             self._health,
@@ -152,10 +144,7 @@ class Tier(ABC):
             self._hand_probe,
         )
         self._pool = IOThreads(io_threads, f"kvoffload-tier-{name}")
-        self._lookup_thread = threading.Thread(
-            target=self._lookup_loop, name=f"kvoffload-tier-{name}-lookup", daemon=True
-        )
-        self._lookup_thread.start()
+        self._lookup = LookupThread(f"kvoffload-tier-{name}-lookup", self._pool, self._answer_probe)
 
     # ------------------------------------------------------------------ engine-thread API
     def lookup(self, keys: Sequence[bytes]) -> np.ndarray:
@@ -288,8 +277,7 @@ class Tier(ABC):
             return
         self._closed = True
         self.drain()
-        self._probe_q.put(None)
-        self._lookup_thread.join()
+        self._lookup.stop()
         self._pool.shutdown()
         self._close_backend()
 
@@ -346,35 +334,25 @@ class Tier(ABC):
         self, priority: int, run: Callable[[Job, int, int, np.ndarray], None], job: Job, slots: np.ndarray
     ) -> None:
         """Hand ``job``'s batches to the lookup thread, which submits them to the I/O threads."""
-        tasks: list[tuple[object, ...]] = [(job, a, b, slots[a:b]) for a, b in job.batches()]
-        self._probe_q.put((priority, run, tasks))
+        self._lookup.submit((priority, run, [(job, a, b, slots[a:b]) for a, b in job.batches()]))
 
     def _hand_probe(self, probe: Probe) -> None:
         """A probe for the lookup thread (to send, or a late reply to read)."""
         with self._lock:
             self._book.probes_in_flight += 1
-        self._probe_q.put(probe)
+        self._lookup.probe(probe)
 
     def _on_lookup_thread(self, fn: Callable[[], None]) -> None:
         """Backends: run ``fn`` on the lookup thread, in turn with its probes (it must not raise)."""
-        self._probe_q.put(fn)
+        self._lookup.call(fn)
 
-    def _lookup_loop(self) -> None:
-        as_background_thread()
-        while (item := self._probe_q.get()) is not None:
-            if callable(item):
-                item()
-                continue
-            if not isinstance(item, Probe):
-                priority, run, tasks = item
-                for args in tasks:
-                    self._pool.submit(priority, run, *args)
-                continue
-            down = item.fresh and self._health.is_down()  # a late reply is read whatever the health
-            found = None if down else self._call_backend("lookup", item.run)
-            self.counters.probe(item.keys, found)
-            self._step.answered(item.keys, found)
-            self._book.probe_done()
+    def _answer_probe(self, probe: Probe) -> None:
+        """The lookup thread: send ``probe`` (or read its late reply), and apply its answers."""
+        down = probe.fresh and self._health.is_down()  # a late reply is read whatever the health
+        found = None if down else self._call_backend("lookup", probe.run)
+        self.counters.probe(probe.keys, found)
+        self._step.answered(probe.keys, found)
+        self._book.probe_done()
 
     def _call_backend(self, kind: str, fn: Callable[..., _R], *args: Any) -> _R | None:
         """``fn(*args)`` on a tier thread, its outcome told to the tier's health: None when the
