@@ -90,9 +90,16 @@ class Stores:
         karr = self.table.keys  # the keys of the slots made ready (equal keys, equal slots)
         if slots.__class__ is list:
             ref = self.table.ref_buf
-            pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
-            if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
-                pend = list(dict.fromkeys(pend))
+            if success:  # made ready in this pass (a repeat is no longer pending)
+                pend = []
+                for s in slots:
+                    if s >= 0 and ref[s] == PENDING:
+                        ref[s] = 0
+                        pend.append(s)
+            else:
+                pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
+                if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
+                    pend = list(dict.fromkeys(pend))
             if pend:
                 self._finish(pend, [karr[s] for s in pend] if self.events is not None else [], success)
             return
@@ -106,14 +113,11 @@ class Stores:
             self._finish(pend, karr[pend].tolist() if self.events is not None else [], success)
 
     def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
-        """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
+        """Make the pending slots ``pend`` (keys ``done``) ready, or remove them (a list's slots
+        are already ready: :meth:`complete` made them so)."""
         t = self.table
         if success:
-            if pend.__class__ is list:
-                ref = t.ref_buf
-                for s in pend:
-                    ref[s] = 0
-            else:
+            if pend.__class__ is not list:
                 t.ref[pend] = 0
             self.policy.on_evictable(self._arg(pend))
             t.num_pending -= len(pend)
