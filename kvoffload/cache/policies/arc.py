@@ -158,6 +158,8 @@ class ARCPolicy(CachePolicy):
     def on_evictable(self, slots: Slots) -> None:
         if slots.__class__ is list:
             t1, t2 = self.t1, self.t2  # nothing parked in a list whose scan position is below every slot
+            if not (t1.scanned or t2.scanned):
+                return
             limit, pos = max(t1.base + t1.head, t2.base + t2.head), self._pos_mv
             for s in slots:
                 if pos[s] < limit:

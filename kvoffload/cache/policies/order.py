@@ -41,11 +41,14 @@ class SlotOrder(SlotLog):
     def __init__(self, lid: int, member: np.ndarray, pos: np.ndarray, capacity: int) -> None:
         super().__init__(lid, member, pos, capacity)
         self._parked = ParkedHeap()
+        #: whether a scan moved ``head`` since the last :meth:`clear` (else no slot is parked)
+        self.scanned = False
 
     def clear(self) -> None:
         """Empty the list (the caller resets the shared arrays)."""
         super().clear()
         self._parked.clear()
+        self.scanned = False
 
     @property
     def scan_position(self) -> int:
@@ -54,8 +57,8 @@ class SlotOrder(SlotLog):
 
     def on_evictable(self, slots: np.ndarray | list[int]) -> None:
         """``slots`` just became evictable (ready with ref 0): re-queue the parked ones."""
-        if len(slots) == 0:
-            return
+        if not self.scanned or len(slots) == 0:
+            return  # nothing parked
         limit = self.base + self.head
         if slots.__class__ is list:
             pos = self._pm
@@ -129,6 +132,7 @@ class SlotOrder(SlotLog):
                 if len(out) == k:
                     break
             self.head = h
+            self.scanned = True
         parked.push(deferred)
         if len(out) < k and self.head < self.tail:
             ref_np = ref if ref.__class__ is np.ndarray else np.frombuffer(ref, dtype=np.int32)
@@ -205,6 +209,7 @@ class SlotOrder(SlotLog):
             chunks.append(seg[idx])
             need = 0 if stopped else need - len(idx)
             self.head = h + consumed
+            self.scanned = True
         parked.push(deferred)
         if len(chunks) == 1:
             return taken
@@ -258,6 +263,7 @@ class SlotOrder(SlotLog):
                 if mm[s] == lid and pm[s] == base + h and ref_s[s] == 0:
                     if passing:
                         self.head = h
+                        self.scanned = True
                         passing = False
                     if prot is None or not prot[s]:
                         out.append(s)
@@ -266,6 +272,7 @@ class SlotOrder(SlotLog):
                 h += 1
             if passing:
                 self.head = h
+                self.scanned = True
             if len(out) == k or h >= self.tail:
                 return np.array(out, dtype=np.int64) if out else _EMPTY_I64
         chunks = [np.array(out, dtype=np.int64)] if out else []
@@ -278,6 +285,7 @@ class SlotOrder(SlotLog):
             ev &= pos[seg] == np.arange(self.base + h, self.base + end, dtype=np.int64)
             if h == self.head:  # pass the leading entries no scan needs (stale) or may (parked)
                 self.head = h + (int(ev.argmax()) if ev.any() else len(seg))
+                self.scanned = True
             if has_prot:
                 ev &= ~prot_mark[seg].astype(bool)
             idx = ev.nonzero()[0][:need]
