@@ -85,21 +85,26 @@ class SlotLog:
         k = len(slots)
         if k == 0:
             return
-        self.reserve(k)
+        if self.tail + k > len(self.buf):
+            self._compact(k)
         t = self.tail
         if slots.__class__ is list:
             member, pos, buf, lid = self._mm, self._pm, self._bm, self.lid
             p = self.base + t
-            if members or fresh:
+            if fresh:
+                for s in slots:
+                    member[s] = lid
+                    buf[t] = s
+                    pos[s] = p
+                    t += 1
+                    p += 1
+                self.size += k
+            elif members:
                 for s in slots:
                     buf[t] = s
                     pos[s] = p
                     t += 1
                     p += 1
-                if fresh:
-                    for s in slots:
-                        member[s] = lid
-                    self.size += k
             else:
                 joined = 0
                 for s in slots:
