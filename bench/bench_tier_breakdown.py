@@ -173,11 +173,28 @@ def run_once(settings: DemoSettings, redis_pid: int | None, options: TieredOptio
     return out
 
 
+def _per_block_ms(summary: dict[str, Any], block_tokens: int) -> dict[str, float]:
+    """What one offloaded block costs the engine thread, in ms: computed in the run without a tier
+    (its tokens' compute, its store copy), loaded in the warm run (the tier's read, the copy to the
+    device, the reference engine's verification)."""
+    none, warm = summary["none"], summary["redis-warm"]
+    return {
+        "compute": none["compute_us_per_token"] * block_tokens / 1e3,
+        "store_copy": none["store_copy_seconds"] / max(1, none["blocks_stored"]) * 1e3,
+        "tier_read": warm["tier_read_us_per_block"] / 1e3,
+        "load_copy": warm["load_copy_us_per_block"] / 1e3,
+        "verify": warm["verify_seconds"] / max(1, warm["blocks_loaded"]) * 1e3,
+    }
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="16 conversations, 1 repetition")
     ap.add_argument("--conversations", type=int, default=None)
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument(
+        "--budgets", default="0,4", help="warm runs with these sync_load_budget_bytes (MiB, comma-separated)"
+    )
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     problem = redis_binaries_problem()
@@ -187,7 +204,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     conv = args.conversations or (16 if args.quick else 48)
     reps = args.reps or (1 if args.quick else 3)
     base = DemoSettings(conversations=conv)
-    runs: dict[str, list[dict[str, Any]]] = {"none": [], "redis-cold": [], "redis-warm": [], "redis-warm-async": []}
+    budgets = [int(float(b) * (1 << 20)) for b in args.budgets.split(",") if b]
+    variants = {f"redis-warm-budget-{b / (1 << 20):g}MiB": TieredOptions(sync_load_budget_bytes=b) for b in budgets}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in ("none", "redis-cold", "redis-warm", *variants)}
     with tempfile.TemporaryDirectory(prefix="kvoffload-bench-redis-") as tmp:
         server = RedisServer(Path(tmp), maxmemory="2gb").start()
         pid = server.proc.pid if server.proc is not None else None
@@ -198,7 +217,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 server.cli("flushall")
                 runs["redis-cold"].append(run_once(with_tier, pid))
                 runs["redis-warm"].append(run_once(with_tier, pid))
-                runs["redis-warm-async"].append(run_once(with_tier, pid, TieredOptions(sync_load_budget_bytes=0)))
+                for name, options in variants.items():
+                    runs[name].append(run_once(with_tier, pid, options))
                 print(
                     f"rep {r + 1}/{reps}: " + ", ".join(f"{k} {v[-1]['wall_seconds']:.2f} s" for k, v in runs.items())
                 )
@@ -209,11 +229,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, rs in runs.items():
         summary[name] = {k: statistics.median(r[k] for r in rs if k in r) for k in keys if k in rs[0]}
     base_wall = summary["none"]["wall_seconds"]
-    print(f"{'':>32} {'none':>9} {'cold':>9} {'warm':>9} {'w-async':>9}  warm-none, w-async-none (share of none)")
+    short = [n.removeprefix("redis-").replace("warm-budget-", "w-") for n in runs]
+    print(f"{'':>32} " + " ".join(f"{n:>9}" for n in short) + "  (tier runs - none, as a share of none's wall)")
     for k in keys:
-        a, c, w, x = (summary[n].get(k, 0.0) for n in runs)
-        share = f"  {(w - a) / base_wall:+.1%} {(x - a) / base_wall:+.1%}" if k.endswith("_seconds") else ""
-        print(f"{k:>32} {a:9.3f} {c:9.3f} {w:9.3f} {x:9.3f}{share}")
+        vals = [summary[n].get(k, 0.0) for n in runs]
+        share = " ".join(f"{(v - vals[0]) / base_wall:+.1%}" for v in vals[1:]) if k.endswith("_seconds") else ""
+        print(f"{k:>32} " + " ".join(f"{v:9.3f}" for v in vals) + f"  {share}")
+    summary["per_block_ms"] = per_block = _per_block_ms(summary, base.gpu_block_size * base.block_size_factor)
+    print(
+        f"per offloaded block ({base.gpu_block_size * base.block_size_factor} tokens): computed (no tier) "
+        f"{per_block['compute']:.2f} ms + its store copy {per_block['store_copy']:.2f} ms; loaded from the warm "
+        f"tier: read {per_block['tier_read']:.2f} ms + copy to the device {per_block['load_copy']:.2f} ms + "
+        f"verification {per_block['verify']:.2f} ms"
+    )
+    for name in runs:
+        if name != "none":
+            summary[f"{name}_run_wall_ratio"] = statistics.median(
+                b["wall_seconds"] / a["wall_seconds"] for a, b in zip(runs["none"], runs[name], strict=True)
+            )
+            print(f"{name} / none: run wall {summary[f'{name}_run_wall_ratio']:.2f}x (median of paired ratios)")
     if not args.no_write:
         path = RESULTS_DIR / f"{machine_slug()}-tier-engine.json"
         write_section("tier_breakdown", summary, path)
