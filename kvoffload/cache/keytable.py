@@ -4,9 +4,9 @@ For ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (key -> sl
 key: the only per-key Python structure), ``keys`` (slot -> key, ``None`` when free), ``ref``
 (``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or ``>= 0``: ready, pinned that many
 times; ``ref_buf``: the same memory as an ``array('i')``), ``gen`` (``uint32``, bumped whenever the
-slot is freed: the memo's check). Never-used slots are allocated first in increasing order, then
-freed ones last-in-first-out. ``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned``
-are exact at every step.
+slot is freed while the memo remembers a list: the memo's check). Never-used slots are allocated
+first in increasing order, then freed ones last-in-first-out. ``num_pending``, ``num_evictable``
+(ready, ref 0) and ``num_pinned`` are exact at every step.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ class SlotTable:
         if len(slots) == 0:
             return []
         if slots.__class__ is list:
-            index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv
+            index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv if self.memo else None
             keys: list[OffloadKey] = []
             n_pending = 0
             for s in slots:
@@ -207,7 +207,8 @@ class SlotTable:
                 keys.append(k)
                 del index[k]
                 karr[s] = None
-                gen[s] = (gen[s] + 1) & 0xFFFFFFFF
+                if gen is not None:
+                    gen[s] = (gen[s] + 1) & 0xFFFFFFFF
                 n_pending += ref[s] == PENDING
                 ref[s] = FREE
             self.free_list.extend(slots)
@@ -215,7 +216,8 @@ class SlotTable:
             keys = self.keys[slots].tolist()
             deque(map(self.index.__delitem__, keys), maxlen=0)
             self.keys[slots] = None
-            self.gen[slots] += 1
+            if self.memo:  # only the memo reads generations: one remembered since it must see the change
+                self.gen[slots] += 1
             n_pending = 0 if ready else int(np.count_nonzero(self.ref[slots] == PENDING))
             self.ref[slots] = FREE
             self.free_list.extend(slots.tolist())  # type: ignore[union-attr]
