@@ -128,16 +128,10 @@ class SlotTable:
             return Resolved(lst, slots.copy(), unique, b, 0)
         return Resolved(lst, slots, unique, None, 0)
 
-    def small_slots(self, keys: Iterable[OffloadKey], limit: int) -> list[int] | None:
-        """Slot (-1 = absent) per key of a current :class:`KeyBatch` or a ``list`` of at most
-        ``limit`` exact ``bytes`` (scalar code); None otherwise."""
-        if keys.__class__ is KeyBatch:
-            if keys.owner is self and keys.epoch == self.epoch and len(keys) <= limit:  # type: ignore[attr-defined]
-                return keys.slots  # type: ignore[attr-defined,no-any-return]
-            return None
-        if keys.__class__ is not list or len(keys) > limit:  # type: ignore[arg-type]
-            return None
-        if keys and set(map(type, keys)) != _BYTES_ONLY:  # C-level passes, no per-key bytecode
+    def small_slots(self, keys: list[OffloadKey], limit: int) -> list[int] | None:
+        """Slot (-1 = absent) per key of a ``list`` of at most ``limit`` exact ``bytes`` (scalar
+        code); None otherwise."""
+        if len(keys) > limit or (keys and set(map(type, keys)) != _BYTES_ONLY):  # C-level passes
             return None
         return list(map(self.index.get, keys, repeat(-1)))
 
@@ -147,7 +141,7 @@ class SlotTable:
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
                 return keys  # type: ignore[return-value]
-        slots = self.small_slots(keys, limit) if keys.__class__ is list else None
+        slots = self.small_slots(keys, limit) if keys.__class__ is list else None  # type: ignore[arg-type]
         if slots is None:
             r = self.resolve(keys, name, allow_duplicates=True, remember=False)
             keys, slots = r.keys, r.slots.tolist()

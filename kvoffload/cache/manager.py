@@ -155,12 +155,16 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> tuple[Any, Any, Resolved | None]:
         """``(keys, slots, resolved)``: a few keys with a list of slots (``resolved`` None), else the
         checked keys with an ``int64`` array. Raises on a bad key, or a repeat unless ``repeats``."""
-        if self._closed:
+        t = self._table
+        if keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
+            if len(keys) <= SMALL_BATCH and (repeats or keys.unique):  # type: ignore[attr-defined]
+                return keys, keys.slots, None  # type: ignore[attr-defined]
+        elif self._closed:  # (a current batch implies an open manager)
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        small = self._table.small_slots(keys, SMALL_BATCH)
+        small = t.small_slots(keys, SMALL_BATCH) if keys.__class__ is list else None
         if small is not None and (repeats or is_distinct(keys)):
             return keys, small, None
-        r = self._table.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
+        r = t.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
         return r.keys, r.slots, r
 
     def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
@@ -234,7 +238,11 @@ class CPUOffloadingManager(OffloadingManager):
         self._check(req_context)
         if self._reuse is None and self._requests is None:
             return self._stores.prepare(*self._at(keys, False))
-        batch = self.key_batch(keys, dedup=False)
+        t = self._table
+        if keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
+            batch: KeyBatch = keys  # type: ignore[assignment]
+        else:
+            batch = self.key_batch(keys, dedup=False)
         if not batch.unique:
             validate_keys(list(batch), "keys", allow_duplicates=False)  # raises: repeated keys
         absent = [k for k, s in zip(batch, batch.slots, strict=True) if s < 0]
@@ -256,9 +264,9 @@ class CPUOffloadingManager(OffloadingManager):
         self._check(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")
-        ks, slots, r = self._at(keys, True)
+        _, slots, r = self._at(keys, True)
         if self.num_blocks:  # else nothing can be pending: checks only
-            self._stores.complete(ks, slots, success, r is not None and r.unique)
+            self._stores.complete(slots, success, r is not None and r.unique)
 
     def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
         """Remove the ready, unpinned ``keys`` (others are left alone) like evicted ones; the keys
