@@ -100,8 +100,9 @@ class CPUOffloadingManager(OffloadingManager):
         self._requests = RequestLog(self._table, self._policy) if record_requests else None
         self._closed = False
         self._ctx: type = ReqContext
-        if type(self).lookup is CPUOffloadingManager.lookup:
-            self.lookup = make_lookup(self._table, self._counters, count=self._count_lookup)  # type: ignore[method-assign,assignment]
+        self._lookup = make_lookup(self._table, self._counters, count=self._count_lookup)
+        if type(self).lookup is CPUOffloadingManager.lookup:  # one closure call per lookup
+            self.lookup = self._lookup  # type: ignore[method-assign,assignment]
             self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
 
     @property
@@ -176,8 +177,7 @@ class CPUOffloadingManager(OffloadingManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """True if ``key`` is stored and ready, False if absent, None if its store is pending."""
         self._live()
-        self._check(req_context)
-        return make_lookup(self._table, self._counters, count=self._count_lookup)(key, req_context)  # type: ignore[no-any-return]
+        return self._lookup(key, req_context)  # type: ignore[no-any-return]
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
         """:meth:`lookup` of each key (repeats allowed) as ``np.int8`` ``LookupCode`` values."""
