@@ -173,15 +173,14 @@ class SlotTable:
         self.num_pending += m
         self.insert_count += 1
         self.epoch += 1
+        self.index.update(zip(keys, slot_list, strict=True))
         if as_list:
-            index, karr, ref = self.index, self.keys, self.ref_buf
+            karr, ref = self.keys, self.ref_buf
             for k, s in zip(keys, slot_list, strict=True):
-                index[k] = s
                 karr[s] = k
                 ref[s] = PENDING
             return slot_list
         slots = np.arange(start, start + m, dtype=np.int64) if fresh == m else np.array(slot_list, dtype=np.int64)
-        self.index.update(zip(keys, slot_list, strict=True))
         if m:
             self.keys[slots] = keys if m > 1 else keys[0]
             self.ref[slots] = PENDING
