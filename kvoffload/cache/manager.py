@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan, is_distinct
+from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
 from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
@@ -163,7 +163,7 @@ class CPUOffloadingManager(OffloadingManager):
         elif self._closed:  # (a current batch implies an open manager)
             raise KeyStateError("the CPUOffloadingManager has been shut down")
         small = t.small_slots(keys, SMALL_BATCH) if keys.__class__ is list else None
-        if small is not None and (repeats or is_distinct(keys)):
+        if small is not None and (repeats or len(keys) < 2 or len(set(keys)) == len(keys)):
             return keys, small, None
         r = t.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
         return r.keys, r.slots, r
