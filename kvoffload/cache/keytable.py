@@ -12,7 +12,6 @@ first in increasing order, then freed ones last-in-first-out. ``num_pending``, `
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
 from typing import Any
@@ -207,13 +206,15 @@ class SlotTable:
             self.free_list.extend(slots)
         else:
             keys = self.keys[slots].tolist()
-            deque(map(self.index.pop, keys), maxlen=0)  # pop: cheaper than the slot wrapper __delitem__
+            # pop (cheaper than the slot wrapper __delitem__) hands back the slots' own int objects: the
+            # free list takes them as they are (no new ints made, no old ones freed)
+            freed = list(map(self.index.pop, keys))
             self.keys[slots] = None
             if self.memo:  # only the memo reads generations: one remembered since it must see the change
                 self.gen[slots] += 1
             n_pending = 0 if ready else int(np.count_nonzero(self.ref[slots] == PENDING))
             self.ref[slots] = FREE
-            self.free_list.extend(slots.tolist())  # type: ignore[union-attr]
+            self.free_list.extend(freed)
         self.num_pending -= n_pending
         self.num_evictable -= len(slots) - n_pending
         self.epoch += 1
