@@ -177,10 +177,7 @@ class KVOffloadManager(OffloadingManager):
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        try:  # vLLM's keys are distinct: checked and resolved once, by the manager
-            plan = self.core.store_plan(keys if keys.__class__ is list else list(keys), req_context)  # type: ignore[arg-type]
-        except InvalidArgumentError:  # repeated keys (nothing changed): each once, first occurrences
-            plan = self.core.store_plan(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
+        plan = self.core.store_plan(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
         if plan.keys:  # the keys past the filter that it allocates, or tried to (vLLM's histogram)
             self._alloc_sizes.append(len(plan.keys))
         if plan.slots is None:
