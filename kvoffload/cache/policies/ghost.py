@@ -7,8 +7,8 @@ added after it -- a sharp window, like a FIFO of ``G`` keys (a key first seen ag
 window and one just outside are told apart, which matters to a policy sizing its history from
 capacity). Entries live in ``B`` buckets of :data:`WAYS`, ``B`` the power of two at least
 ``2 * G / WAYS``; fingerprint ``f`` goes to bucket ``f & (B - 1)``, each bucket overwriting its
-entries in turn (a cursor per bucket). With at least twice ``G`` entries, a key is overwritten before it leaves the
-window only when :data:`WAYS` of the next ``G`` keys share its bucket (about 0.4 % of keys at
+entries in turn (a cursor per bucket). With at least twice ``G`` entries, a key is overwritten
+before it leaves the window only when :data:`WAYS` of the next ``G`` keys share its bucket (about 0.4 % of keys at
 ``2 * G`` entries, Poisson); false positives need equal 32-bit fingerprints.
 
 Rules (the reference model in the tests implements exactly these): an entry holds ``f | 1``
@@ -16,8 +16,9 @@ Rules (the reference model in the tests implements exactly these): an entry hold
 whether its bucket has an entry holding ``f | 1`` among the last ``G`` added, and empties the
 first such entry; :meth:`GhostKeys.add` gives the ``i``-th fingerprint of a call the sequence
 number ``added + i`` and writes ``f | 1`` for each bucket's fingerprints of the call at the
-bucket's cursor, *latest first*, advancing the cursor modulo :data:`WAYS` after each (one vectorised write per round; the
-keys of a call beyond the latest :data:`WAYS` of one bucket are not written).
+bucket's cursor, *latest first*, advancing the cursor modulo :data:`WAYS` after each (one
+vectorised write per round; the keys of a call beyond the latest :data:`WAYS` of one bucket are
+not written).
 Memory: ``8 * WAYS * B + B`` bytes, 16.1 to 32.2 bytes per remembered key.
 """
 
