@@ -37,29 +37,24 @@ def make_lookup(
     def lookup(key: OffloadKey, req_context: Any) -> Any:
         if req_context.__class__ is not context_cls:
             check_req_context(req_context)
-        if count is not None:
-            if key.__class__ is not bytes:
-                validate_keys([key], "key")
-            out = counted(key, req_context)  # type: ignore[misc]
-            count((key,), req_context.req_id)
-            return out
         try:
             s = get(key)
-        except TypeError:  # unhashable
-            validate_keys([key], "key")
-            raise
-        if s is None:
+        except TypeError:  # unhashable: not a key
+            s = None
+        if s is None or count is not None:
             if key.__class__ is not bytes:
-                validate_keys([key], "key")
-            counters.misses += 1
-            return miss
+                validate_keys([key], "key")  # raises
+            if count is not None:
+                count((key,), req_context.req_id)
+            if s is None:
+                counters.misses += 1
+                return miss
         if ref[s] >= 0:
             counters.hits += 1
             return hit
         counters.pending_hits += 1
         return pending
 
-    counted = make_lookup(table, counters, answers, context_cls) if count is not None else None
     return lookup
 
 
