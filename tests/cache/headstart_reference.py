@@ -20,14 +20,14 @@ M32 = 0xFFFFFFFF
 
 
 def fingerprint(key: bytes) -> int:
-    """lowbias32(crc32(key))."""
+    """lowbias32(crc32(key)) | 1."""
     x = zlib.crc32(key)
     x ^= x >> 16
     x = (x * 0x7FEB352D) & M32
     x ^= x >> 15
     x = (x * 0x846CA68B) & M32
     x ^= x >> 16
-    return x
+    return x | 1
 
 
 class RefGhost:
@@ -35,27 +35,36 @@ class RefGhost:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        b = 1
+        b, bits = 2, 1
         while b * WAYS < 2 * size:
-            b *= 2
+            b, bits = 2 * b, bits + 1
         self.nb = b
+        self.bits = bits
         self.entries = [[(0, 0)] * WAYS for _ in range(b)]
         self.cursor = [0] * b
         self.added = 0
 
+    def bucket(self, f: int) -> int:
+        return f >> (32 - self.bits)
+
     def contains_pop(self, f: int) -> bool:
-        row = self.entries[f % self.nb]
+        row = self.entries[self.bucket(f)]
         for i, (v, seq) in enumerate(row):
-            if v == f | 1 and (self.added - seq) % 2**32 <= self.size:
+            if v == f and (self.added - seq) % 2**32 <= self.size:
                 row[i] = (0, seq)
                 return True
         return False
 
-    def add(self, f: int) -> None:
-        b = f % self.nb
-        self.entries[b][self.cursor[b]] = (f | 1, self.added % 2**32)
-        self.cursor[b] = (self.cursor[b] + 1) % WAYS
-        self.added += 1
+    def add(self, fps: list[int]) -> None:
+        """One call: sequence numbers in order; per bucket, its keys latest first, at most WAYS."""
+        by_bucket: dict[int, list[tuple[int, int]]] = {}
+        for i, f in enumerate(fps):
+            by_bucket.setdefault(self.bucket(f), []).append((f, (self.added + i) % 2**32))
+        for b, items in by_bucket.items():
+            for f, seq in reversed(items[-WAYS:]):
+                self.entries[b][self.cursor[b]] = (f, seq)
+                self.cursor[b] = (self.cursor[b] + 1) % WAYS
+        self.added += len(fps)
 
 
 class RefSmallCache:
@@ -258,9 +267,8 @@ class RefHeadStart:
             del self.stamp[key]
             self.queued.append(fingerprint(key))
         if len(self.queued) >= max(1, min(1024, self.ghost.size // 64)):
-            for f in self.queued:
-                self.ghost.add(f)
-            self.queued.clear()
+            self.ghost.add(self.queued)
+            self.queued = []
         if self.tags.ids:
             self.tags.gone([k for k, _ in out])
         return out

@@ -6,16 +6,19 @@ Every added key gets the next sequence number; a key is remembered while fewer t
 added after it -- a sharp window, like a FIFO of ``G`` keys (a key first seen again just inside the
 window and one just outside are told apart, which matters to a policy sizing its history from
 capacity). Entries live in ``B`` buckets of :data:`WAYS`, ``B`` the power of two at least
-``2 * G / WAYS``; fingerprint ``f`` goes to bucket ``f & (B - 1)``, each bucket overwriting its
-entries in turn (a cursor per bucket). With at least twice ``G`` entries, a key is overwritten
-before it leaves the window only when :data:`WAYS` of the next ``G`` keys share its bucket
-(about 0.4 % of keys at ``2 * G`` entries, Poisson); false positives need equal 32-bit fingerprints.
+``2 * G / WAYS`` (at least 2); fingerprint ``f`` (odd: ``headstart_tuner.fingerprints``) goes to
+bucket ``f >> (32 - log2(B))`` (its high bits), each bucket overwriting its entries in turn (a
+cursor per bucket). With at least twice ``G`` entries, a key is overwritten before it leaves the
+window only when :data:`WAYS` of the next ``G`` keys share its bucket (about 0.4 % of keys at
+``2 * G`` entries, Poisson); false positives need equal 32-bit fingerprints.
 
-Rules (the reference model in the tests implements exactly these): an entry holds ``f | 1``
+Rules (the reference model in the tests implements exactly these): an entry holds a fingerprint
 (``0``: empty) and its sequence number; :meth:`GhostKeys.contains_pop` reports, per fingerprint,
-whether its bucket has an entry holding ``f | 1`` among the last ``G`` added, and empties
-the first such entry; :meth:`GhostKeys.add` writes ``f | 1`` and the next sequence number at the
-bucket's cursor and advances the cursor modulo :data:`WAYS`, in order.
+whether its bucket has an entry holding it among the last ``G`` added, and empties the first such
+entry; :meth:`GhostKeys.add` gives the ``i``-th fingerprint of a call the sequence number
+``added + i`` and writes each bucket's fingerprints of the call at the bucket's cursor, *latest
+first*, advancing the cursor modulo :data:`WAYS` after each (one vectorised write per round; the
+keys of a call beyond the latest :data:`WAYS` of one bucket are not written).
 Memory: ``8 * WAYS * B + B`` bytes, 16.1 to 32.2 bytes per remembered key.
 """
 
@@ -45,11 +48,12 @@ class GhostKeys:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.buckets = 1 << max(0, (-(-2 * size // WAYS) - 1).bit_length())
-        self.mask = self.buckets - 1
+        bits = max(1, (-(-2 * size // WAYS) - 1).bit_length())
+        self.buckets = 1 << bits
+        self.shift = np.uint32(32 - bits)  # a fingerprint's bucket: its high bits
         # written now (np.full, not np.zeros' lazily mapped pages): the first evictions after start
         # would otherwise pay a page fault per bucket row they reach (~1 us each, at every capacity)
-        self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # f | 1 per entry (0: empty)
+        self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # a fingerprint per entry (0: empty)
         self.seq = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # its sequence number
         self.cursor = np.full(self.buckets, 0, dtype=np.uint8)
         self.added = 0  # sequence number of the next key (mod 2**32)
@@ -57,8 +61,8 @@ class GhostKeys:
 
     def contains_pop(self, fp: np.ndarray) -> np.ndarray | None:
         """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied. None: none is."""
-        b = fp & np.uint32(self.mask)
-        match = self.fp[b] == (fp | np.uint32(1))[:, None]
+        b = fp >> self.shift
+        match = self.fp[b] == fp[:, None]
         if not match.any():  # the common case: one cheap test instead of the index search
             return None
         rows, ways = match.nonzero()  # row-major: rows ascending
@@ -75,7 +79,8 @@ class GhostKeys:
         return hit
 
     def add(self, fp: np.ndarray) -> None:
-        """Remember fingerprints (``uint32``), in order."""
+        """Remember fingerprints (odd ``uint32``), in order (see the module's rules for keys of one
+        call that share a bucket)."""
         k = len(fp)
         if k == 0:
             return
@@ -83,44 +88,16 @@ class GhostKeys:
             self._steps = np.arange(max(k, 256), dtype=np.uint32)
         seq = self._steps[:k] + np.uint32(self.added)  # mod 2**32
         self.added = (self.added + k) & 0xFFFFFFFF
-        val = fp | np.uint32(1)
-        b = fp & np.uint32(self.mask)
-        way = self.cursor[b]
-        self.fp[b, way] = val
-        self.seq[b, way] = seq
-        self.cursor[b] = _NEXT[way]
-        lost = self.seq[b, way] != seq
-        if lost.any():  # keys sharing a bucket: write those again, in order
-            clash = np.flatnonzero((b[:, None] == b[lost]).any(axis=1))
-            self._add_clashing(b[clash], way[clash], val[clash], seq[clash])
-
-    def _add_clashing(self, b: np.ndarray, way: np.ndarray, val: np.ndarray, seq: np.ndarray) -> None:
-        """:meth:`add`'s writes again for the keys of the buckets that received several (in order):
-        the ``j``-th key of a bucket goes to the ``j``-th way from the bucket's cursor before the call
-        (``way``, the same for all of them)."""
-        order = np.argsort(b, kind="stable")
-        sb = b[order]
-        first = np.empty(len(b), dtype=bool)
-        first[0] = True
-        np.not_equal(sb[1:], sb[:-1], out=first[1:])
-        at = np.arange(len(b))
-        rank = at - np.maximum.accumulate(np.where(first, at, 0))  # place among its bucket's keys
-        if int(rank.max()) < WAYS:  # each way of a bucket written at most once: one vectorised write
-            ws = (way[order] + rank) % WAYS
-            self.fp[sb, ws] = val[order]
-            self.seq[sb, ws] = seq[order]
-            last = np.append(first[1:], True)
-            self.cursor[sb[last]] = _NEXT[ws[last]]
-            return
-        fps, seqs = self.fp, self.seq  # more keys than ways in one bucket: one by one, in order
-        nxt: dict[int, int] = {}
-        for bi, c, v, q in zip(b.tolist(), way.tolist(), val.tolist(), seq.tolist(), strict=True):
-            c = nxt.get(bi, c)
-            fps[bi, c] = v
-            seqs[bi, c] = q
-            nxt[bi] = (c + 1) % WAYS
-        for bi, c in nxt.items():
-            self.cursor[bi] = c
+        b = fp >> self.shift
+        for _ in range(WAYS):  # a round per key sharing a bucket with later keys of the call (rare)
+            way = self.cursor[b]
+            self.fp[b, way] = fp  # a repeated bucket: the last key of the call wins (numpy's order)
+            self.seq[b, way] = seq
+            self.cursor[b] = _NEXT[way]
+            lost = self.seq[b, way] != seq
+            if not lost.any():
+                return
+            b, fp, seq = b[lost], fp[lost], seq[lost]
 
     def clear(self) -> None:
         self.fp[:] = 0

@@ -184,7 +184,7 @@ class HeadStartPolicy(CachePolicy):
         # from old to new, so one limited take finds them); usually that is every victim
         a = self.new.take(n, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
         if len(a) == n:
-            self.new.discard(a)
+            self.new.discard(a, members=True)
             self._to_ghost(a)
             if self.tags.ids:
                 self.tags.gone(a)
@@ -213,8 +213,8 @@ class HeadStartPolicy(CachePolicy):
                 new_parts.append(a)
                 victims.append(a)
                 need -= len(a)
-        self.new.discard(np.concatenate(new_parts))
-        self.seen.discard(np.concatenate(seen_parts))
+        self.new.discard(np.concatenate(new_parts), members=True)
+        self.seen.discard(np.concatenate(seen_parts), members=True)
         out = np.concatenate(victims)
         self._to_ghost(out)
         if self.tags.ids:
