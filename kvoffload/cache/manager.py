@@ -201,11 +201,18 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> LoadStoreSpec:
         """Pin ``keys`` (distinct, all ready, else :class:`KeyStateError`) and return their slots;
         recorded as the request's reuses unless ``record_access`` is False (an internal read)."""
+        return CPULoadStoreSpec(self.load_slots(keys, req_context, record_access=record_access))
+
+    def load_slots(
+        self, keys: Sequence[OffloadKey], req_context: ReqContext, *, record_access: bool = True
+    ) -> list[int] | np.ndarray:
+        """:meth:`prepare_load`'s pinned slots, a list (a few keys) or an ``int64`` array (for an
+        engine adapter's own spec type)."""
         self._check(req_context)
-        spec = self._loads.prepare(*self._at(keys, False)[:2])
+        slots = self._loads.prepare(*self._at(keys, False)[:2])
         if record_access and self._requests is not None and (st := self._requests.get(req_context.req_id)):
             st.record(keys, keys)
-        return spec
+        return slots
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Unpin ``keys`` once per occurrence (:class:`KeyStateError` if one is not pinned that often)."""

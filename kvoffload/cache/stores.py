@@ -85,9 +85,17 @@ class Stores:
         t = self.table
         if slots.__class__ is list:
             ref = t.ref_buf
-            pend: Any = [s for s in slots if s >= 0 and ref[s] == PENDING]
-            if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
-                pend = list(dict.fromkeys(pend))
+            pend: Any
+            if success:  # made ready in this one pass (a repeat is no longer pending)
+                pend = []
+                for s in slots:
+                    if s >= 0 and ref[s] == PENDING:
+                        ref[s] = 0
+                        pend.append(s)
+            else:
+                pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
+                if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
+                    pend = list(dict.fromkeys(pend))
         else:
             pend = slots[slots >= 0]  # type: ignore[operator]
             pend = pend[t.ref[pend] == PENDING]
@@ -102,10 +110,7 @@ class Stores:
             t.release(pend)
             self.counters.stores_aborted += len(pend)
             return
-        if pend.__class__ is list:
-            for s in pend:
-                ref[s] = 0
-        else:
+        if pend.__class__ is not list:  # a list's slots were made ready above
             t.ref[pend] = 0
         self.policy.on_evictable(self._arg(pend))
         t.num_pending -= len(pend)
