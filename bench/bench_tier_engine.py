@@ -65,6 +65,7 @@ import torch  # noqa: E402
 from bench.common import RESULTS_DIR, machine_slug, write_section  # noqa: E402
 from kvoffload.app.demo import build_engine, drive  # noqa: E402
 from kvoffload.app.demo_settings import DemoSettings  # noqa: E402
+from kvoffload.cache.tiered_options import TieredOptions  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
 
 TIMED = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_step", "complete_jobs", "request_finished")
@@ -103,10 +104,9 @@ def _instrument(sched: Any, acc: list[float], deferred: dict[str, float], waited
         setattr(sched, name, timed)
 
 
-def _instrument_tier(tiered: Any, blocked: list[float], promoted: dict[str, int]) -> None:
+def _instrument_tier(tiered: Any, blocked: list[float]) -> None:
     """Wrap the tier's calls that block the engine thread (``probe_now``, ``load_now``): their wall
-    time adds up in ``blocked[-1]`` (the run starts a new entry per engine step); per request, the
-    blocks promoted for it add up in ``promoted``."""
+    time adds up in ``blocked[-1]`` (the run starts a new entry per engine step)."""
     tier = tiered.tiers[0]
     for name in ("probe_now", "load_now"):
         fn = getattr(tier, name)
@@ -120,18 +120,6 @@ def _instrument_tier(tiered: Any, blocked: list[float], promoted: dict[str, int]
                 blocked[-1] += time.perf_counter() - t0
 
         setattr(tier, name, timed)
-    jobs = tiered._jobs  # the bench counts each request's promotions where they are queued
-    queue, now = jobs.queue_promotion, jobs.promote_now
-
-    def queue_promotion(t: int, key: bytes, slot: int, ctx: Any) -> None:
-        promoted[ctx.req_id] = promoted.get(ctx.req_id, 0) + 1
-        queue(t, key, slot, ctx)
-
-    def promote_now(t: int, keys: list[bytes], slots: list[int], ctx: Any) -> list[bool]:
-        promoted[ctx.req_id] = promoted.get(ctx.req_id, 0) + len(keys)
-        return now(t, keys, slots, ctx)
-
-    jobs.queue_promotion, jobs.promote_now = queue_promotion, promote_now
 
 
 def round_trip_seconds(url: str, n: int = 200) -> float:
@@ -158,19 +146,22 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run_once(settings: DemoSettings, rtt: float = 0.0, **manager_options: Any) -> dict[str, Any]:
-    """One demo run; the scheduler calls' host time, steps and what the tier did (``manager_options``
-    set on its :class:`~kvoffload.cache.tiered.TieredManager`; ``rtt``: the tier's round trip)."""
-    engine = build_engine(settings)
+    """One demo run; the scheduler calls' host time, steps and what the tier did (``manager_options``:
+    its :class:`~kvoffload.cache.tiered.TieredManager`'s, as ``TieredOptions``; ``rtt``: the
+    tier's round trip)."""
+    promoted: dict[str, int] = {}  # per request, the blocks promoted for it
+
+    def on_promotion(req_id: str, n: int) -> None:
+        promoted[req_id] = promoted.get(req_id, 0) + n
+
+    engine = build_engine(settings, TieredOptions(**manager_options, on_promotion=on_promotion))
     acc = [0.0, 0.0]
     deferred: dict[str, float] = {}
     waited: dict[str, float] = {}
     blocked = [0.0]  # per engine step: wall time blocked in tier calls
-    promoted: dict[str, int] = {}
     _instrument(engine.scheduler, acc, deferred, waited)
     if engine.tiered is not None:
-        for k, v in manager_options.items():
-            setattr(engine.tiered, k, v)
-        _instrument_tier(engine.tiered, blocked, promoted)
+        _instrument_tier(engine.tiered, blocked)
     busy = [0]
     step = engine.step
 
@@ -246,9 +237,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="16 conversations, 1 repetition")
     ap.add_argument("--conversations", type=int, default=None)
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--event-pairs", type=int, default=3, help="removal events off/on pairs per repetition")
+    ap.add_argument(
+        "--event-pairs", type=int, default=3, help="removal events off/on pairs per repetition (at least 1)"
+    )
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    if args.event_pairs < 1:
+        ap.error("--event-pairs must be at least 1")
     problem = redis_binaries_problem()
     if problem is not None:
         raise SystemExit(f"bench_tier_engine needs redis-server: {problem}")
@@ -348,9 +343,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for kind, key in (("", "sched_seconds"), ("_cpu", "cpu_seconds")):
         per_step = [r[key] / r["steps"] for r in on], [r[key] / r["steps"] for r in off]
         summary[f"events_on_vs_off{kind}_per_step"] = statistics.fmean(per_step[0]) / statistics.fmean(per_step[1])
-        # A/A: the off runs of even pairs against those of odd pairs
-        summary[f"events_off_vs_off{kind}_per_step"] = statistics.fmean(per_step[1][::2]) / statistics.fmean(
-            per_step[1][1::2]
+        # A/A: the off runs of even pairs against those of odd pairs (NaN with a single off run)
+        odd = per_step[1][1::2]
+        summary[f"events_off_vs_off{kind}_per_step"] = (
+            statistics.fmean(per_step[1][::2]) / statistics.fmean(odd) if odd else float("nan")
         )
     print(
         f"removal events on / off (warm, {len(on)} pairs): scheduler-call wall per step "

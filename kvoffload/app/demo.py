@@ -23,6 +23,7 @@ import torch
 
 from kvoffload.app.demo_report import format_header, format_summary, summary_dict
 from kvoffload.app.demo_settings import DemoSettings
+from kvoffload.cache.tiered_options import TieredOptions
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
@@ -93,8 +94,9 @@ def drive(engine: Engine, items: Sequence[Any], max_concurrent: int, progress: _
     engine.run_until_done()  # drain in-flight stores
 
 
-def build_engine(settings: DemoSettings) -> Engine:
-    """The engine ``settings`` describe (its tiers opened, nothing run yet)."""
+def build_engine(settings: DemoSettings, tiered_options: TieredOptions | None = None) -> Engine:
+    """The engine ``settings`` describe (its tiers opened, nothing run yet; their manager's options:
+    ``tiered_options``)."""
     config = EngineConfig(
         groups=(GroupConfig(settings.gpu_block_size, settings.block_size_factor, None, settings.num_layers),),
         num_gpu_blocks=settings.gpu_blocks,
@@ -106,7 +108,7 @@ def build_engine(settings: DemoSettings) -> Engine:
         worker_backend=settings.backend,
         seed=settings.seed,
     )
-    return Engine(config, tiers=settings.tiers)
+    return Engine(config, tiers=settings.tiers, tiered_options=tiered_options)
 
 
 def run_chat(settings: DemoSettings, progress: bool = True, engine: Engine | None = None) -> tuple[EngineStats, Engine]:

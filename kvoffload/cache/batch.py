@@ -7,24 +7,17 @@ calls the manager on slices of a request's keys) reuses its slots while their ge
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
 from kvoffload.core.base import OffloadKey
 
-__all__ = ["KeyBatch", "Resolved", "StorePlan", "MemoBatch", "TranslationMemo", "is_distinct"]
+__all__ = ["KeyBatch", "Resolved", "StorePlan", "MemoBatch", "TranslationMemo"]
 
 MEMO_ENTRIES = 16
 MEMO_MIN_KEYS = 8
-
-
-def is_distinct(keys: Sequence[OffloadKey]) -> bool:
-    """Whether ``keys`` has no repeats."""
-    if len(keys) < 2 or (keys.__class__ is KeyBatch and keys.unique):  # type: ignore[attr-defined]
-        return True
-    return len(set(keys)) == len(keys)
 
 
 class KeyBatch(list):  # type: ignore[type-arg]

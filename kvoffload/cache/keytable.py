@@ -4,15 +4,14 @@ For ``num_blocks`` slots (slot ``s`` = CPU block id ``s``): ``index`` (key -> sl
 key: the only per-key Python structure), ``keys`` (slot -> key, ``None`` when free), ``ref``
 (``int32``: :data:`FREE`, :data:`PENDING` (store in flight), or ``>= 0``: ready, pinned that many
 times; ``ref_buf``: the same memory as an ``array('i')``), ``gen`` (``uint32``, bumped whenever the
-slot is freed: the memo's check). Never-used slots are allocated first in increasing order, then
-freed ones last-in-first-out. ``num_pending``, ``num_evictable`` (ready, ref 0) and ``num_pinned``
-are exact at every step.
+slot is freed while the memo remembers a list: the memo's check). Never-used slots are allocated
+first in increasing order, then freed ones last-in-first-out. ``num_pending``, ``num_evictable``
+(ready, ref 0) and ``num_pinned`` are exact at every step.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
 from typing import Any
@@ -128,16 +127,10 @@ class SlotTable:
             return Resolved(lst, slots.copy(), unique, b, 0)
         return Resolved(lst, slots, unique, None, 0)
 
-    def small_slots(self, keys: Iterable[OffloadKey], limit: int) -> list[int] | None:
-        """Slot (-1 = absent) per key of a current :class:`KeyBatch` or a ``list`` of at most
-        ``limit`` exact ``bytes`` (scalar code); None otherwise."""
-        if keys.__class__ is KeyBatch:
-            if keys.owner is self and keys.epoch == self.epoch and len(keys) <= limit:  # type: ignore[attr-defined]
-                return keys.slots  # type: ignore[attr-defined,no-any-return]
-            return None
-        if keys.__class__ is not list or len(keys) > limit:  # type: ignore[arg-type]
-            return None
-        if keys and set(map(type, keys)) != _BYTES_ONLY:  # C-level passes, no per-key bytecode
+    def small_slots(self, keys: list[OffloadKey], limit: int) -> list[int] | None:
+        """Slot (-1 = absent) per key of a ``list`` of at most ``limit`` exact ``bytes`` (scalar
+        code); None otherwise."""
+        if len(keys) > limit or (keys and set(map(type, keys)) != _BYTES_ONLY):  # C-level passes
             return None
         return list(map(self.index.get, keys, repeat(-1)))
 
@@ -147,7 +140,7 @@ class SlotTable:
         if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
             if keys.unique or not dedup:  # type: ignore[attr-defined]
                 return keys  # type: ignore[return-value]
-        slots = self.small_slots(keys, limit) if keys.__class__ is list else None
+        slots = self.small_slots(keys, limit) if keys.__class__ is list else None  # type: ignore[arg-type]
         if slots is None:
             r = self.resolve(keys, name, allow_duplicates=True, remember=False)
             keys, slots = r.keys, r.slots.tolist()
@@ -179,15 +172,14 @@ class SlotTable:
         self.num_pending += m
         self.insert_count += 1
         self.epoch += 1
+        self.index.update(zip(keys, slot_list, strict=True))
         if as_list:
-            index, karr, ref = self.index, self.keys, self.ref_buf
+            karr, ref = self.keys, self.ref_buf
             for k, s in zip(keys, slot_list, strict=True):
-                index[k] = s
                 karr[s] = k
                 ref[s] = PENDING
             return slot_list
         slots = np.arange(start, start + m, dtype=np.int64) if fresh == m else np.array(slot_list, dtype=np.int64)
-        self.index.update(zip(keys, slot_list, strict=True))
         if m:
             self.keys[slots] = keys if m > 1 else keys[0]
             self.ref[slots] = PENDING
@@ -199,7 +191,7 @@ class SlotTable:
         if len(slots) == 0:
             return []
         if slots.__class__ is list:
-            index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv
+            index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv if self.memo else None
             keys: list[OffloadKey] = []
             n_pending = 0
             for s in slots:
@@ -207,18 +199,22 @@ class SlotTable:
                 keys.append(k)
                 del index[k]
                 karr[s] = None
-                gen[s] = (gen[s] + 1) & 0xFFFFFFFF
+                if gen is not None:
+                    gen[s] = (gen[s] + 1) & 0xFFFFFFFF
                 n_pending += ref[s] == PENDING
                 ref[s] = FREE
             self.free_list.extend(slots)
         else:
             keys = self.keys[slots].tolist()
-            deque(map(self.index.__delitem__, keys), maxlen=0)
+            # pop (cheaper than the slot wrapper __delitem__) hands back the slots' own int objects: the
+            # free list takes them as they are (no new ints made, no old ones freed)
+            freed = list(map(self.index.pop, keys))
             self.keys[slots] = None
-            self.gen[slots] += 1
+            if self.memo:  # only the memo reads generations: one remembered since it must see the change
+                self.gen[slots] += 1
             n_pending = 0 if ready else int(np.count_nonzero(self.ref[slots] == PENDING))
             self.ref[slots] = FREE
-            self.free_list.extend(slots.tolist())  # type: ignore[union-attr]
+            self.free_list.extend(freed)
         self.num_pending -= n_pending
         self.num_evictable -= len(slots) - n_pending
         self.epoch += 1

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan, is_distinct
+from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
 from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
@@ -100,8 +100,9 @@ class CPUOffloadingManager(OffloadingManager):
         self._requests = RequestLog(self._table, self._policy) if record_requests else None
         self._closed = False
         self._ctx: type = ReqContext
-        if type(self).lookup is CPUOffloadingManager.lookup:
-            self.lookup = make_lookup(self._table, self._counters, count=self._count_lookup)  # type: ignore[method-assign,assignment]
+        self._lookup = make_lookup(self._table, self._counters, count=self._count_lookup)
+        if type(self).lookup is CPUOffloadingManager.lookup:  # one closure call per lookup
+            self.lookup = self._lookup  # type: ignore[method-assign,assignment]
             self.lookup.__doc__ = CPUOffloadingManager.lookup.__doc__
 
     @property
@@ -155,12 +156,16 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> tuple[Any, Any, Resolved | None]:
         """``(keys, slots, resolved)``: a few keys with a list of slots (``resolved`` None), else the
         checked keys with an ``int64`` array. Raises on a bad key, or a repeat unless ``repeats``."""
-        if self._closed:
+        t = self._table
+        if keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
+            if len(keys) <= SMALL_BATCH and (repeats or keys.unique):  # type: ignore[attr-defined]
+                return keys, keys.slots, None  # type: ignore[attr-defined]
+        elif self._closed:  # (a current batch implies an open manager)
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        small = self._table.small_slots(keys, SMALL_BATCH)
-        if small is not None and (repeats or is_distinct(keys)):
+        small = t.small_slots(keys, SMALL_BATCH) if keys.__class__ is list else None
+        if small is not None and (repeats or len(keys) < 2 or len(set(keys)) == len(keys)):
             return keys, small, None
-        r = self._table.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
+        r = t.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
         return r.keys, r.slots, r
 
     def lookup_function(self, answers: tuple[Any, Any, Any], context_cls: type) -> Callable[[OffloadKey, Any], Any]:
@@ -172,8 +177,7 @@ class CPUOffloadingManager(OffloadingManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         """True if ``key`` is stored and ready, False if absent, None if its store is pending."""
         self._live()
-        self._check(req_context)
-        return make_lookup(self._table, self._counters, count=self._count_lookup)(key, req_context)  # type: ignore[no-any-return]
+        return self._lookup(key, req_context)  # type: ignore[no-any-return]
 
     def lookup_batch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> np.ndarray:
         """:meth:`lookup` of each key (repeats allowed) as ``np.int8`` ``LookupCode`` values."""
@@ -197,11 +201,18 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> LoadStoreSpec:
         """Pin ``keys`` (distinct, all ready, else :class:`KeyStateError`) and return their slots;
         recorded as the request's reuses unless ``record_access`` is False (an internal read)."""
+        return CPULoadStoreSpec(self.load_slots(keys, req_context, record_access=record_access))
+
+    def load_slots(
+        self, keys: Sequence[OffloadKey], req_context: ReqContext, *, record_access: bool = True
+    ) -> list[int] | np.ndarray:
+        """:meth:`prepare_load`'s pinned slots, a list (a few keys) or an ``int64`` array (for an
+        engine adapter's own spec type)."""
         self._check(req_context)
-        spec = self._loads.prepare(*self._at(keys, False)[:2])
+        slots = self._loads.prepare(*self._at(keys, False)[:2])
         if record_access and self._requests is not None and (st := self._requests.get(req_context.req_id)):
             st.record(keys, keys)
-        return spec
+        return slots
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Unpin ``keys`` once per occurrence (:class:`KeyStateError` if one is not pinned that often)."""
@@ -234,7 +245,11 @@ class CPUOffloadingManager(OffloadingManager):
         self._check(req_context)
         if self._reuse is None and self._requests is None:
             return self._stores.prepare(*self._at(keys, False))
-        batch = self.key_batch(keys, dedup=False)
+        t = self._table
+        if keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
+            batch: KeyBatch = keys  # type: ignore[assignment]
+        else:
+            batch = self.key_batch(keys, dedup=False)
         if not batch.unique:
             validate_keys(list(batch), "keys", allow_duplicates=False)  # raises: repeated keys
         absent = [k for k, s in zip(batch, batch.slots, strict=True) if s < 0]
@@ -256,9 +271,9 @@ class CPUOffloadingManager(OffloadingManager):
         self._check(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")
-        ks, slots, r = self._at(keys, True)
+        _, slots, r = self._at(keys, True)
         if self.num_blocks:  # else nothing can be pending: checks only
-            self._stores.complete(ks, slots, success, r is not None and r.unique)
+            self._stores.complete(slots, success, r is not None and r.unique)
 
     def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
         """Remove the ready, unpinned ``keys`` (others are left alone) like evicted ones; the keys

@@ -11,7 +11,7 @@ import numpy as np
 from kvoffload.cache.keytable import PENDING, SlotTable, any_below
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import OffloadingStats
-from kvoffload.core.base import CPULoadStoreSpec, OffloadKey, ReqContext, check_req_context, validate_keys
+from kvoffload.core.base import OffloadKey, ReqContext, check_req_context, validate_keys
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
 from kvoffload.errors import KeyStateError
 
@@ -37,29 +37,24 @@ def make_lookup(
     def lookup(key: OffloadKey, req_context: Any) -> Any:
         if req_context.__class__ is not context_cls:
             check_req_context(req_context)
-        if count is not None:
-            if key.__class__ is not bytes:
-                validate_keys([key], "key")
-            out = counted(key, req_context)  # type: ignore[misc]
-            count((key,), req_context.req_id)
-            return out
         try:
             s = get(key)
-        except TypeError:  # unhashable
-            validate_keys([key], "key")
-            raise
-        if s is None:
+        except TypeError:  # unhashable: not a key
+            s = None
+        if s is None or count is not None:
             if key.__class__ is not bytes:
-                validate_keys([key], "key")
-            counters.misses += 1
-            return miss
+                validate_keys([key], "key")  # raises
+            if count is not None:
+                count((key,), req_context.req_id)
+            if s is None:
+                counters.misses += 1
+                return miss
         if ref[s] >= 0:
             counters.hits += 1
             return hit
         counters.pending_hits += 1
         return pending
 
-    counted = make_lookup(table, counters, answers, context_cls) if count is not None else None
     return lookup
 
 
@@ -101,9 +96,9 @@ class Loads:
         t.num_pinned += newly
         self.counters.loads += n
 
-    def prepare(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray) -> CPULoadStoreSpec:
-        """Pin the distinct ``keys`` (slots ``slots``); :class:`KeyStateError` if one is absent or
-        pending (nothing pinned then)."""
+    def prepare(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray) -> list[int] | np.ndarray:
+        """Pin the distinct ``keys`` (slots ``slots``) and return their slots (the list or array
+        given); :class:`KeyStateError` if one is absent or pending (nothing pinned then)."""
         if slots.__class__ is list:
             ref = self.table.ref_buf
             if not slots or (min(slots) >= 0 and not any_below(ref, slots, 0)):
@@ -113,7 +108,7 @@ class Loads:
                     newly += r == 0
                     ref[s] = r + 1
                 self._pinned(newly, len(slots))
-                return CPULoadStoreSpec(slots)
+                return slots
             slots = np.array(slots, dtype=np.int64)  # the array path names the bad key
         assert isinstance(slots, np.ndarray)
         if len(slots):
@@ -126,7 +121,7 @@ class Loads:
                 raise KeyStateError(f"prepare_load: keys[{i}] {keys[i]!r} is not ready (its store is in flight)")
             self._pinned(int(np.count_nonzero(states == 0)), len(slots))
             self.table.ref[slots] = states + 1
-        return CPULoadStoreSpec(slots)
+        return slots
 
     def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, unique: bool) -> None:
         """Unpin ``keys`` once per occurrence (repeats allowed unless ``unique``);
@@ -136,18 +131,24 @@ class Loads:
             ref = t.ref_buf
             if not slots:
                 return
-            if len(set(slots)) == len(slots) and min(slots) >= 0 and not any_below(ref, slots, 1):
-                freed = []
-                for s in slots:
-                    r = ref[s] - 1
-                    ref[s] = r
-                    if r == 0:
-                        freed.append(s)
+            freed = []
+            for i, s in enumerate(slots):  # noqa: B007 - one pass (repeats unpin again); i: where a bad key stops it
+                if s < 0:
+                    break
+                r = ref[s]
+                if r < 1:
+                    break
+                ref[s] = r - 1
+                if r == 1:
+                    freed.append(s)
+            else:
                 if freed:
                     self._pinned(-len(freed), 0)
                     self.policy.on_evictable(freed if self.policy.takes_lists else np.array(freed, dtype=np.int64))  # type: ignore[arg-type]
                 return
-            slots, unique = np.array(slots, dtype=np.int64), False  # repeats, or the array path names the bad key
+            for s in slots[:i]:
+                ref[s] += 1
+            slots, unique = np.array(slots, dtype=np.int64), False  # the array path names the bad key
         assert isinstance(slots, np.ndarray)
         if len(slots) == 0:
             return

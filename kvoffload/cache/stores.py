@@ -49,10 +49,10 @@ class Stores:
             absent_mask = slots < 0  # type: ignore[operator]
             positions = absent_mask.nonzero()[0]
             to_store = list(keys) if len(positions) == len(keys) else [keys[i] for i in positions.tolist()]
-        n_present = len(keys) - len(to_store)
+        c, t, n_present = self.counters, self.table, len(keys) - len(to_store)
         if not to_store:
-            return self._stored([], slots[:0], [], n_present)
-        t = self.table
+            c.stores_skipped += n_present
+            return StorePlan([], slots[:0], [])
         evicted: list[OffloadKey] = []
         if len(to_store) > t.num_free:  # the present keys are spared: only then are they needed
             protected: list[int] | np.ndarray
@@ -69,7 +69,9 @@ class Stores:
         if r is not None and r.batch is not None:  # the memo learns the new slots
             t.memo.note_insert(r.batch, r.offset + positions, new_slots, count_before, t.insert_count)  # type: ignore[operator,arg-type]
         self.policy.insert(self._arg(new_slots), to_store)
-        return self._stored(to_store, new_slots, evicted, n_present)
+        c.stores_started += len(to_store)
+        c.stores_skipped += n_present
+        return StorePlan(to_store, new_slots, evicted)
 
     def _arg(self, slots: list[int] | np.ndarray) -> Any:
         """``slots`` as the policy takes them (a list only if it ``takes_lists``)."""
@@ -77,54 +79,46 @@ class Stores:
             return np.array(slots, dtype=np.int64)
         return slots
 
-    def _stored(
-        self, to_store: list[OffloadKey], slots: list[int] | np.ndarray, evicted: list[OffloadKey], n_present: int
-    ) -> StorePlan:
-        c = self.counters
-        c.stores_started += len(to_store)
-        c.stores_skipped += n_present
-        return StorePlan(to_store, slots, evicted)
-
-    def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, success: bool, unique: bool) -> None:
-        """``complete_store`` of ``keys`` with their ``slots`` (-1 = absent; repeats unless ``unique``)."""
-        karr = self.table.keys  # the keys of the slots made ready (equal keys, equal slots)
-        if slots.__class__ is list:
-            ref = self.table.ref_buf
-            pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
-            if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
-                pend = list(dict.fromkeys(pend))
-            if pend:
-                self._finish(pend, [karr[s] for s in pend] if self.events is not None else [], success)
-            return
-        pend = slots[slots >= 0]  # type: ignore[operator,assignment]
-        pend = pend[self.table.ref[pend] == PENDING]
-        if not unique and len(pend) > 1:
-            first = np.unique(pend, return_index=True)[1]
-            if len(first) != len(pend):
-                pend = pend[np.sort(first)]
-        if len(pend):
-            self._finish(pend, karr[pend].tolist() if self.events is not None else [], success)
-
-    def _finish(self, pend: np.ndarray | list[int], done: list[OffloadKey], success: bool) -> None:
-        """Make the pending slots ``pend`` (keys ``done``) ready, or remove them."""
+    def complete(self, slots: list[int] | np.ndarray, success: bool, unique: bool) -> None:
+        """``complete_store`` of keys with these ``slots`` (-1 = absent; repeats unless ``unique``):
+        the pending ones become ready (``success``) or are removed."""
         t = self.table
-        if success:
-            if pend.__class__ is list:
-                ref = t.ref_buf
-                for s in pend:
-                    ref[s] = 0
+        if slots.__class__ is list:
+            ref = t.ref_buf
+            pend: Any
+            if success:  # made ready in this one pass (a repeat is no longer pending)
+                pend = []
+                for s in slots:
+                    if s >= 0 and ref[s] == PENDING:
+                        ref[s] = 0
+                        pend.append(s)
             else:
-                t.ref[pend] = 0
-            self.policy.on_evictable(self._arg(pend))
-            t.num_pending -= len(pend)
-            t.num_evictable += len(pend)
-            self.counters.stores_completed += len(pend)
-            if self.events is not None:
-                self.events.append(OffloadingEvent(keys=done, medium=CPU_MEDIUM, removed=False))
+                pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
+                if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
+                    pend = list(dict.fromkeys(pend))
         else:
+            pend = slots[slots >= 0]  # type: ignore[operator]
+            pend = pend[t.ref[pend] == PENDING]
+            if not unique and len(pend) > 1:
+                first = np.unique(pend, return_index=True)[1]
+                if len(first) != len(pend):
+                    pend = pend[np.sort(first)]
+        if not len(pend):
+            return
+        if not success:
             self.policy.remove(self._arg(pend))
             t.release(pend)
             self.counters.stores_aborted += len(pend)
+            return
+        if pend.__class__ is not list:  # a list's slots were made ready above
+            t.ref[pend] = 0
+        self.policy.on_evictable(self._arg(pend))
+        t.num_pending -= len(pend)
+        t.num_evictable += len(pend)
+        self.counters.stores_completed += len(pend)
+        if self.events is not None:  # the keys of the slots made ready (equal keys, equal slots)
+            done = [t.keys[s] for s in pend] if pend.__class__ is list else t.keys[pend].tolist()
+            self.events.append(OffloadingEvent(keys=done, medium=CPU_MEDIUM, removed=False))  # type: ignore[arg-type]
 
     def make_room(self, n_new: int, protected: np.ndarray | list[int], n_keys: int) -> list[OffloadKey] | None:
         """Evict so that ``n_new`` slots are free, sparing the slots ``protected``; the evicted keys

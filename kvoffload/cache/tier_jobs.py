@@ -95,7 +95,7 @@ class TierJobs:
         (blocking) and complete their stores at once, as a reported promotion; per key ok."""
         ok = self.tiers[t].load_now(keys, slots)
         self.reserved += len(keys)
-        self._promoted(t, _Job(keys, [ctx] * len(keys)), TierJobResult(-1, "load", tuple(keys), tuple(ok), 0, 0.0))
+        self._promoted(t, _Job(keys, [ctx] * len(keys)), TierJobResult.loaded_now(keys, ok))
         return ok
 
     def queue_writes(self, t: int, keys: Sequence[bytes], slots: Sequence[int], ctx: ReqContext) -> None:

@@ -43,7 +43,7 @@ per engine step (at the end of ``build_step``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,6 +92,9 @@ class TieredManager(OffloadingManager):
             tiers on the calling thread (a lookup's promotions that fit what is left are loaded
             within it and answer ``LOOKUP_HIT``; larger ones are promoted asynchronously); 0:
             every promotion is asynchronous. Default 1 MiB.
+        on_promotion: called with a request id and a number of blocks each time host slots are
+            reserved for blocks promoted for that request (an observer, e.g. a benchmark's
+            per-request transfer time); None: nothing is called.
 
     Raises:
         InvalidTypeError: ``primary`` is not a ``CPUOffloadingManager``, a tier is not a ``Tier``.
@@ -107,6 +110,7 @@ class TieredManager(OffloadingManager):
         max_promoted_blocks: int | None = None,
         probe_in_lookup: bool = True,
         sync_load_budget_bytes: int = 1 << 20,
+        on_promotion: Callable[[str, int], None] | None = None,
     ) -> None:
         if not isinstance(primary, CPUOffloadingManager):
             raise InvalidTypeError(f"primary must be a CPUOffloadingManager, got {type(primary).__name__}")
@@ -128,6 +132,9 @@ class TieredManager(OffloadingManager):
             raise InvalidTypeError(f"probe_in_lookup must be a bool, got {type(probe_in_lookup).__name__}")
         self.probe_in_lookup = probe_in_lookup
         self.sync_load_budget_bytes = check_int(sync_load_budget_bytes, "sync_load_budget_bytes", 0)
+        if on_promotion is not None and not callable(on_promotion):
+            raise InvalidTypeError(f"on_promotion must be callable or None, got {type(on_promotion).__name__}")
+        self._on_promotion = on_promotion
         self._sync_used = 0  # bytes read within lookups this step
         self._unread: set[bytes] = set()  # promoted (queued or arrived), not read by a load yet
         self.primary = primary
@@ -243,8 +250,11 @@ class TieredManager(OffloadingManager):
         if out is not None:
             got = dict(zip(out.keys_to_store, out.store_spec.block_ids.tolist(), strict=True))  # type: ignore[attr-defined]
         now: dict[int, list[bytes]] = {}  # tier -> keys loaded within this call
-        nbytes = sum(k in got for k in tier_of) * self.tiers[0].record_bytes
+        n_got = sum(k in got for k in tier_of)
+        nbytes = n_got * self.tiers[0].record_bytes
         sync = 0 < nbytes <= self.sync_load_budget_bytes - self._sync_used
+        if n_got and self._on_promotion is not None:
+            self._on_promotion(ctx.req_id, n_got)
         for k, t in tier_of.items():
             slot = got.get(k)
             if slot is None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvoffload.cache.tiered import TieredManager
+from kvoffload.cache.tiered_options import TieredOptions
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.scheduler.jobs import ScheduledRequest
 from kvoffload.scheduler.scheduler import OffloadingScheduler
@@ -68,6 +69,8 @@ class Engine:
             The manager is then wrapped in a :class:`~kvoffload.cache.tiered.TieredManager` over
             tiers built on the worker's host pool records (the worker needs a ``host_pool``).
         tier_options: keyword options for every tier (``integrity_key``, ``io_threads``...).
+        tiered_options: the :class:`~kvoffload.cache.tiered.TieredManager`'s options
+            (:class:`~kvoffload.cache.tiered_options.TieredOptions`; default: the manager's defaults).
 
     Attributes:
         stats: cumulative :class:`EngineStats`.
@@ -88,6 +91,7 @@ class Engine:
         worker_backend: str | None = None,
         tiers: Sequence[TierSpec] = (),
         tier_options: dict[str, Any] | None = None,
+        tiered_options: TieredOptions | None = None,
     ) -> None:
         cfg = config if config is not None else EngineConfig()
         if not isinstance(cfg, EngineConfig):
@@ -117,6 +121,7 @@ class Engine:
             raise InvalidArgumentError(
                 f"the manager has {nb} CPU blocks but the host pool only num_cpu_blocks={cfg.num_cpu_blocks}"
             )
+        tiered_options = TieredOptions.check(tiered_options, "tiered_options")
         if tiers:
             from kvoffload.sim.tiers import check_tier_specs, tiered_manager  # imports redis-py
 
@@ -134,7 +139,7 @@ class Engine:
             )
         self.tiered: TieredManager | None = None
         if tiers:
-            self.tiered = manager = tiered_manager(manager, worker, tiers, cfg, tier_options)
+            self.tiered = manager = tiered_manager(manager, worker, tiers, cfg, tier_options, tiered_options)
         self.manager = manager
         self.worker = DelayedWorker(worker, cfg.transfer_latency_steps) if cfg.transfer_latency_steps else worker
         self.scheduler = OffloadingScheduler(self.sched_config, manager)

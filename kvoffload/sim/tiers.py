@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kvoffload.cache.tiered import TieredManager
+from kvoffload.cache.tiered_options import TieredOptions
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.sim.config import EngineConfig
 from kvoffload.tiers import Tier, TierNamespace, TierSpec, check_tier_spec, open_tier
@@ -79,11 +80,18 @@ def open_engine_tiers(
 
 
 def tiered_manager(
-    manager: Any, worker: Any, specs: Sequence[TierSpec], cfg: EngineConfig, options: dict[str, Any] | None = None
+    manager: Any,
+    worker: Any,
+    specs: Sequence[TierSpec],
+    cfg: EngineConfig,
+    options: dict[str, Any] | None = None,
+    tiered: TieredOptions | None = None,
 ) -> TieredManager:
-    """``manager`` wrapped in a :class:`TieredManager` over one tier per spec, opened on ``worker``'s
-    host pool records (the worker needs a ``host_pool``: its records are what tiers move)."""
+    """``manager`` wrapped in a :class:`TieredManager` (its options: ``tiered``) over one tier per
+    spec, opened on ``worker``'s host pool records (the worker needs a ``host_pool``: its records
+    are what tiers move)."""
     pool = getattr(worker, "host_pool", None)
     if pool is None:
         raise InvalidArgumentError("tiers need a worker with a host_pool (its records are what tiers move)")
-    return TieredManager(manager, open_engine_tiers(list(specs), pool.records(), cfg, options))
+    keywords = tiered.keywords() if tiered is not None else {}
+    return TieredManager(manager, open_engine_tiers(list(specs), pool.records(), cfg, options), **keywords)

@@ -182,7 +182,7 @@ class Tier(ABC):
             raise InvalidArgumentError(f"tier {self.name} is closed")
         keys = check_keys(keys, "keys")
         ok = self._load(keys, check_slots(slots, "slots", len(keys), self.num_slots))
-        self._step.verdicts.finished(TierJobResult(-1, "load", tuple(keys), tuple(ok), 0, 0.0))
+        self._step.verdicts.finished(TierJobResult.loaded_now(keys, ok))
         return ok
 
     @property

@@ -181,27 +181,25 @@ class DiskTier(Tier):
         return os.path.join(self.root, h[:2], h + VALUE_SUFFIX)
 
     # ------------------------------------------------------------------ backend hooks
+    def _index_file(self, fid: bytes, path: str, key: bytes) -> bool:
+        """Count the file at ``path`` in the index at its size on disk (a file another process
+        sharing the directory wrote); False, and out of the index, when there is none."""
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            self.index.remove(fid)
+            return False
+        self.index.add(fid, size, key)
+        return True
+
     def _probe(self, keys: list[bytes]) -> list[bool]:
-        out = []
-        for key in keys:
-            fid = _file_id(key)
-            if fid in self.index:
-                out.append(True)
-                continue
-            try:
-                size = os.stat(self.value_path(key)).st_size
-            except FileNotFoundError:
-                out.append(False)
-                continue
-            self.index.add(fid, size, key)  # written by another process sharing the directory
-            out.append(True)
-        return out
+        return [_file_id(k) in self.index or self._index_file(_file_id(k), self.value_path(k), k) for k in keys]
 
     def _store_batch(self, keys: list[bytes], slots: np.ndarray) -> list[int]:
         out = []
         for key, slot in zip(keys, slots, strict=True):
             fid, path = _file_id(key), self.value_path(key)
-            if fid in self.index or os.path.exists(path):
+            if fid in self.index or self._index_file(fid, path, key):
                 self.index.touch(fid)
                 out.append(PRESENT)
                 continue
@@ -276,12 +274,12 @@ class DiskTier(Tier):
             if self.removal_events:  # forgotten for this reader, whether deleted or not
                 self.counters.removed([key])
             if rej.delete:
-                self.index.remove(fid)
                 try:
                     if unlink_if_same(path, fd):
                         self.counters.count("deleted_values")
                 except OSError:
                     pass
+                self._index_file(fid, path, key)  # another writer's value kept there still counts
             return False
         except OSError as exc:
             self.counters.error("load", exc)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +36,12 @@ class TierJobResult:
     ok: tuple[bool, ...]
     transfer_bytes: int
     transfer_time: float
+
+    @classmethod
+    def loaded_now(cls, keys: Sequence[bytes], ok: Sequence[bool]) -> TierJobResult:
+        """The result of a load done on the caller's thread (:meth:`Tier.load_now
+        <kvoffload.tiers.Tier.load_now>`): no job id (-1), per key ``ok``."""
+        return cls(-1, "load", tuple(keys), tuple(ok), 0, 0.0)
 
     @property
     def success(self) -> bool:

@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from kvoffload.app.demo import drive
+from kvoffload.cache.tiered_options import TieredOptions
+from kvoffload.errors import InvalidTypeError
 from kvoffload.sim.config import EngineConfig, GroupConfig
 from kvoffload.sim.engine import Engine
 from kvoffload.sim.workload import ChatWorkload
@@ -171,3 +174,40 @@ def test_values_deleted_between_lookup_and_load_recompute(redis_url: str) -> Non
     finally:
         e.shutdown()
         client.close()
+
+
+def test_engine_passes_tiered_options(redis_url: str) -> None:
+    """``Engine(tiered_options=...)`` builds its tiered manager with them: every promotion is read
+    on the tier's threads (budget 0), and ``on_promotion`` sees, per request, exactly the blocks
+    promoted (the tier's own count); a wrong type is refused before anything opens."""
+    first = _engine(redis_url)
+    _run(first, seed=5)
+    first.shutdown()
+    seen: dict[str, int] = {}
+
+    def on_promotion(req_id: str, n: int) -> None:
+        seen[req_id] = seen.get(req_id, 0) + n
+
+    opts = TieredOptions(sync_load_budget_bytes=0, max_promoted_blocks=7, on_promotion=on_promotion)
+    e = Engine(CFG, tiers=[redis_url], tiered_options=opts)
+    tier = e.tiered.tiers[0]  # type: ignore[union-attr]
+    assert (e.tiered.sync_load_budget_bytes, e.tiered.max_promoted_blocks) == (0, 7)  # type: ignore[union-attr]
+    assert e.tiered.probe_in_lookup and e.tiered.max_write_blocks == CFG.num_cpu_blocks // 2  # type: ignore[union-attr]
+    load_now = tier.load_now
+
+    def refuse(keys: list[bytes], slots: list[int]) -> list[bool]:
+        raise AssertionError("no load within the lookup with a budget of 0")
+
+    tier.load_now = refuse  # type: ignore[method-assign]
+    try:
+        _run(e, seed=5)
+        _no_leak(e)
+        u = e.tiered.usage()[0]  # type: ignore[union-attr]
+        assert u.blocks_promoted > 0 and sum(seen.values()) == u.blocks_promoted + u.promotions_failed
+        assert set(seen) <= {f"5-{t.request_id}" for t in ChatWorkload(conversations=6, turns=2, seed=5)}
+        assert e.stats.verification_failures == 0
+    finally:
+        tier.load_now = load_now  # type: ignore[method-assign]
+        e.shutdown()
+    with pytest.raises(InvalidTypeError, match="tiered_options"):
+        Engine(CFG, tiers=[redis_url], tiered_options={"sync_load_budget_bytes": 0})  # type: ignore[arg-type]

@@ -153,6 +153,8 @@ def test_sync_load_budget_is_checked(redis_url: str) -> None:
             TieredManager(CPUOffloadingManager(2), [t], sync_load_budget_bytes=-1)
         with pytest.raises(InvalidTypeError, match="probe_in_lookup"):
             TieredManager(CPUOffloadingManager(2), [t], probe_in_lookup=1)  # type: ignore[arg-type]
+        with pytest.raises(InvalidTypeError, match="on_promotion"):
+            TieredManager(CPUOffloadingManager(2), [t], on_promotion=3)  # type: ignore[arg-type]
 
 
 def test_promotion_stops_at_the_first_key_missing_everywhere(redis_url: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.keytable import SlotTable, any_below
+from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.policies.base import CachePolicy, Slots
 from kvoffload.cache.policies.lru import first_occurrences
 from kvoffload.cache.policies.order import SlotOrder
@@ -63,7 +63,7 @@ class ARCPolicy(CachePolicy):
         self.target_t1_size: float = 0.0
 
     def insert(self, slots: Slots, keys: Sequence[bytes]) -> None:
-        self.t1.push_back(slots)
+        self.t1.push_back(slots, fresh=True)  # new blocks are in no list
         for ghost in (self.b1, self.b2):
             if ghost:
                 deque(map(ghost.pop, keys, repeat(None)), maxlen=0)
@@ -112,31 +112,35 @@ class ARCPolicy(CachePolicy):
         (a store is not a second access, so T1 stays T1); a ready block it reused moves from T1
         to T2 or is refreshed in T2; other keys are left alone. Ghost lists are not consulted
         here (that happens at store time, :meth:`on_store_miss`)."""
-        if slots.__class__ is list:
-            member = self._member_mv
-            stay, to_t2 = [], []
+        if slots.__class__ is list:  # one pass, last key first, straight into both logs
+            t1, t2 = self.t1, self.t2
+            t1.reserve(len(slots))
+            t2.reserve(len(slots))
+            member, pos, buf1, buf2 = self._member_mv, self._pos_mv, t1._bm, t2._bm
+            i1, i2, base1, base2 = t1.tail, t2.tail, t1.base, t2.base
             promoted = 0
-            # last key first: walk forward, prepend in reverse
-            for s, ins, reu in zip(slots, inserted_only, reused, strict=True):
+            for s, ins, reu in zip(reversed(slots), reversed(inserted_only), reversed(reused), strict=True):  # type: ignore[call-overload]
                 if s < 0:
                     continue
-                m = member[s]
-                if m == _T1:
-                    if ins:
-                        stay.append(s)
-                    elif reu:
-                        member[s] = _T2  # leaves T1 (its entry there goes stale), joins T2 below
-                        promoted += 1
-                        to_t2.append(s)
-                elif ins or reu:
-                    to_t2.append(s)
+                if member[s] == _T1:
+                    if ins:  # refreshed in T1
+                        buf1[i1] = s
+                        pos[s] = base1 + i1
+                        i1 += 1
+                        continue
+                    if not reu:
+                        continue
+                    member[s] = _T2  # promoted: its T1 entry goes stale
+                    promoted += 1
+                elif not (ins or reu):
+                    continue
+                buf2[i2] = s
+                pos[s] = base2 + i2
+                i2 += 1
+            t1.tail, t2.tail = i1, i2
             if promoted:
-                self.t1.size -= promoted
-                self.t2.size += promoted
-            stay.reverse()
-            to_t2.reverse()
-            self.t1.push_back(stay, members=True)
-            self.t2.push_back(to_t2)
+                t1.size -= promoted
+                t2.size += promoted
             return
         present = slots >= 0  # type: ignore[operator]
         if not present.any():
@@ -154,9 +158,14 @@ class ARCPolicy(CachePolicy):
     def on_evictable(self, slots: Slots) -> None:
         if slots.__class__ is list:
             t1, t2 = self.t1, self.t2  # nothing parked in a list whose scan position is below every slot
-            if any_below(self._pos_mv, slots, max(t1.base + t1.head, t2.base + t2.head)):
-                t1.on_evictable(slots)
-                t2.on_evictable(slots)
+            if not (t1.scanned or t2.scanned):
+                return
+            limit, pos = max(t1.base + t1.head, t2.base + t2.head), self._pos_mv
+            for s in slots:
+                if pos[s] < limit:
+                    t1.on_evictable(slots)
+                    t2.on_evictable(slots)
+                    return
             return
         self.t1.on_evictable(slots)
         self.t2.on_evictable(slots)

@@ -60,13 +60,13 @@ class LRUPolicy(CachePolicy):
         self.order.discard(slots)
 
     def touch(self, keys: Sequence[bytes], slots: Slots, unique: bool = False) -> None:
-        if isinstance(slots, list):
-            seen: set[int] = set()
+        if isinstance(slots, list):  # the last key first
             if unique:
-                few = [s for s in slots if s >= 0]
+                few = [s for s in reversed(slots) if s >= 0]
             else:
+                seen: set[int] = set()
                 few = [s for s in slots if s >= 0 and not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
-            few.reverse()
+                few.reverse()
             self.order.push_back(few, members=True)
             return
         present = slots[slots >= 0]

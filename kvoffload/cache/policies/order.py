@@ -1,17 +1,5 @@
-"""An ordered list of slots (oldest first) in numpy arrays: an append-only log with lazy deletion.
-
-Why not an intrusive doubly-linked list? Moving ``k`` slots to the most-recent end of a linked
-list is ``k`` dependent Python-level pointer updates (~0.3 us each); here it is one
-``buf[tail:tail+k] = slots`` and one ``pos[slots] = ...`` (numpy, ~ns per slot).
-
-Representation (shared by all the lists of one policy; a slot is in at most one list):
-
-* ``member[s]`` (``int8``): id of the list holding slot ``s`` (0 = none).
-* ``pos[s]`` (``int64``): the slot's position in its list. Positions only ever grow, so
-  list order is position order.
-* each list has a log ``buf`` (``int32`` slot ids); the entry at physical index ``i`` has
-  position ``base + i``. An entry is *current* iff ``member[slot] == lid and pos[slot] ==
-  base + i``; moving or removing a slot just makes its old entry stale.
+"""Eviction scans over a :class:`~kvoffload.cache.policies.log.SlotLog` (the list's log), with
+*parked* slots.
 
 Scanning for eviction victims walks the log from ``head``. Stale entries are dropped. A current
 entry that cannot be evicted (pinned, or pending) is *parked*: ``head`` moves past it and it
@@ -22,12 +10,6 @@ a small heap keyed by its position. Every heap entry is older than every log ent
 positions are all below the position at ``head``), so a scan takes the heap first, then the
 log: the exact list order is preserved. A slot moved to the tail (touched) simply stops being
 parked: its heap entry, if any, becomes stale.
-
-Compaction: when the log is full, the current entries from ``head`` on are copied to the start
-and renumbered with fresh positions above every existing one (order kept, parked slots stay
-older). The log holds ``2 * capacity + 64`` entries and at most ``capacity`` of them are
-current, so a compaction (O(capacity)) happens at most once per ``capacity`` appends: O(1)
-amortised per append.
 """
 
 from __future__ import annotations
@@ -39,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvoffload.cache.keytable import any_below
+from kvoffload.cache.policies.log import SlotLog
 from kvoffload.cache.policies.parked import ParkedHeap
 
 logger = logging.getLogger(__name__)
@@ -51,110 +34,31 @@ _EMPTY_I64 = np.zeros(0, dtype=np.int64)
 SCAN_BUDGET = 64
 
 
-class SlotOrder:
-    """One list of slots in order, oldest first (see the module docstring).
-
-    Args:
-        lid: this list's id (``1..127``), stored in ``member``.
-        member: shared ``int8[capacity]`` list-membership array.
-        pos: shared ``int64[capacity]`` position array.
-        capacity: number of slots.
-    """
+class SlotOrder(SlotLog):
+    """One list of slots in order, oldest first, that eviction scans take victims from (see the
+    module docstring; the arguments are :class:`~kvoffload.cache.policies.log.SlotLog`'s)."""
 
     def __init__(self, lid: int, member: np.ndarray, pos: np.ndarray, capacity: int) -> None:
-        self.lid = lid
-        self.member = member
-        self.pos = pos
-        self.buf = np.empty(2 * capacity + 64, dtype=np.int32)
-        self.base = 0
-        self.head = 0
-        self.tail = 0
-        self.size = 0
+        super().__init__(lid, member, pos, capacity)
         self._parked = ParkedHeap()
-        # memoryviews for the scalar (small-batch) methods; ``_bm`` follows ``buf``
-        self._mm = member.data
-        self._pm = pos.data
-        self._bm = self.buf.data
-
-    def __len__(self) -> int:
-        return self.size
+        #: whether a scan moved ``head`` since the last :meth:`clear` (else no slot is parked)
+        self.scanned = False
 
     def clear(self) -> None:
         """Empty the list (the caller resets the shared arrays)."""
-        self.base += self.tail
-        self.head = self.tail = 0
-        self.size = 0
+        super().clear()
         self._parked.clear()
+        self.scanned = False
 
     @property
     def scan_position(self) -> int:
         """Position of the eviction scan's head: only slots at lower positions can be parked."""
         return self.base + self.head
 
-    def push_back(self, slots: np.ndarray | list[int], members: bool = False, fresh: bool = False) -> None:
-        """Append distinct ``slots`` at the newest end, in order (the last one is the newest).
-
-        Slots already in this list move; slots in another list must have been discarded
-        from it first. ``members=True`` promises that every slot is already in this list,
-        ``fresh=True`` that none is in any list (blocks just allocated). Here and below, a
-        ``list`` of slots takes per-slot memoryview steps (~50 ns each; a numpy call costs ~1 us
-        whatever its size), an array numpy operations.
-        """
-        k = len(slots)
-        if k == 0:
-            return
-        if self.tail + k > len(self.buf):
-            self._compact(k)
-        t = self.tail
-        if slots.__class__ is list:
-            member, pos, buf, lid = self._mm, self._pm, self._bm, self.lid
-            p = self.base + t
-            for s in slots:
-                if not members and member[s] != lid:
-                    member[s] = lid
-                    self.size += 1
-                buf[t] = s
-                pos[s] = p
-                t += 1
-                p += 1
-            self.tail = t
-            return
-        if fresh:
-            self.size += k
-        elif not members:
-            self.size += int(np.count_nonzero(self.member[slots] != self.lid))
-        self.buf[t : t + k] = slots
-        self.pos[slots] = np.arange(self.base + t, self.base + t + k, dtype=np.int64)
-        if not members:
-            self.member[slots] = self.lid
-        self.tail = t + k
-
-    def discard(self, slots: np.ndarray | list[int], members: bool = False) -> None:
-        """Remove distinct ``slots`` that are in this list (others are ignored; ``members``: all are
-        in it, e.g. the slots :meth:`take` just returned)."""
-        if members and slots.__class__ is not list:
-            self.member[slots] = 0
-            self.size -= len(slots)
-            return
-        if slots.__class__ is list:
-            member, lid = self._mm, self.lid
-            for s in slots:
-                if member[s] == lid:
-                    member[s] = 0
-                    self.size -= 1
-            return
-        if len(slots) == 0:
-            return
-        mine = self.member[slots] == self.lid
-        n = int(np.count_nonzero(mine))
-        if n:
-            self.member[slots[mine]] = 0  # type: ignore[index]
-            self.size -= n
-
     def on_evictable(self, slots: np.ndarray | list[int]) -> None:
         """``slots`` just became evictable (ready with ref 0): re-queue the parked ones."""
-        if len(slots) == 0:
-            return
+        if not self.scanned or len(slots) == 0:
+            return  # nothing parked
         limit = self.base + self.head
         if slots.__class__ is list:
             pos = self._pm
@@ -228,21 +132,13 @@ class SlotOrder:
                 if len(out) == k:
                     break
             self.head = h
+            self.scanned = True
         parked.push(deferred)
         if len(out) < k and self.head < self.tail:
             ref_np = ref if ref.__class__ is np.ndarray else np.frombuffer(ref, dtype=np.int32)
             prot_np = np.array(protected, dtype=np.int64) if protected else _EMPTY_I64
             out.extend(self._take_array(k - len(out), ref_np, prot_np, prot_mark).tolist())
         return out
-
-    def ordered(self) -> list[int]:
-        """Every slot of the list, oldest first (O(capacity); for tests and debugging)."""
-        seg = self.buf[self.head : self.tail].astype(np.int64)
-        idx = np.arange(self.base + self.head, self.base + self.tail, dtype=np.int64)
-        cur = seg[(self.member[seg] == self.lid) & (self.pos[seg] == idx)] if len(seg) else seg
-        parked = ((self.member == self.lid) & (self.pos < self.base + self.head)).nonzero()[0]
-        parked = parked[np.argsort(self.pos[parked], kind="stable")]
-        return parked.tolist() + cur.tolist()
 
     def _take_array(
         self,
@@ -313,6 +209,7 @@ class SlotOrder:
             chunks.append(seg[idx])
             need = 0 if stopped else need - len(idx)
             self.head = h + consumed
+            self.scanned = True
         parked.push(deferred)
         if len(chunks) == 1:
             return taken
@@ -366,6 +263,7 @@ class SlotOrder:
                 if mm[s] == lid and pm[s] == base + h and ref_s[s] == 0:
                     if passing:
                         self.head = h
+                        self.scanned = True
                         passing = False
                     if prot is None or not prot[s]:
                         out.append(s)
@@ -374,6 +272,7 @@ class SlotOrder:
                 h += 1
             if passing:
                 self.head = h
+                self.scanned = True
             if len(out) == k or h >= self.tail:
                 return np.array(out, dtype=np.int64) if out else _EMPTY_I64
         chunks = [np.array(out, dtype=np.int64)] if out else []
@@ -386,6 +285,7 @@ class SlotOrder:
             ev &= pos[seg] == np.arange(self.base + h, self.base + end, dtype=np.int64)
             if h == self.head:  # pass the leading entries no scan needs (stale) or may (parked)
                 self.head = h + (int(ev.argmax()) if ev.any() else len(seg))
+                self.scanned = True
             if has_prot:
                 ev &= ~prot_mark[seg].astype(bool)
             idx = ev.nonzero()[0][:need]
@@ -395,25 +295,3 @@ class SlotOrder:
         if not chunks:
             return _EMPTY_I64
         return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
-
-    def _compact(self, extra: int) -> None:
-        h, t = self.head, self.tail
-        seg = self.buf[h:t].astype(np.int64)
-        if len(seg):
-            cur = (self.member[seg] == self.lid) & (
-                self.pos[seg] == np.arange(self.base + h, self.base + t, dtype=np.int64)
-            )
-            live = seg[cur]
-        else:
-            live = seg
-        m = len(live)
-        if m + extra > len(self.buf):
-            self.buf = np.empty(max(2 * len(self.buf), m + extra + 64), dtype=np.int32)
-            self._bm = self.buf.data
-        new_base = self.base + t
-        self.buf[:m] = live
-        if m:
-            self.pos[live] = np.arange(new_base, new_base + m, dtype=np.int64)
-        self.base = new_base
-        self.head = 0
-        self.tail = m

@@ -164,10 +164,10 @@ class KVOffloadManager(OffloadingManager):
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
         try:  # vLLM's keys are distinct: resolved once, by the manager's own checks
-            spec = self.core.prepare_load(keys if keys.__class__ is list else list(keys), req_context)  # type: ignore[arg-type]
+            slots = self.core.load_slots(keys if keys.__class__ is list else list(keys), req_context)  # type: ignore[arg-type]
         except InvalidArgumentError:  # repeated keys (nothing changed): each once, first occurrences
-            spec = self.core.prepare_load(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
-        return CPULoadStoreSpec(spec.block_ids)  # type: ignore[attr-defined]
+            slots = self.core.load_slots(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
+        return CPULoadStoreSpec(slots)  # type: ignore[arg-type]
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]

@@ -44,8 +44,7 @@ class KVOffloadPrimaryTier(KVOffloadManager):
 
     def prepare_read(self, keys: Collection[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec:
         """Pin ``keys`` (ready) while a secondary tier reads them; their recency is unchanged."""
-        spec = self.core.prepare_load(list(keys), req_context, record_access=False)  # type: ignore[arg-type]
-        return CPULoadStoreSpec(spec.block_ids)  # type: ignore[attr-defined]
+        return CPULoadStoreSpec(self.core.load_slots(list(keys), req_context, record_access=False))  # type: ignore[arg-type]
 
     def complete_read(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin what :meth:`prepare_read` pinned."""
