@@ -237,9 +237,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="16 conversations, 1 repetition")
     ap.add_argument("--conversations", type=int, default=None)
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--event-pairs", type=int, default=3, help="removal events off/on pairs per repetition")
+    ap.add_argument(
+        "--event-pairs", type=int, default=3, help="removal events off/on pairs per repetition (at least 1)"
+    )
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    if args.event_pairs < 1:
+        ap.error("--event-pairs must be at least 1")
     problem = redis_binaries_problem()
     if problem is not None:
         raise SystemExit(f"bench_tier_engine needs redis-server: {problem}")
@@ -339,9 +343,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for kind, key in (("", "sched_seconds"), ("_cpu", "cpu_seconds")):
         per_step = [r[key] / r["steps"] for r in on], [r[key] / r["steps"] for r in off]
         summary[f"events_on_vs_off{kind}_per_step"] = statistics.fmean(per_step[0]) / statistics.fmean(per_step[1])
-        # A/A: the off runs of even pairs against those of odd pairs
-        summary[f"events_off_vs_off{kind}_per_step"] = statistics.fmean(per_step[1][::2]) / statistics.fmean(
-            per_step[1][1::2]
+        # A/A: the off runs of even pairs against those of odd pairs (NaN with a single off run)
+        odd = per_step[1][1::2]
+        summary[f"events_off_vs_off{kind}_per_step"] = (
+            statistics.fmean(per_step[1][::2]) / statistics.fmean(odd) if odd else float("nan")
         )
     print(
         f"removal events on / off (warm, {len(on)} pairs): scheduler-call wall per step "

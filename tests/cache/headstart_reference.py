@@ -20,14 +20,14 @@ M32 = 0xFFFFFFFF
 
 
 def fingerprint(key: bytes) -> int:
-    """lowbias32(crc32(key)) | 1."""
+    """lowbias32(crc32(key))."""
     x = zlib.crc32(key)
     x ^= x >> 16
     x = (x * 0x7FEB352D) & M32
     x ^= x >> 15
     x = (x * 0x846CA68B) & M32
     x ^= x >> 16
-    return x | 1
+    return x
 
 
 class RefGhost:
@@ -35,22 +35,18 @@ class RefGhost:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        b, bits = 2, 1
+        b = 1
         while b * WAYS < 2 * size:
-            b, bits = 2 * b, bits + 1
+            b *= 2
         self.nb = b
-        self.bits = bits
         self.entries = [[(0, 0)] * WAYS for _ in range(b)]
         self.cursor = [0] * b
         self.added = 0
 
-    def bucket(self, f: int) -> int:
-        return f >> (32 - self.bits)
-
     def contains_pop(self, f: int) -> bool:
-        row = self.entries[self.bucket(f)]
+        row = self.entries[f % self.nb]
         for i, (v, seq) in enumerate(row):
-            if v == f and (self.added - seq) % 2**32 <= self.size:
+            if v == f | 1 and (self.added - seq) % 2**32 <= self.size:
                 row[i] = (0, seq)
                 return True
         return False
@@ -59,10 +55,10 @@ class RefGhost:
         """One call: sequence numbers in order; per bucket, its keys latest first, at most WAYS."""
         by_bucket: dict[int, list[tuple[int, int]]] = {}
         for i, f in enumerate(fps):
-            by_bucket.setdefault(self.bucket(f), []).append((f, (self.added + i) % 2**32))
+            by_bucket.setdefault(f % self.nb, []).append((f | 1, (self.added + i) % 2**32))
         for b, items in by_bucket.items():
-            for f, seq in reversed(items[-WAYS:]):
-                self.entries[b][self.cursor[b]] = (f, seq)
+            for v, seq in reversed(items[-WAYS:]):
+                self.entries[b][self.cursor[b]] = (v, seq)
                 self.cursor[b] = (self.cursor[b] + 1) % WAYS
         self.added += len(fps)
 

@@ -6,19 +6,19 @@ Every added key gets the next sequence number; a key is remembered while fewer t
 added after it -- a sharp window, like a FIFO of ``G`` keys (a key first seen again just inside the
 window and one just outside are told apart, which matters to a policy sizing its history from
 capacity). Entries live in ``B`` buckets of :data:`WAYS`, ``B`` the power of two at least
-``2 * G / WAYS`` (at least 2); fingerprint ``f`` (odd: ``headstart_tuner.fingerprints``) goes to
-bucket ``f >> (32 - log2(B))`` (its high bits), each bucket overwriting its entries in turn (a
-cursor per bucket). With at least twice ``G`` entries, a key is overwritten before it leaves the
-window only when :data:`WAYS` of the next ``G`` keys share its bucket (about 0.4 % of keys at
+``2 * G / WAYS``; fingerprint ``f`` goes to bucket ``f & (B - 1)``, each bucket overwriting its
+entries in turn (a cursor per bucket). With at least twice ``G`` entries, a key is overwritten
+before it leaves the window only when :data:`WAYS` of the next ``G`` keys share its bucket (about 0.4 % of keys at
 ``2 * G`` entries, Poisson); false positives need equal 32-bit fingerprints.
 
-Rules (the reference model in the tests implements exactly these): an entry holds a fingerprint
+Rules (the reference model in the tests implements exactly these): an entry holds ``f | 1``
 (``0``: empty) and its sequence number; :meth:`GhostKeys.contains_pop` reports, per fingerprint,
-whether its bucket has an entry holding it among the last ``G`` added, and empties the first such
-entry; :meth:`GhostKeys.add` gives the ``i``-th fingerprint of a call the sequence number
-``added + i`` and writes each bucket's fingerprints of the call at the bucket's cursor, *latest
-first*, advancing the cursor modulo :data:`WAYS` after each (one vectorised write per round; the
-keys of a call beyond the latest :data:`WAYS` of one bucket are not written).
+whether its bucket has an entry holding ``f | 1`` among the last ``G`` added, and empties the
+first such entry; :meth:`GhostKeys.add` gives the ``i``-th fingerprint of a call the sequence
+number ``added + i`` and writes ``f | 1`` for each bucket's fingerprints of the call at the
+bucket's cursor, *latest first*, advancing the cursor modulo :data:`WAYS` after each (one
+vectorised write per round; the keys of a call beyond the latest :data:`WAYS` of one bucket are
+not written).
 Memory: ``8 * WAYS * B + B`` bytes, 16.1 to 32.2 bytes per remembered key.
 """
 
@@ -48,9 +48,8 @@ class GhostKeys:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        bits = max(1, (-(-2 * size // WAYS) - 1).bit_length())
-        self.buckets = 1 << bits
-        self.shift = np.uint32(32 - bits)  # a fingerprint's bucket: its high bits
+        self.buckets = 1 << max(0, (-(-2 * size // WAYS) - 1).bit_length())
+        self.mask = np.uint32(self.buckets - 1)  # a fingerprint's bucket: its low bits
         # written now (np.full, not np.zeros' lazily mapped pages): the first evictions after start
         # would otherwise pay a page fault per bucket row they reach (~1 us each, at every capacity)
         self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # a fingerprint per entry (0: empty)
@@ -61,8 +60,8 @@ class GhostKeys:
 
     def contains_pop(self, fp: np.ndarray) -> np.ndarray | None:
         """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied. None: none is."""
-        b = fp >> self.shift
-        match = self.fp[b] == fp[:, None]
+        b = fp & self.mask
+        match = self.fp[b] == (fp | np.uint32(1))[:, None]
         if not match.any():  # the common case: one cheap test instead of the index search
             return None
         rows, ways = match.nonzero()  # row-major: rows ascending
@@ -79,8 +78,8 @@ class GhostKeys:
         return hit
 
     def add(self, fp: np.ndarray) -> None:
-        """Remember fingerprints (odd ``uint32``), in order (see the module's rules for keys of one
-        call that share a bucket)."""
+        """Remember fingerprints (``uint32``), in order (see the module's rules for keys of one call
+        that share a bucket)."""
         k = len(fp)
         if k == 0:
             return
@@ -88,7 +87,8 @@ class GhostKeys:
             self._steps = np.arange(max(k, 256), dtype=np.uint32)
         seq = self._steps[:k] + np.uint32(self.added)  # mod 2**32
         self.added = (self.added + k) & 0xFFFFFFFF
-        b = fp >> self.shift
+        b = fp & self.mask
+        fp = fp | np.uint32(1)
         for _ in range(WAYS):  # a round per key sharing a bucket with later keys of the call (rare)
             way = self.cursor[b]
             self.fp[b, way] = fp  # a repeated bucket: the last key of the call wins (numpy's order)

@@ -38,8 +38,8 @@ Rules (the reference model in the tests implements exactly these):
   enter it in eviction order, in batches: their fingerprints are queued, and at the end of an
   evict call that leaves at least ``ghost_batch = max(1, min(GHOST_BATCH, history // 64))`` queued
   (the history's size: ``4 * capacity``), the whole queue is added (so up to ``ghost_batch - 1``
-  recent victims, under 1/64 of the window, are not found yet; one numpy pass per batch instead of
-  per call). ``H`` is the tuner's ``head_start``.
+  recent victims, under 1/64 of the window, are not found yet; one vectorised write per batch
+  instead of per call). ``H`` is the tuner's ``head_start``.
 
 Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + ``uint32``
 fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
@@ -49,7 +49,8 @@ of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever the capaci
 or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key); evicting ``n``
 blocks takes the first-sight blocks up to the seen list's oldest candidate in one scan (usually all
 ``n``), then the two lists in turn (O(n) amortised), and the history takes the queued victims in
-one numpy pass per batch; the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of
+one vectorised write per batch (one more per round of victims sharing a bucket, see ``ghost.py``:
+O(1) amortised per victim); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of
 the accesses (its sample).
 """
 
