@@ -180,10 +180,20 @@ class HeadStartPolicy(CachePolicy):
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
-        b = self.seen.peek(1, ref, protected, mark) if self.seen.size else _NONE
-        # the first-sight blocks that go before the seen list's oldest (both lists' stamps only grow
-        # from old to new, so one limited take finds them); usually that is every victim
-        a = self.new.take(n, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
+        # the first-sight blocks that go before the seen list's oldest candidate (both lists' stamps
+        # only grow from old to new, so one limited take finds them); usually that is every victim.
+        # Where a lower bound of that candidate's stamp is known without a scan, first up to it, then,
+        # if that stops short, on from there up to the exact one: together the same take.
+        floor = self._seen_floor() if self.seen.size else None
+        if floor is None and self.seen.size:
+            b = self.seen.peek(1, ref, protected, mark)
+            a = self.new.take(n, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
+        else:
+            a = self.new.take(n, ref, protected, mark, stamp, None if floor is None else floor + h)
+            if len(a) < n and floor is not None:
+                b = self.seen.peek(1, ref, protected, mark)
+                more = self.new.take(n - len(a), ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
+                a = np.concatenate((a, more)) if len(a) else more
         if len(a) == n:
             self.new.discard(a, members=True)
             self._to_ghost(a)
@@ -191,6 +201,19 @@ class HeadStartPolicy(CachePolicy):
                 self.tags.gone(a)
             return a
         return self._evict_merged(n, a, h, protected)
+
+    def _seen_floor(self) -> int | None:
+        """A lower bound of the stamp of the seen list's oldest evictable, unprotected block, found
+        without a scan, or None. With no parked block queued as evictable again, that block is the
+        entry at the scan's head or a later one, and stamps never decrease along the list: a current
+        entry at the head gives the bound (the list must not be empty)."""
+        seen = self.seen
+        h = seen.head
+        if h < seen.tail and not len(seen._parked):
+            s = int(seen.buf[h])
+            if self.member[s] == _SEEN and self.pos[s] == seen.base + h:
+                return int(self.stamp[s])
+        return None
 
     def _evict_merged(self, n: int, a: np.ndarray, h: int, protected: np.ndarray) -> np.ndarray | None:
         """:meth:`evict` once a seen block comes next: takes from the two lists in turn, each up to
