@@ -55,14 +55,16 @@ class GhostKeys:
         self.fp = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # a fingerprint per entry (0: empty)
         self.seq = np.full((self.buckets, WAYS), 0, dtype=np.uint32)  # its sequence number
         self.cursor = np.full(self.buckets, 0, dtype=np.uint8)
+        self._fp_flat = self.fp.reshape(-1)  # views of the same entries, entry ``b * WAYS + way``
+        self._seq_flat = self.seq.reshape(-1)
         self.added = 0  # sequence number of the next key (mod 2**32)
         self._steps = np.zeros(0, dtype=np.uint32)  # 0, 1, 2, ... (grown on demand)
 
     def contains_pop(self, fp: np.ndarray) -> np.ndarray | None:
         """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied. None: none is."""
         b = fp & self.mask
-        match = self.fp[b] == (fp | np.uint32(1))[:, None]
-        if not match.any():  # the common case: one cheap test instead of the index search
+        match = self.fp.take(b, axis=0) == (fp | np.uint32(1))[:, None]  # take: cheaper than fp[b]
+        if not np.count_nonzero(match):  # the common case: one cheap test instead of the index search
             return None
         rows, ways = match.nonzero()  # row-major: rows ascending
         live = (np.uint32(self.added) - self.seq[b[rows], ways]) <= np.uint32(self.size)  # among the last size
@@ -87,15 +89,17 @@ class GhostKeys:
             self._steps = np.arange(max(k, 256), dtype=np.uint32)
         seq = self._steps[:k] + np.uint32(self.added)  # mod 2**32
         self.added = (self.added + k) & 0xFFFFFFFF
-        b = fp & self.mask
+        b = (fp & self.mask).astype(np.intp)
         fp = fp | np.uint32(1)
+        fp_flat, seq_flat, cursor = self._fp_flat, self._seq_flat, self.cursor
         for _ in range(WAYS):  # a round per key sharing a bucket with later keys of the call (rare)
-            way = self.cursor[b]
-            self.fp[b, way] = fp  # a repeated bucket: the last key of the call wins (numpy's order)
-            self.seq[b, way] = seq
-            self.cursor[b] = _NEXT[way]
-            lost = self.seq[b, way] != seq
-            if not lost.any():
+            way = cursor[b]
+            i = b * WAYS + way  # the entry's index in the flat arrays (cheaper than 2-d indexing)
+            fp_flat[i] = fp  # a repeated bucket: the last key of the call wins (numpy's order)
+            seq_flat[i] = seq
+            cursor[b] = _NEXT[way]
+            lost = seq_flat[i] != seq
+            if not np.count_nonzero(lost):
                 return
             b, fp, seq = b[lost], fp[lost], seq[lost]
 

@@ -182,14 +182,19 @@ class HeadStartPolicy(CachePolicy):
         ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
         # the first-sight blocks that go before the seen list's oldest candidate (both lists' stamps
         # only grow from old to new, so one limited take finds them); usually that is every victim.
-        # Where a lower bound of that candidate's stamp is known without a scan, first up to it, then,
-        # if that stops short, on from there up to the exact one: together the same take.
+        # Where a lower bound of that candidate's stamp is known without a scan: an unlimited take,
+        # those past the bound given back (parked, in order), and if that leaves too few, a take on
+        # from there up to the exact stamp: together the same take.
         floor = self._seen_floor() if self.seen.size else None
         if floor is None and self.seen.size:
             b = self.seen.peek(1, ref, protected, mark)
             a = self.new.take(n, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
         else:
-            a = self.new.take(n, ref, protected, mark, stamp, None if floor is None else floor + h)
+            a = self.new.take(n, ref, protected, mark)
+            if floor is not None and len(a) and int(stamp[a[-1]]) > floor + h:
+                cut = int(np.searchsorted(stamp[a], floor + h, side="right"))
+                self.new.on_evictable(a[cut:])
+                a = a[:cut]
             if len(a) < n and floor is not None:
                 b = self.seen.peek(1, ref, protected, mark)
                 more = self.new.take(n - len(a), ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)

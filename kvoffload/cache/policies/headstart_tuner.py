@@ -54,7 +54,7 @@ _START = 0  # index of the initial candidate (0: plain LRU until the small cache
 
 def fingerprints(keys: Sequence[bytes]) -> np.ndarray:
     """``uint32`` fingerprint of every key: ``lowbias32(crc32(key))``."""
-    x = np.array(list(map(zlib.crc32, keys)), dtype=np.uint32)  # one list, one array: cheaper than fromiter
+    x = np.fromiter(map(zlib.crc32, keys), dtype=np.uint32, count=len(keys))
     x ^= x >> 16
     x *= np.uint32(0x7FEB352D)
     x ^= x >> 15
