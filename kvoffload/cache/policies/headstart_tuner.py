@@ -77,32 +77,37 @@ class _SmallCache:
         self.clock = 0
         self.hits = 0
 
-    def access(self, key: int) -> None:
-        new, seen = self.new, self.seen
-        if key in seen:
-            self.hits += 1
-            seen.move_to_end(key)
-            seen[key] = self.clock
-            return
-        if key in new:
-            self.hits += 1
-            del new[key]
-            seen[key] = self.clock
-            return
-        if len(new) + len(seen) >= self.size:
-            if new and (not seen or new[next(iter(new))] <= seen[next(iter(seen))] + self.head_start):
-                victim = new.popitem(last=False)[0]
+    def run(self, keys: list[int]) -> None:
+        """Access ``keys`` in order (the module's rules; one call per run of keys: the state lives in
+        locals meanwhile)."""
+        new, seen, ghost = self.new, self.seen, self.ghost
+        size, head_start, clock, hits = self.size, self.head_start, self.clock, self.hits
+        ghost_size = 4 * size
+        for key in keys:
+            if key in seen:
+                hits += 1
+                seen.move_to_end(key)
+                seen[key] = clock
+                continue
+            if key in new:
+                hits += 1
+                del new[key]
+                seen[key] = clock
+                continue
+            if len(new) + len(seen) >= size:
+                if new and (not seen or new[next(iter(new))] <= seen[next(iter(seen))] + head_start):
+                    victim = new.popitem(last=False)[0]
+                else:
+                    victim = seen.popitem(last=False)[0]
+                ghost[victim] = None
+                if len(ghost) > ghost_size:
+                    ghost.popitem(last=False)
+            if ghost.pop(key, 0) is None:
+                seen[key] = clock
             else:
-                victim = seen.popitem(last=False)[0]
-            ghost = self.ghost
-            ghost[victim] = None
-            if len(ghost) > 4 * self.size:
-                ghost.popitem(last=False)
-        if self.ghost.pop(key, 0) is None:
-            seen[key] = self.clock
-        else:
-            new[key] = self.clock
-        self.clock += 1
+                new[key] = clock
+            clock += 1
+        self.clock, self.hits = clock, hits
 
     def clear(self) -> None:
         self.new.clear()
@@ -140,13 +145,16 @@ class HeadStartTuner:
     def observe(self, fp: np.ndarray) -> None:
         """Accesses, in order, given as the keys' :func:`fingerprints` (``uint32``)."""
         if self.threshold < _RANGE:
-            if len(fp) == 0 or int(fp.min()) >= self.threshold << 20:
-                return  # none sampled (most calls at large capacities): one reduction
-            fp = fp[fp < np.uint32(self.threshold << 20)]
-        for f in fp.tolist():
+            sampled = fp < np.uint32(self.threshold << 20)
+            if not np.count_nonzero(sampled):
+                return  # none sampled (most calls at large capacities)
+            fp = fp[sampled]
+        keys = fp.tolist()
+        while keys:  # each small cache takes the keys up to the next choice at once
+            run, keys = keys[: self.mini - self.sampled], keys[self.mini - self.sampled :]
             for c in self.caches:
-                c.access(f)
-            self.sampled += 1
+                c.run(run)
+            self.sampled += len(run)
             if self.sampled >= self.mini:
                 self._choose()
 
