@@ -175,8 +175,13 @@ class HeadStartPolicy(CachePolicy):
         self._to_seen(rev)
 
     def on_evictable(self, slots: np.ndarray) -> None:
-        self.new.on_evictable(slots)
-        self.seen.on_evictable(slots)
+        if not len(slots):
+            return
+        low = int(self.pos[slots].min())  # a list with none below its scan has none parked: skipped
+        if low < self.new.scan_position:
+            self.new.on_evictable(slots)
+        if low < self.seen.scan_position:
+            self.seen.on_evictable(slots)
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
