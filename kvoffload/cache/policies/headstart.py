@@ -48,7 +48,8 @@ queue (at most ``GHOST_BATCH`` plus one call's victims, 4 B each) and the tuner'
 of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch
 or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key); evicting ``n``
 blocks takes the first-sight blocks up to the seen list's oldest candidate in one scan (usually all
-``n``), then the two lists in turn (O(n) amortised), and the history takes the queued victims in
+``n``; bounded first by the stamp at the seen list's head, read without scanning that list), then
+the two lists in turn (O(n) amortised), and the history takes the queued victims in
 one vectorised write per batch (one more per round of victims sharing a bucket, see ``ghost.py``:
 O(1) amortised per victim); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of
 the accesses (its sample).
@@ -93,6 +94,7 @@ class HeadStartPolicy(CachePolicy):
         self.member = np.zeros(capacity, dtype=np.int8)
         self.pos = np.zeros(capacity, dtype=np.int64)
         self.stamp = np.zeros(capacity, dtype=np.int64)
+        self._stamp_mv = self.stamp.data
         self.fp = np.zeros(capacity, dtype=np.uint32)  # each block's key fingerprint
         self.new = SlotOrder(_NEW, self.member, self.pos, capacity)
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
@@ -220,9 +222,9 @@ class HeadStartPolicy(CachePolicy):
         seen = self.seen
         h = seen.head
         if h < seen.tail and not len(seen._parked):
-            s = int(seen.buf[h])
-            if self.member[s] == _SEEN and self.pos[s] == seen.base + h:
-                return int(self.stamp[s])
+            s = seen._bm[h]  # memoryviews: scalar reads without numpy's per-item cost
+            if seen._mm[s] == _SEEN and seen._pm[s] == seen.base + h:
+                return self._stamp_mv[s]  # type: ignore[no-any-return]
         return None
 
     def _evict_merged(self, n: int, a: np.ndarray, h: int, protected: np.ndarray) -> np.ndarray | None:

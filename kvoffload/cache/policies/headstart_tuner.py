@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -54,7 +55,7 @@ _START = 0  # index of the initial candidate (0: plain LRU until the small cache
 
 def fingerprints(keys: Sequence[bytes]) -> np.ndarray:
     """``uint32`` fingerprint of every key: ``lowbias32(crc32(key))``."""
-    x = np.fromiter(map(zlib.crc32, keys), dtype=np.uint32, count=len(keys))
+    x = np.frombuffer(array("I", map(zlib.crc32, keys)), dtype=np.uintc)  # C unsigned int (uint32); cheaper than fromiter
     x ^= x >> 16
     x *= np.uint32(0x7FEB352D)
     x ^= x >> 15
