@@ -55,7 +55,7 @@ _START = 0  # index of the initial candidate (0: plain LRU until the small cache
 
 def fingerprints(keys: Sequence[bytes]) -> np.ndarray:
     """``uint32`` fingerprint of every key: ``lowbias32(crc32(key))``."""
-    x = np.frombuffer(array("I", map(zlib.crc32, keys)), dtype=np.uintc)  # C unsigned int (uint32); cheaper than fromiter
+    x = np.frombuffer(array("I", map(zlib.crc32, keys)), dtype=np.uintc)  # uint32; cheaper than fromiter
     x ^= x >> 16
     x *= np.uint32(0x7FEB352D)
     x ^= x >> 15
