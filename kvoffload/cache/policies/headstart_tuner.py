@@ -132,6 +132,7 @@ class HeadStartTuner:
         self.capacity = capacity
         self.threshold = min(_RANGE, -(-_RANGE * SAMPLE_BLOCKS // capacity))
         self.mini = max(1, capacity * self.threshold // _RANGE)
+        self._below = np.uint32(min(self.threshold << 20, 2**32 - 1))  # sampled: fingerprint < this
         self.caches = [_SmallCache(self.mini, h) for h in CANDIDATES]
         self.clear()
 
@@ -146,7 +147,7 @@ class HeadStartTuner:
     def observe(self, fp: np.ndarray) -> None:
         """Accesses, in order, given as the keys' :func:`fingerprints` (``uint32``)."""
         if self.threshold < _RANGE:
-            sampled = fp < np.uint32(self.threshold << 20)
+            sampled = fp < self._below
             if not np.count_nonzero(sampled):
                 return  # none sampled (most calls at large capacities)
             fp = fp[sampled]
