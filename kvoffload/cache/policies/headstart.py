@@ -149,8 +149,11 @@ class HeadStartPolicy(CachePolicy):
 
     def _to_seen(self, slots: np.ndarray) -> None:
         """Move ``slots`` (distinct, oldest first) to the seen list's most recent end."""
-        self.new.discard(slots)
-        self.seen.push_back(slots)
+        if np.count_nonzero(self.member[slots] != _SEEN):
+            self.new.discard(slots)
+            self.seen.push_back(slots)
+        else:  # all on the seen list already (the common case): no membership changes
+            self.seen.push_back(slots, members=True)
         self.stamp[slots] = self.clock
 
     def on_request_finished(
