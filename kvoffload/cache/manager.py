@@ -29,7 +29,6 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
     check_req_context,
-    validate_keys,
     workload_tag,
 )
 from kvoffload.errors import InvalidTypeError, KeyStateError
@@ -209,9 +208,10 @@ class CPUOffloadingManager(OffloadingManager):
         """:meth:`prepare_load`'s pinned slots, a list (a few keys) or an ``int64`` array (for an
         engine adapter's own spec type)."""
         self._check(req_context)
-        slots = self._loads.prepare(*self._at(keys, False)[:2])
-        if record_access and self._requests is not None and (st := self._requests.get(req_context.req_id)):
-            st.record(keys, keys)
+        ks, slots, _ = self._at(keys, False)
+        slots = self._loads.prepare(ks, slots)
+        if record_access and self._requests is not None:
+            self._requests.read(req_context.req_id, ks)
         return slots
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
@@ -243,27 +243,23 @@ class CPUOffloadingManager(OffloadingManager):
         """:meth:`prepare_store`'s decision as a :class:`~kvoffload.cache.batch.StorePlan` (for an
         engine adapter's own output type)."""
         self._check(req_context)
+        ks, slots, r = self._at(keys, False)
         if self._reuse is None and self._requests is None:
-            return self._stores.prepare(*self._at(keys, False))
-        t = self._table
-        if keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
-            batch: KeyBatch = keys  # type: ignore[assignment]
-        else:
-            batch = self.key_batch(keys, dedup=False)
-        if not batch.unique:
-            validate_keys(list(batch), "keys", allow_duplicates=False)  # raises: repeated keys
-        absent = [k for k, s in zip(batch, batch.slots, strict=True) if s < 0]
+            return self._stores.prepare(ks, slots, r)
+        listed = slots if r is None else slots.tolist()
+        absent = [k for k, s in zip(ks, listed, strict=True) if s < 0]
         req_id = req_context.req_id
-        candidates = absent if self._reuse is None else self._reuse.admit(batch, absent, req_id)
-        st = self._requests.offer(req_id, batch, candidates) if self._requests is not None else None
+        candidates = absent if self._reuse is None else self._reuse.admit(ks, absent, req_id)
+        inserted = self._requests.offer(req_id, ks, listed, candidates) if self._requests is not None else None
         if len(candidates) < len(absent):  # the filter held some back: store the rest
             passed = set(candidates)
-            batch = batch.select([s >= 0 or k in passed for k, s in zip(batch, batch.slots, strict=True)])
-            absent = candidates
-        ks, slots, r = self._at(batch, False)
-        plan = self._stores.prepare(ks, slots, r, absent if r is None else None)
-        if st is not None and plan.slots is not None:
-            st.inserted.update(plan.keys)
+            keep = [s >= 0 or k in passed for k, s in zip(ks, listed, strict=True)]
+            ks = [k for k, f in zip(ks, keep, strict=True) if f]
+            slots = [s for s, f in zip(listed, keep, strict=True) if f] if r is None else slots[np.array(keep)]
+            r, absent = None, candidates
+        plan = self._stores.prepare(ks, slots, r, absent)
+        if inserted is not None and plan.slots is not None:
+            inserted.update(plan.keys)
         return plan
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:

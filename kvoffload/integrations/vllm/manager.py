@@ -5,8 +5,9 @@ counting store offers as vLLM does), converted to vLLM's types here.
 Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in docs/vllm.md):
 
 * keys repeated inside one call are reduced to their first occurrence (kvoffload's manager
-  rejects repeats; vLLM's manager tolerates them) -- once, at this door: each call's keys are
-  checked, de-duplicated and resolved to slots once (``CPUOffloadingManager.key_batch``);
+  rejects repeats; vLLM's manager tolerates them) -- at this door: each call's keys are checked and
+  resolved to slots once by the manager's call itself, and a call it refuses for repeats (nothing
+  changed) is made again on its keys de-duplicated (``CPUOffloadingManager.key_batch``);
 * a vLLM ``CachePolicy`` runs through :class:`~kvoffload.integrations.vllm.policy.VLLMPolicyAdapter`
   (see there for what it sees differently);
 * ``lock`` is a no-op context (the manager has no thread of its own) and ``on_reset_flushed``
@@ -177,7 +178,10 @@ class KVOffloadManager(OffloadingManager):
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        plan = self.core.store_plan(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
+        try:  # vLLM's keys are distinct: resolved once, by the manager's own checks
+            plan = self.core.store_plan(keys if keys.__class__ is list else list(keys), req_context)  # type: ignore[arg-type]
+        except InvalidArgumentError:  # repeated keys (nothing changed): each once, first occurrences
+            plan = self.core.store_plan(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
         if plan.keys:  # the keys past the filter that it allocates, or tried to (vLLM's histogram)
             self._alloc_sizes.append(len(plan.keys))
         if plan.slots is None:
