@@ -128,11 +128,17 @@ class SlotTable:
         return Resolved(lst, slots, unique, None, 0)
 
     def small_slots(self, keys: list[OffloadKey], limit: int) -> list[int] | None:
-        """Slot (-1 = absent) per key of a ``list`` of at most ``limit`` exact ``bytes`` (scalar
-        code); None otherwise."""
-        if len(keys) > limit or (keys and set(map(type, keys)) != _BYTES_ONLY):  # C-level passes
+        """Slot (-1 = absent) per key of a ``list`` of at most ``limit`` hashable keys whose absent
+        ones are exact ``bytes`` (:meth:`resolve`'s rule; scalar code); None otherwise."""
+        if len(keys) > limit:
             return None
-        return list(map(self.index.get, keys, repeat(-1)))
+        try:
+            slots = list(map(self.index.get, keys, repeat(-1)))
+        except TypeError:  # an unhashable item: the general path names it
+            return None
+        if -1 in slots and set(map(type, keys)) != _BYTES_ONLY:  # C-level passes
+            return None
+        return slots
 
     def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int) -> KeyBatch:
         """``keys`` checked (:meth:`resolve`'s checks) and resolved to slots once, repeats reduced to

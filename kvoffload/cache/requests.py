@@ -4,8 +4,8 @@ ready ones it read, applied to the policy when it ends (vLLM's scheduler never c
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import chain, repeat
-from operator import itemgetter
+from itertools import chain, islice, repeat
+from operator import itemgetter, lt
 from typing import Any
 
 import numpy as np
@@ -119,7 +119,7 @@ class RequestLog:
         pos = list(map(key_position, keys)) if key_position is not None else [None]
         if None in pos:
             keys.sort(key=_GROUP_SUFFIX)
-        elif pos != sorted(set(pos)):  # type: ignore[type-var]  # not recorded head first already
+        elif not all(map(lt, pos, islice(pos, 1, None))):  # not recorded head first already
             where = dict(zip(keys, pos, strict=True))
             if len(set(pos)) < len(pos):
                 keys.sort(key=_GROUP_SUFFIX)
