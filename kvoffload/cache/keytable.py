@@ -7,6 +7,10 @@ times; ``ref_buf``: the same memory as an ``array('i')``), ``gen`` (``uint32``, 
 slot is freed while the memo remembers a list: the memo's check). Never-used slots are allocated
 first in increasing order, then freed ones last-in-first-out. ``num_pending``, ``num_evictable``
 (ready, ref 0) and ``num_pinned`` are exact at every step.
+
+The per-call paths of the manager (here, ``stores``, ``requests``) zip lists whose lengths are equal
+by construction without ``strict=`` (``noqa: B905``): the keyword takes zip off its fast call path,
+about 0.1 us more per call on calls that cost a few microseconds.
 """
 
 from __future__ import annotations
@@ -178,10 +182,10 @@ class SlotTable:
         self.num_pending += m
         self.insert_count += 1
         self.epoch += 1
-        self.index.update(zip(keys, slot_list, strict=True))
+        self.index.update(zip(keys, slot_list))  # noqa: B905 (hot: see keytable)
         if as_list:
             karr, ref = self.keys, self.ref_buf
-            for k, s in zip(keys, slot_list, strict=True):
+            for k, s in zip(keys, slot_list):  # noqa: B905 (hot: see keytable)
                 karr[s] = k
                 ref[s] = PENDING
             return slot_list

@@ -93,7 +93,7 @@ class RequestLog:
                 st.chunks.append(list(keys))
             return None if self._touch_only else st.inserted
         ref = self._table.ref_buf
-        ready = [k for k, s in zip(keys, slots, strict=True) if s >= 0 and ref[s] >= 0]
+        ready = [k for k, s in zip(keys, slots) if s >= 0 and ref[s] >= 0]  # noqa: B905 (hot: see keytable)
         if len(candidates) + len(ready) == len(keys):
             st.chunks.append(list(keys))
         else:
@@ -119,7 +119,7 @@ class RequestLog:
         pos = list(map(key_position, keys)) if key_position is not None else [None]
         if None in pos:
             keys.sort(key=_GROUP_SUFFIX)
-        elif not all(map(lt, pos, islice(pos, 1, None))):  # not recorded head first already
+        elif not all(map(lt, pos, islice(pos, 1, None))):  # type: ignore[arg-type]  # not recorded head first
             where = dict(zip(keys, pos, strict=True))
             if len(set(pos)) < len(pos):
                 keys.sort(key=_GROUP_SUFFIX)

@@ -43,7 +43,7 @@ class Stores:
         """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: their
         resolution (the memo learns the new slots); ``absent``: the keys of slot -1 if known (lists)."""
         if slots.__class__ is list:
-            to_store = absent if absent is not None else [k for k, s in zip(keys, slots, strict=True) if s < 0]
+            to_store = absent if absent is not None else [k for k, s in zip(keys, slots) if s < 0]  # noqa: B905 (hot: see keytable)
             positions = None
         else:
             absent_mask = slots < 0  # type: ignore[operator]
@@ -65,10 +65,10 @@ class Stores:
                 return StorePlan(to_store, None, [])
             evicted = made
         count_before = t.insert_count
-        new_slots = t.allocate(to_store, as_list=positions is None)
+        new_slots = t.allocate(to_store, positions is None and self._lists)  # as the policy takes them
         if r is not None and r.batch is not None:  # the memo learns the new slots
             t.memo.note_insert(r.batch, r.offset + positions, new_slots, count_before, t.insert_count)  # type: ignore[operator,arg-type]
-        self.policy.insert(self._arg(new_slots), to_store)
+        self.policy.insert(new_slots, to_store)
         c.stores_started += len(to_store)
         c.stores_skipped += n_present
         return StorePlan(to_store, new_slots, evicted)
