@@ -18,7 +18,7 @@ from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
 from kvoffload.cache.requests import RequestLog
 from kvoffload.cache.reuse import ReuseFilter
 from kvoffload.cache.stats import OffloadingStats
-from kvoffload.cache.stores import CPU_MEDIUM, Stores
+from kvoffload.cache.stores import CPU_MEDIUM, Stores, absent_keys
 from kvoffload.checks import check_bool
 from kvoffload.core.base import (
     CPULoadStoreSpec,
@@ -247,7 +247,7 @@ class CPUOffloadingManager(OffloadingManager):
         if self._reuse is None and self._requests is None:
             return self._stores.prepare(ks, slots, r)
         listed = slots if r is None else slots.tolist()
-        absent = [k for k, s in zip(ks, listed) if s < 0]  # noqa: B905 (hot: see keytable)
+        absent = absent_keys(ks, listed)
         req_id = req_context.req_id
         candidates = absent if self._reuse is None else self._reuse.admit(ks, absent, req_id)
         inserted = self._requests.offer(req_id, ks, listed, candidates) if self._requests is not None else None

@@ -14,10 +14,18 @@ from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import OffloadingStats
 from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey
 
-__all__ = ["CPU_MEDIUM", "Stores"]
+__all__ = ["CPU_MEDIUM", "Stores", "absent_keys"]
 
 CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
+
+
+def absent_keys(keys: Sequence[OffloadKey], slots: list[int]) -> list[OffloadKey]:
+    """The keys whose slot is -1, in order (a new list; all of them without a pass in Python when
+    every key is absent, the common store offer)."""
+    if not slots or max(slots) < 0:
+        return list(keys)
+    return [k for k, s in zip(keys, slots) if s < 0]  # noqa: B905 (hot: see keytable)
 
 
 class Stores:
@@ -43,7 +51,7 @@ class Stores:
         """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: their
         resolution (the memo learns the new slots); ``absent``: the keys of slot -1 if known (lists)."""
         if slots.__class__ is list:
-            to_store = absent if absent is not None else [k for k, s in zip(keys, slots) if s < 0]  # noqa: B905 (hot: see keytable)
+            to_store = absent if absent is not None else absent_keys(keys, slots)  # type: ignore[arg-type]
             positions = None
         else:
             absent_mask = slots < 0  # type: ignore[operator]
