@@ -28,13 +28,14 @@ from kvoffload.checks import check_int
 from kvoffload.core.base import OffloadKey, check_key_batch, validate_keys
 from kvoffload.errors import InvalidTypeError
 
-__all__ = ["FREE", "PENDING", "SlotTable", "any_below"]
+__all__ = ["BYTES_ONLY", "FREE", "PENDING", "SlotTable", "any_below"]
 
 FREE = -2
 PENDING = -1
 
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
-_BYTES_ONLY = {bytes}
+#: the set of types of a key list whose items are all exactly ``bytes``
+BYTES_ONLY = {bytes}
 
 
 def any_below(pos: memoryview | array, slots: list[int], limit: int) -> bool:
@@ -117,8 +118,8 @@ class SlotTable:
         except TypeError:
             validate_keys(lst, name, allow_duplicates=allow_duplicates)
             raise
-        if set(map(type, lst)) != _BYTES_ONLY:  # an absent key must be exactly bytes
-            if {type(lst[i]) for i in np.flatnonzero(slots < 0).tolist()} - _BYTES_ONLY:
+        if set(map(type, lst)) != BYTES_ONLY:  # an absent key must be exactly bytes
+            if {type(lst[i]) for i in np.flatnonzero(slots < 0).tolist()} - BYTES_ONLY:
                 validate_keys(lst, name, allow_duplicates=allow_duplicates)  # raises
         unique = not allow_duplicates or distinct
         if not allow_duplicates and not distinct and n > 1 and len(set(lst)) != n:
@@ -130,38 +131,6 @@ class SlotTable:
             unique = unique or not b.has_dups
             return Resolved(lst, slots.copy(), unique, b, 0)
         return Resolved(lst, slots, unique, None, 0)
-
-    def small_slots(self, keys: list[OffloadKey], limit: int) -> list[int] | None:
-        """Slot (-1 = absent) per key of a ``list`` of at most ``limit`` hashable keys whose absent
-        ones are exact ``bytes`` (:meth:`resolve`'s rule; scalar code); None otherwise."""
-        if len(keys) > limit:
-            return None
-        try:
-            slots = list(map(self.index.get, keys, repeat(-1)))
-        except TypeError:  # an unhashable item: the general path names it
-            return None
-        if -1 in slots and set(map(type, keys)) != _BYTES_ONLY:  # C-level passes
-            return None
-        return slots
-
-    def key_batch(self, keys: Iterable[OffloadKey], name: str = "keys", *, dedup: bool, limit: int) -> KeyBatch:
-        """``keys`` checked (:meth:`resolve`'s checks) and resolved to slots once, repeats reduced to
-        their first occurrence with ``dedup``; a ``list`` of at most ``limit`` keys with scalar code."""
-        if keys.__class__ is KeyBatch and keys.owner is self and keys.epoch == self.epoch:  # type: ignore[attr-defined]
-            if keys.unique or not dedup:  # type: ignore[attr-defined]
-                return keys  # type: ignore[return-value]
-        slots = self.small_slots(keys, limit) if keys.__class__ is list else None  # type: ignore[arg-type]
-        if slots is None:
-            r = self.resolve(keys, name, allow_duplicates=True, remember=False)
-            keys, slots = r.keys, r.slots.tolist()
-        out = KeyBatch(keys)
-        out.unique = len(set(out)) == len(out)
-        if dedup and not out.unique:
-            first = dict(zip(out, slots, strict=True))  # equal keys have equal slots
-            out, slots = KeyBatch(first), list(first.values())
-            out.unique = True
-        out.slots, out.owner, out.epoch = slots, self, self.epoch
-        return out
 
     # ------------------------------------------------------------------ mutation
     def allocate(self, keys: list[OffloadKey], as_list: bool = False) -> Any:

@@ -54,18 +54,12 @@ class RequestLog:
         """A request (re)starts: an id seen again starts afresh."""
         self._requests.pop(req_id, None)
 
-    def _get(self, req_id: str) -> Access:
-        st = self._requests.get(req_id)
-        if st is None:
-            st = self._requests[req_id] = Access()
-        return st
-
     def read(self, req_id: str, keys: Sequence[OffloadKey]) -> None:
         """Request ``req_id`` (none if empty) read the ready ``keys``: recorded as reuses unless it
         inserted them itself."""
         if not req_id:
             return
-        st = self._get(req_id)
+        st = self._requests.get(req_id) or self._requests.setdefault(req_id, Access())
         if not keys:
             return
         st.chunks.append(list(keys))
@@ -82,7 +76,7 @@ class RequestLog:
         request, or a policy that only touches)."""
         if not req_id:
             return None
-        st = self._get(req_id)
+        st = self._requests.get(req_id) or self._requests.setdefault(req_id, Access())
         if candidates and self._learns_misses:
             misses = [k for k in candidates if k not in st.store_misses]
             if misses:

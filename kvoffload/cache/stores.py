@@ -14,18 +14,10 @@ from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import OffloadingStats
 from kvoffload.core.base import CPULoadStoreSpec, OffloadingEvent, OffloadKey
 
-__all__ = ["CPU_MEDIUM", "Stores", "absent_keys"]
+__all__ = ["CPU_MEDIUM", "Stores"]
 
 CPU_MEDIUM = CPULoadStoreSpec.medium()
 _EMPTY_I64 = np.zeros(0, dtype=np.int64)
-
-
-def absent_keys(keys: Sequence[OffloadKey], slots: list[int]) -> list[OffloadKey]:
-    """The keys whose slot is -1, in order (a new list; all of them without a pass in Python when
-    every key is absent, the common store offer)."""
-    if not slots or max(slots) < 0:
-        return list(keys)
-    return [k for k, s in zip(keys, slots) if s < 0]  # noqa: B905 (hot: see keytable)
 
 
 class Stores:
@@ -49,9 +41,11 @@ class Stores:
         absent: list[OffloadKey] | None = None,
     ) -> StorePlan:
         """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: their
-        resolution (the memo learns the new slots); ``absent``: the keys of slot -1 if known (lists)."""
+        resolution (the memo learns the new slots); ``absent``: the keys of slot -1 (given with a
+        list of slots; with an array, found here)."""
         if slots.__class__ is list:
-            to_store = absent if absent is not None else absent_keys(keys, slots)  # type: ignore[arg-type]
+            assert absent is not None
+            to_store = absent
             positions = None
         else:
             absent_mask = slots < 0  # type: ignore[operator]
