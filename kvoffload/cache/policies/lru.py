@@ -76,7 +76,8 @@ class LRUPolicy(CachePolicy):
             self.order.push_back(present[::-1], members=True)
 
     def on_evictable(self, slots: Slots) -> None:
-        self.order.on_evictable(slots)
+        if self.order.scanned:  # else nothing is parked (the order's own test, without its call)
+            self.order.on_evictable(slots)
 
     def evict(self, n: int, protected: Slots) -> Any:
         t = self.table

@@ -78,12 +78,6 @@ def key_position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int |
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
 
 
-def _completed_keys(keys: Collection[OffloadKey]) -> Collection[OffloadKey]:
-    """The keys of a completion as the manager takes them cheapest: a few as a list (scalar code),
-    more as the set vLLM passes (distinct: no repeat check)."""
-    return keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)
-
-
 class KVOffloadManager(OffloadingManager):
     """vLLM's scheduler-side manager for a host pool of ``num_blocks`` chunks, kvoffload inside.
 
@@ -153,7 +147,7 @@ class KVOffloadManager(OffloadingManager):
         return _CHUNK_LEVEL
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        self.core.on_request_finished(req_context, key_position=key_position_getter(req_context))  # type: ignore[arg-type]
+        self.core.on_request_finished(req_context, key_position_getter(req_context))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -174,7 +168,9 @@ class KVOffloadManager(OffloadingManager):
         self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.core.complete_load(_completed_keys(keys), req_context)  # type: ignore[arg-type]
+        # vLLM's job keys, a set: a few as a list (the manager's scalar code), more as the set (distinct)
+        keys = keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)
+        self.core.complete_load(keys, req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -193,7 +189,7 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = _completed_keys(keys)
+        keys = keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)  # as complete_load
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
