@@ -56,7 +56,7 @@ class Stores:
             c.stores_skipped += n_present
             return StorePlan([], slots[:0], [])
         evicted: list[OffloadKey] = []
-        if len(to_store) > t.num_free:  # the present keys are spared: only then are they needed
+        if len(to_store) + len(t.index) > t.num_blocks:  # > num_free; the present keys spared: only then needed
             protected: list[int] | np.ndarray
             if positions is None:
                 protected = [s for s in slots if s >= 0]
