@@ -21,7 +21,7 @@ MEMO_MIN_KEYS = 8
 
 
 class KeyBatch(list):  # type: ignore[type-arg]
-    """A ``list`` of keys resolved once (:meth:`SlotTable.key_batch`): their ``slots`` (-1 = absent),
+    """A ``list`` of keys resolved once (``CPUOffloadingManager.key_batch``): their ``slots`` (-1 = absent),
     whether they are ``unique``, the table (``owner``) and its ``epoch`` then. A manager takes the
     slots of a *current* batch (same table and epoch) as they are; any other is a list of keys."""
 
@@ -31,13 +31,6 @@ class KeyBatch(list):  # type: ignore[type-arg]
     unique: bool
     owner: object  # the SlotTable (compared by identity)
     epoch: int
-
-    def select(self, keep: list[bool]) -> KeyBatch:
-        """The keys whose ``keep`` flag is set, in order, with their slots."""
-        out = KeyBatch(k for k, f in zip(self, keep, strict=True) if f)
-        out.slots = [s for s, f in zip(self.slots, keep, strict=True) if f]
-        out.unique, out.owner, out.epoch = self.unique, self.owner, self.epoch
-        return out
 
 
 class StorePlan(NamedTuple):

@@ -7,12 +7,13 @@ operation checks its arguments once, then runs scalar code for a ``list`` of at 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 
 from kvoffload.cache.batch import KeyBatch, Resolved, StorePlan
-from kvoffload.cache.keytable import SlotTable
+from kvoffload.cache.keytable import BYTES_ONLY, SlotTable
 from kvoffload.cache.policies.base import CachePolicy, get_policy_class
 from kvoffload.cache.reads import LOOKUP_CODES, Loads, lookup_codes, make_lookup
 from kvoffload.cache.requests import RequestLog
@@ -29,7 +30,6 @@ from kvoffload.core.base import (
     PrepareStoreOutput,
     ReqContext,
     check_req_context,
-    validate_keys,
     workload_tag,
 )
 from kvoffload.errors import InvalidTypeError, KeyStateError
@@ -126,11 +126,23 @@ class CPUOffloadingManager(OffloadingManager):
         return len(self._requests or ())
 
     def key_batch(self, keys: Collection[OffloadKey], *, dedup: bool = True) -> KeyBatch:
-        """``keys`` checked and resolved once (:meth:`SlotTable.key_batch`), taken as they are by
-        this manager's calls while no key was inserted or freed since."""
-        if self._closed:
-            raise KeyStateError("the CPUOffloadingManager has been shut down")
-        return self._table.key_batch(keys, dedup=dedup, limit=SMALL_BATCH)
+        """``keys`` checked and resolved to slots once (repeats allowed; with ``dedup`` each key
+        once, at its first occurrence), taken as they are by this manager's calls while no key was
+        inserted or freed since."""
+        t = self._table
+        if keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
+            if keys.unique or not dedup:  # type: ignore[attr-defined]
+                return keys  # type: ignore[return-value]
+        ks, slots, r = self._at(keys, True)  # type: ignore[arg-type]
+        out = KeyBatch(ks)
+        listed: list[int] = slots if r is None else slots.tolist()
+        out.unique = (r is not None and r.unique) or len(set(out)) == len(out)
+        if dedup and not out.unique:
+            first = dict(zip(out, listed, strict=True))  # equal keys have equal slots
+            out, listed = KeyBatch(first), list(first.values())
+            out.unique = True
+        out.slots, out.owner, out.epoch = listed, t, t.epoch
+        return out
 
     def trust_context_class(self, cls: type) -> None:
         """Check contexts of class ``cls`` (an engine's own, with a ``req_id`` field) by the type of
@@ -157,14 +169,25 @@ class CPUOffloadingManager(OffloadingManager):
         """``(keys, slots, resolved)``: a few keys with a list of slots (``resolved`` None), else the
         checked keys with an ``int64`` array. Raises on a bad key, or a repeat unless ``repeats``."""
         t = self._table
-        if keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
+        if keys.__class__ is list:
+            if self._closed:
+                raise KeyStateError("the CPUOffloadingManager has been shut down")
+            if len(keys) <= SMALL_BATCH:  # scalar code, C-level passes; else resolve checks and names
+                try:
+                    slots = list(map(t.index.get, keys, repeat(-1)))
+                except TypeError:  # an unhashable item
+                    slots = None
+                if (
+                    slots is not None
+                    and (-1 not in slots or set(map(type, keys)) == BYTES_ONLY)  # absent keys: exact bytes
+                    and (repeats or len(keys) < 2 or len(set(keys)) == len(keys))
+                ):
+                    return keys, slots, None
+        elif keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
             if len(keys) <= SMALL_BATCH and (repeats or keys.unique):  # type: ignore[attr-defined]
                 return keys, keys.slots, None  # type: ignore[attr-defined]
         elif self._closed:  # (a current batch implies an open manager)
             raise KeyStateError("the CPUOffloadingManager has been shut down")
-        small = t.small_slots(keys, SMALL_BATCH) if keys.__class__ is list else None
-        if small is not None and (repeats or len(keys) < 2 or len(set(keys)) == len(keys)):
-            return keys, small, None
         r = t.resolve(keys, "keys", allow_duplicates=repeats, remember=remember)
         return r.keys, r.slots, r
 
@@ -209,9 +232,10 @@ class CPUOffloadingManager(OffloadingManager):
         """:meth:`prepare_load`'s pinned slots, a list (a few keys) or an ``int64`` array (for an
         engine adapter's own spec type)."""
         self._check(req_context)
-        slots = self._loads.prepare(*self._at(keys, False)[:2])
-        if record_access and self._requests is not None and (st := self._requests.get(req_context.req_id)):
-            st.record(keys, keys)
+        ks, slots, _ = self._at(keys, False)
+        slots = self._loads.prepare(ks, slots)
+        if record_access and self._requests is not None:
+            self._requests.read(req_context.req_id, ks)
         return slots
 
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
@@ -243,27 +267,30 @@ class CPUOffloadingManager(OffloadingManager):
         """:meth:`prepare_store`'s decision as a :class:`~kvoffload.cache.batch.StorePlan` (for an
         engine adapter's own output type)."""
         self._check(req_context)
-        if self._reuse is None and self._requests is None:
-            return self._stores.prepare(*self._at(keys, False))
-        t = self._table
-        if keys.__class__ is KeyBatch and keys.owner is t and keys.epoch == t.epoch:  # type: ignore[attr-defined]
-            batch: KeyBatch = keys  # type: ignore[assignment]
+        ks, slots, r = self._at(keys, False)
+        plain = self._reuse is None and self._requests is None
+        if r is None:
+            listed = slots
+        elif plain:
+            return self._stores.prepare(ks, slots, r)
         else:
-            batch = self.key_batch(keys, dedup=False)
-        if not batch.unique:
-            validate_keys(list(batch), "keys", allow_duplicates=False)  # raises: repeated keys
-        absent = [k for k, s in zip(batch, batch.slots, strict=True) if s < 0]
+            listed = slots.tolist()
+        # the absent keys in order (an offer of absent keys only, the common one: copied whole)
+        absent = list(ks) if not listed or max(listed) < 0 else [k for k, s in zip(ks, listed) if s < 0]  # noqa: B905
+        if plain:
+            return self._stores.prepare(ks, slots, None, absent)
         req_id = req_context.req_id
-        candidates = absent if self._reuse is None else self._reuse.admit(batch, absent, req_id)
-        st = self._requests.offer(req_id, batch, candidates) if self._requests is not None else None
+        candidates = absent if self._reuse is None else self._reuse.admit(ks, absent, req_id)
+        inserted = self._requests.offer(req_id, ks, listed, candidates) if self._requests is not None else None
         if len(candidates) < len(absent):  # the filter held some back: store the rest
             passed = set(candidates)
-            batch = batch.select([s >= 0 or k in passed for k, s in zip(batch, batch.slots, strict=True)])
-            absent = candidates
-        ks, slots, r = self._at(batch, False)
-        plan = self._stores.prepare(ks, slots, r, absent if r is None else None)
-        if st is not None and plan.slots is not None:
-            st.inserted.update(plan.keys)
+            keep = [s >= 0 or k in passed for k, s in zip(ks, listed, strict=True)]
+            ks = [k for k, f in zip(ks, keep, strict=True) if f]
+            slots = [s for s, f in zip(listed, keep, strict=True) if f] if r is None else slots[np.array(keep)]
+            r, absent = None, candidates
+        plan = self._stores.prepare(ks, slots, r, absent)
+        if inserted is not None and plan.slots is not None:
+            inserted.update(plan.keys)
         return plan
 
     def complete_store(self, keys: Sequence[OffloadKey], req_context: ReqContext, success: bool = True) -> None:

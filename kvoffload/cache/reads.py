@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.keytable import PENDING, SlotTable, any_below
+from kvoffload.cache.keytable import PENDING, SlotTable
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.cache.stats import OffloadingStats
 from kvoffload.core.base import OffloadKey, ReqContext, check_req_context, validate_keys
@@ -101,14 +101,20 @@ class Loads:
         given); :class:`KeyStateError` if one is absent or pending (nothing pinned then)."""
         if slots.__class__ is list:
             ref = self.table.ref_buf
-            if not slots or (min(slots) >= 0 and not any_below(ref, slots, 0)):
-                newly = 0
-                for s in slots:
-                    r = ref[s]
-                    newly += r == 0
-                    ref[s] = r + 1
+            newly = 0
+            for s in slots:  # one pass (the keys are distinct); a bad key stops it and undoes it
+                if s < 0:
+                    break
+                r = ref[s]
+                if r < 0:
+                    break
+                newly += r == 0
+                ref[s] = r + 1
+            else:
                 self._pinned(newly, len(slots))
                 return slots
+            for done in slots[: slots.index(s)]:
+                ref[done] -= 1
             slots = np.array(slots, dtype=np.int64)  # the array path names the bad key
         assert isinstance(slots, np.ndarray)
         if len(slots):

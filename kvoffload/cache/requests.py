@@ -3,14 +3,13 @@ ready ones it read, applied to the policy when it ends (vLLM's scheduler never c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from itertools import repeat
-from operator import itemgetter
+from collections.abc import Callable, Sequence
+from itertools import chain, islice, repeat
+from operator import itemgetter, lt
 from typing import Any
 
 import numpy as np
 
-from kvoffload.cache.batch import KeyBatch
 from kvoffload.cache.keytable import SlotTable
 from kvoffload.cache.policies.base import CachePolicy
 from kvoffload.core.base import OffloadKey
@@ -24,27 +23,22 @@ _GROUP_SUFFIX = itemgetter(slice(-4, None))
 
 
 class Access:
-    """One request's keys stored or read (first-seen order), inserted, reused (read ready), and
-    absent keys offered (the policy saw them once)."""
+    """One request's keys stored or read (``chunks``: one list per call, first-seen order once
+    joined), inserted, reused (read ready), and absent keys offered (the policy saw them once)."""
 
-    __slots__ = ("keys", "inserted", "reused", "store_misses")
+    __slots__ = ("chunks", "inserted", "reused", "store_misses")
 
     def __init__(self) -> None:
-        self.keys: dict[bytes, None] = {}
+        self.chunks: list[list[OffloadKey]] = []
         self.inserted: set[bytes] = set()
         self.reused: set[bytes] = set()
         self.store_misses: set[bytes] = set()
 
-    def record(self, keys: Iterable[bytes], reused: Iterable[bytes] = ()) -> None:
-        """``keys`` were stored or read; ``reused`` of them were read ready (unless inserted here)."""
-        self.keys.update(dict.fromkeys(keys))
-        if reused:
-            self.reused.update(set(reused).difference(self.inserted))
-
 
 class RequestLog:
     """Per non-empty ``req_id``, its :class:`Access`, applied to the manager's ``policy`` when the
-    request finishes (``table``: read only)."""
+    request finishes (``table``: read only). For a policy that keeps the default
+    ``on_request_finished`` (a touch of the keys) only the keys are recorded."""
 
     def __init__(self, table: SlotTable, policy: CachePolicy) -> None:
         self._table = table
@@ -60,49 +54,66 @@ class RequestLog:
         """A request (re)starts: an id seen again starts afresh."""
         self._requests.pop(req_id, None)
 
-    def get(self, req_id: str) -> Access | None:
-        """The record of ``req_id`` (created on first use); None for an anonymous request."""
+    def read(self, req_id: str, keys: Sequence[OffloadKey]) -> None:
+        """Request ``req_id`` (none if empty) read the ready ``keys``: recorded as reuses unless it
+        inserted them itself."""
+        if not req_id:
+            return
+        st = self._requests.get(req_id) or self._requests.setdefault(req_id, Access())
+        if not keys:
+            return
+        st.chunks.append(list(keys))
+        if not self._touch_only:
+            st.reused.update(set(keys).difference(st.inserted))
+
+    def offer(
+        self, req_id: str, keys: Sequence[OffloadKey], slots: list[int], candidates: list[OffloadKey]
+    ) -> set[bytes] | None:
+        """Request ``req_id`` offers the distinct ``keys`` (their current ``slots``, -1 = absent) for
+        storing, ``candidates`` its absent keys past the reuse filter: those not offered before go
+        to the policy's ``on_store_miss``; they and the ready keys are recorded before allocating
+        (as vLLM does). The set the caller adds the keys it inserts to, or None (an anonymous
+        request, or a policy that only touches)."""
         if not req_id:
             return None
-        st = self._requests.get(req_id)
-        if st is None:
-            st = self._requests[req_id] = Access()
-        return st
-
-    def offer(self, req_id: str, batch: KeyBatch, candidates: list[OffloadKey]) -> Access | None:
-        """Request ``req_id`` offers the current ``batch`` for storing, ``candidates`` its absent
-        keys past the reuse filter: those not offered before go to the policy's ``on_store_miss``;
-        they and the ready keys are recorded before allocating (as vLLM does). The record (None
-        for an anonymous request), for the caller to note the keys it inserts."""
-        st = self.get(req_id)
-        if st is None:
-            return None
+        st = self._requests.get(req_id) or self._requests.setdefault(req_id, Access())
         if candidates and self._learns_misses:
             misses = [k for k in candidates if k not in st.store_misses]
             if misses:
                 self._policy.on_store_miss(misses)
                 st.store_misses.update(misses)
+        if len(candidates) == len(keys):  # every key absent and admitted (the common offer)
+            if keys:
+                st.chunks.append(list(keys))
+            return None if self._touch_only else st.inserted
         ref = self._table.ref_buf
-        ready = [k for k, s in zip(batch, batch.slots, strict=True) if s >= 0 and ref[s] >= 0]
-        if len(candidates) + len(ready) == len(batch):
-            st.record(batch, ready)
+        ready = [k for k, s in zip(keys, slots) if s >= 0 and ref[s] >= 0]  # noqa: B905 (hot: see keytable)
+        if len(candidates) + len(ready) == len(keys):
+            st.chunks.append(list(keys))
         else:
             keep = set(candidates).union(ready)
-            st.record((k for k in batch if k in keep), ready)
-        return st
+            st.chunks.append([k for k in keys if k in keep])
+        if self._touch_only:
+            return None
+        if ready:
+            st.reused.update(set(ready).difference(st.inserted))
+        return st.inserted
 
     def finish(self, req_id: str, key_position: Callable[[OffloadKey], int | None] | None) -> None:
         """Apply the request's record to the policy (``on_request_finished``) and forget it; keys
         head first: by token position (``key_position``) when known for every key, else, and for
         ties, by group (the big-endian key suffix), then first-seen."""
         st = self._requests.pop(req_id, None)
-        if st is None or not st.keys:
+        if st is None:
             return
-        keys: list[OffloadKey] = list(st.keys)  # type: ignore[arg-type]
+        chunks = st.chunks  # each distinct: one is the keys as they are
+        keys: list[OffloadKey] = chunks[0] if len(chunks) == 1 else list(dict.fromkeys(chain.from_iterable(chunks)))
+        if not keys:
+            return
         pos = list(map(key_position, keys)) if key_position is not None else [None]
         if None in pos:
             keys.sort(key=_GROUP_SUFFIX)
-        elif pos != sorted(set(pos)):  # type: ignore[type-var]  # not recorded head first already
+        elif not all(map(lt, pos, islice(pos, 1, None))):  # type: ignore[arg-type]  # not recorded head first
             where = dict(zip(keys, pos, strict=True))
             if len(set(pos)) < len(pos):
                 keys.sort(key=_GROUP_SUFFIX)

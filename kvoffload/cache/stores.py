@@ -41,9 +41,11 @@ class Stores:
         absent: list[OffloadKey] | None = None,
     ) -> StorePlan:
         """``prepare_store`` of the distinct ``keys`` with their ``slots`` (-1 = absent); ``r``: their
-        resolution (the memo learns the new slots); ``absent``: the keys of slot -1 if known (lists)."""
+        resolution (the memo learns the new slots); ``absent``: the keys of slot -1 (given with a
+        list of slots; with an array, found here)."""
         if slots.__class__ is list:
-            to_store = absent if absent is not None else [k for k, s in zip(keys, slots, strict=True) if s < 0]
+            assert absent is not None
+            to_store = absent
             positions = None
         else:
             absent_mask = slots < 0  # type: ignore[operator]
@@ -54,7 +56,7 @@ class Stores:
             c.stores_skipped += n_present
             return StorePlan([], slots[:0], [])
         evicted: list[OffloadKey] = []
-        if len(to_store) > t.num_free:  # the present keys are spared: only then are they needed
+        if len(to_store) + len(t.index) > t.num_blocks:  # > num_free; the present keys spared: only then needed
             protected: list[int] | np.ndarray
             if positions is None:
                 protected = [s for s in slots if s >= 0]
@@ -65,10 +67,10 @@ class Stores:
                 return StorePlan(to_store, None, [])
             evicted = made
         count_before = t.insert_count
-        new_slots = t.allocate(to_store, as_list=positions is None)
+        new_slots = t.allocate(to_store, positions is None and self._lists)  # as the policy takes them
         if r is not None and r.batch is not None:  # the memo learns the new slots
             t.memo.note_insert(r.batch, r.offset + positions, new_slots, count_before, t.insert_count)  # type: ignore[operator,arg-type]
-        self.policy.insert(self._arg(new_slots), to_store)
+        self.policy.insert(new_slots, to_store)
         c.stores_started += len(to_store)
         c.stores_skipped += n_present
         return StorePlan(to_store, new_slots, evicted)
@@ -112,7 +114,7 @@ class Stores:
             return
         if pend.__class__ is not list:  # a list's slots were made ready above
             t.ref[pend] = 0
-        self.policy.on_evictable(self._arg(pend))
+        self.policy.on_evictable(pend if self._lists else self._arg(pend))
         t.num_pending -= len(pend)
         t.num_evictable += len(pend)
         self.counters.stores_completed += len(pend)

@@ -62,7 +62,7 @@ class LRUPolicy(CachePolicy):
     def touch(self, keys: Sequence[bytes], slots: Slots, unique: bool = False) -> None:
         if isinstance(slots, list):  # the last key first
             if unique:
-                few = [s for s in reversed(slots) if s >= 0]
+                few = slots[::-1] if slots and min(slots) >= 0 else [s for s in reversed(slots) if s >= 0]
             else:
                 seen: set[int] = set()
                 few = [s for s in slots if s >= 0 and not (s in seen or seen.add(s))]  # type: ignore[func-returns-value]
@@ -76,7 +76,8 @@ class LRUPolicy(CachePolicy):
             self.order.push_back(present[::-1], members=True)
 
     def on_evictable(self, slots: Slots) -> None:
-        self.order.on_evictable(slots)
+        if self.order.scanned:  # else nothing is parked (the order's own test, without its call)
+            self.order.on_evictable(slots)
 
     def evict(self, n: int, protected: Slots) -> Any:
         t = self.table

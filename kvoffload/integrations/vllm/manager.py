@@ -5,8 +5,9 @@ counting store offers as vLLM does), converted to vLLM's types here.
 Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in docs/vllm.md):
 
 * keys repeated inside one call are reduced to their first occurrence (kvoffload's manager
-  rejects repeats; vLLM's manager tolerates them) -- once, at this door: each call's keys are
-  checked, de-duplicated and resolved to slots once (``CPUOffloadingManager.key_batch``);
+  rejects repeats; vLLM's manager tolerates them) -- at this door: each call's keys are checked and
+  resolved to slots once by the manager's call itself, and a call it refuses for repeats (nothing
+  changed) is made again on its keys de-duplicated (``CPUOffloadingManager.key_batch``);
 * a vLLM ``CachePolicy`` runs through :class:`~kvoffload.integrations.vllm.policy.VLLMPolicyAdapter`
   (see there for what it sees differently);
 * ``lock`` is a no-op context (the manager has no thread of its own) and ``on_reset_flushed``
@@ -75,12 +76,6 @@ def key_position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int |
 
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
-
-
-def _completed_keys(keys: Collection[OffloadKey]) -> Collection[OffloadKey]:
-    """The keys of a completion as the manager takes them cheapest: a few as a list (scalar code),
-    more as the set vLLM passes (distinct: no repeat check)."""
-    return keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)
 
 
 class KVOffloadManager(OffloadingManager):
@@ -152,7 +147,7 @@ class KVOffloadManager(OffloadingManager):
         return _CHUNK_LEVEL
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        self.core.on_request_finished(req_context, key_position=key_position_getter(req_context))  # type: ignore[arg-type]
+        self.core.on_request_finished(req_context, key_position_getter(req_context))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ lookups and loads
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -173,11 +168,16 @@ class KVOffloadManager(OffloadingManager):
         self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.core.complete_load(_completed_keys(keys), req_context)  # type: ignore[arg-type]
+        # vLLM's job keys, a set: a few as a list (the manager's scalar code), more as the set (distinct)
+        keys = keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)
+        self.core.complete_load(keys, req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
-        plan = self.core.store_plan(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
+        try:  # vLLM's keys are distinct: resolved once, by the manager's own checks
+            plan = self.core.store_plan(keys if keys.__class__ is list else list(keys), req_context)  # type: ignore[arg-type]
+        except InvalidArgumentError:  # repeated keys (nothing changed): each once, first occurrences
+            plan = self.core.store_plan(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
         if plan.keys:  # the keys past the filter that it allocates, or tried to (vLLM's histogram)
             self._alloc_sizes.append(len(plan.keys))
         if plan.slots is None:
@@ -189,7 +189,7 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = _completed_keys(keys)
+        keys = keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)  # as complete_load
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
