@@ -17,7 +17,9 @@ with a model-sized page (the pool holds the setting's number of chunks whatever 
 Workload: multi-turn conversations, each opening with one of a few shared system prompts, each
 turn's prompt extending the previous turn's (its earlier turns are a shared prefix), more
 conversations than the engine runs at once so that earlier turns leave the GPU cache and come back
-from the CPU tier, which is under eviction pressure too. Settings (:data:`SETTINGS`; without
+from the CPU tier. At the two realistic settings the CPU pool holds every chunk the run stores (it
+never fills: nothing is evicted), so what is timed is lookups, loads, stores, completions and
+request ends; ``bench_manager.py`` times eviction. Settings (:data:`SETTINGS`; without
 ``--setting`` only ``64req-1e4`` runs, ``--setting 64req-1e4 --setting 256req-1e5`` runs both
 realistic ones):
 
