@@ -13,6 +13,7 @@ from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.cache.policies.ghost import WAYS, GhostKeys
 from kvoffload.cache.policies.headstart import HeadStartPolicy
 from kvoffload.cache.policies.headstart_tags import TagClasses
+from kvoffload.cache.policies.headstart_tuner import fingerprint as scalar_fingerprint
 from kvoffload.cache.policies.headstart_tuner import fingerprints
 from kvoffload.core.base import ReqContext, make_offload_key
 from kvoffload.core.lookup_code import LOOKUP_HIT
@@ -25,6 +26,15 @@ CTX = ReqContext("headstart")
 
 def key(i: int) -> bytes:
     return make_offload_key(i.to_bytes(8, "big"), 0)
+
+
+class ArrayHeadStart(HeadStartPolicy):
+    """headstart taking arrays only: its array paths, on calls the manager would hand it as lists."""
+
+    takes_lists = False
+
+
+ARRAY_HEADSTART = f"{__name__}:ArrayHeadStart"
 
 
 def conversation_trace(rng: random.Random, n_requests: int, turns: int) -> list[list[bytes]]:
@@ -52,12 +62,12 @@ def conversation_trace(rng: random.Random, n_requests: int, turns: int) -> list[
 
 
 def replay_both(
-    trace: list[list[bytes]], capacity: int, tags: list[str | None] | None = None
+    trace: list[list[bytes]], capacity: int, tags: list[str | None] | None = None, policy: str = "headstart"
 ) -> tuple[CPUOffloadingManager, set[int]]:
-    """The cache-level replay's calls on the real manager and on the reference, compared after
-    every request (outputs, per-key state, both lists, stamps, head start, clock); ``tags``: each
-    request's workload tag."""
-    real = CPUOffloadingManager(capacity, cache_policy="headstart")
+    """The cache-level replay's calls on the real manager (``policy``: headstart or
+    :class:`ArrayHeadStart`) and on the reference, compared after every request (outputs, per-key
+    state, both lists, stamps, head start, clock); ``tags``: each request's workload tag."""
+    real = CPUOffloadingManager(capacity, cache_policy=policy)
     ref = RefManager(capacity, "headstart")
     head_starts = set()
     for i, keys in enumerate(trace):
@@ -91,13 +101,15 @@ def replay_both(
     return real, head_starts
 
 
+@pytest.mark.parametrize("policy", ["headstart", ARRAY_HEADSTART])
 @pytest.mark.parametrize(("capacity", "turns", "seed"), [(12, 6, 1), (40, 2, 2), (40, 8, 3), (1500, 6, 4)])
-def test_request_traces_match_reference(capacity: int, turns: int, seed: int) -> None:
+def test_request_traces_match_reference(capacity: int, turns: int, seed: int, policy: str) -> None:
     """Small capacities sample every key; 1,500 blocks samples about a third (the small caches
-    hold 128). The head start must move during the run, else the tuner went untested."""
+    hold 128). The head start must move during the run, else the tuner went untested. Both the
+    list paths (small calls) and the array paths."""
     rng = random.Random(seed)
     n = 2500 if capacity > 100 else 700
-    real, head_starts = replay_both(conversation_trace(rng, n, turns), capacity)
+    real, head_starts = replay_both(conversation_trace(rng, n, turns), capacity, policy=policy)
     assert len(head_starts) >= 2, head_starts
     policy = real.policy
     assert isinstance(policy, HeadStartPolicy)
@@ -127,22 +139,23 @@ def test_tagged_request_traces_match_reference(capacity: int, seed: int) -> None
     assert any(seen_hot) and not all(seen_hot)
 
 
+@pytest.mark.parametrize("policy", ["headstart", ARRAY_HEADSTART])
 @pytest.mark.parametrize("seed", [5, 6, 7])
-def test_request_scoped_path_matches_reference(seed: int) -> None:
+def test_request_scoped_path_matches_reference(seed: int, policy: str) -> None:
     """vLLM's request-scoped recency (``record_requests``, no ``touch``): at each request's end the
     policy gets its keys with the ones it only stored flagged; those keep their list, the others
     move to the seen list, and the tuner observes the others."""
     rng = random.Random(seed)
     trace = conversation_trace(rng, 300, 5)
-    m = CPUOffloadingManager(24, cache_policy="headstart", record_requests=True)
+    m = CPUOffloadingManager(24, cache_policy=policy, record_requests=True)
     ref = RefManager(24, "headstart")
     assert isinstance(ref.policy, RefHeadStart)
     policy = m.policy
     calls: list[tuple[list[bytes], set[bytes]]] = []
     finished = policy.on_request_finished
 
-    def record(keys: Any, slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray) -> None:
-        calls.append((list(keys), {k for k, f in zip(keys, inserted_only.tolist(), strict=True) if f}))
+    def record(keys: Any, slots: Any, inserted_only: Any, reused: Any) -> None:  # lists or arrays
+        calls.append((list(keys), {k for k, f in zip(keys, list(inserted_only), strict=True) if f}))
         finished(keys, slots, inserted_only, reused)
 
     policy.on_request_finished = record  # type: ignore[method-assign]
@@ -181,6 +194,7 @@ def test_fingerprints_match_the_documented_mixer() -> None:
     assert fingerprints(keys[:200]).tolist() == want[:200]
     assert fingerprints([k + b"abc" for k in keys[:50]]).tolist() == [fingerprint(k + b"abc") for k in keys[:50]]
     assert [fingerprints([k]).tolist()[0] for k in keys] == want
+    assert [scalar_fingerprint(k) for k in keys] == want  # the list paths' scalar code
     assert len(set(want)) == len(want)
 
 
@@ -231,9 +245,9 @@ def test_two_turn_conversations_choose_no_head_start() -> None:
 
 
 def test_small_touch_reaches_an_array_only_policy() -> None:
-    """headstart takes arrays only (``takes_lists`` False): a touch of a few keys, which the
+    """A policy that takes arrays only (``takes_lists`` False): a touch of a few keys, which the
     manager resolves with scalar code, must still reach it (as an array)."""
-    m = CPUOffloadingManager(8, cache_policy="headstart")
+    m = CPUOffloadingManager(8, cache_policy=ARRAY_HEADSTART)
     assert not m.policy.takes_lists
     keys = [key(i) for i in range(3)]
     out = m.prepare_store(keys, CTX)
@@ -265,9 +279,9 @@ def test_ghost_batches_match_reference(size: int) -> None:
         g.add(fp)
         ref.add(fp.tolist())
         probe = np.unique(np.concatenate([pool[rng.integers(0, len(pool), size=50)], fp[:5]]))
-        got = g.contains_pop(probe.copy())
+        got = g.contains_pop(probe.copy() if step % 2 else probe.tolist())  # arrays, and lists (scalar code)
         want = [ref.contains_pop(f) for f in probe.tolist()]
-        assert (got.tolist() if got is not None else [False] * len(probe)) == want
+        assert (list(got) if got is not None else [False] * len(probe)) == want
         entries = [[(int(v), int(q)) for v, q in zip(g.fp[b], g.seq[b], strict=True)] for b in range(g.buckets)]
         assert entries == ref.entries
         assert g.cursor.tolist() == ref.cursor

@@ -45,7 +45,7 @@ def real_order(m: CPUOffloadingManager) -> object:
     keys = m.table.keys
     if m.cache_policy == "lru":
         return [keys[s] for s in p.ordered_slots()]  # type: ignore[attr-defined]
-    if m.cache_policy == "headstart":
+    if p.name == "headstart":  # (its subclasses too)
         new, seen = p.ordered_slots()  # type: ignore[attr-defined]
         stamps = sorted((keys[s], int(p.stamp[s])) for s in new + seen)  # type: ignore[attr-defined]
         return ([keys[s] for s in new], [keys[s] for s in seen], stamps, p.head_start, p.clock)  # type: ignore[attr-defined]

@@ -57,11 +57,16 @@ class GhostKeys:
         self.cursor = np.full(self.buckets, 0, dtype=np.uint8)
         self._fp_flat = self.fp.reshape(-1)  # views of the same entries, entry ``b * WAYS + way``
         self._seq_flat = self.seq.reshape(-1)
+        self._fp_mv = self._fp_flat.data  # memoryviews for the scalar path (a few fingerprints)
+        self._seq_mv = self._seq_flat.data
         self.added = 0  # sequence number of the next key (mod 2**32)
         self._steps = np.zeros(0, dtype=np.uint32)  # 0, 1, 2, ... (grown on demand)
 
-    def contains_pop(self, fp: np.ndarray) -> np.ndarray | None:
-        """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied. None: none is."""
+    def contains_pop(self, fp: np.ndarray | list[int]) -> np.ndarray | list[bool] | None:
+        """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied. None: none is.
+        ``fp`` a list of ints (a few fingerprints): the mask is a list."""
+        if fp.__class__ is list:
+            return self._contains_pop_list(fp)  # type: ignore[arg-type]
         b = fp & self.mask
         match = self.fp.take(b, axis=0) == (fp | np.uint32(1))[:, None]  # take: cheaper than fp[b]
         if not np.count_nonzero(match):  # the common case: one cheap test instead of the index search
@@ -77,6 +82,33 @@ class GhostKeys:
         self.fp[b[rows], ways] = 0
         hit = np.zeros(len(fp), dtype=bool)
         hit[rows] = True
+        return hit
+
+    def _contains_pop_list(self, fp: list[int]) -> list[bool] | None:
+        """:meth:`contains_pop` by scalar steps: every lookup before any entry is emptied."""
+        fpm, seqm, mask = self._fp_mv, self._seq_mv, int(self.mask)
+        found = []
+        for i, f in enumerate(fp):
+            b = (f & mask) * WAYS
+            row = fpm[b : b + WAYS].tolist()
+            f1 = f | 1
+            if f1 in row:
+                found.append((i, b, row, f1))
+        if not found:  # the common case
+            return None
+        added, size = self.added, self.size
+        hit = [False] * len(fp)
+        emptied = []
+        for i, b, row, f1 in found:
+            for w, g in enumerate(row):
+                if g == f1 and ((added - seqm[b + w]) & 0xFFFFFFFF) <= size:  # among the last size
+                    hit[i] = True
+                    emptied.append(b + w)
+                    break
+        if not emptied:
+            return None
+        for e in emptied:
+            fpm[e] = 0
         return hit
 
     def add(self, fp: np.ndarray) -> None:

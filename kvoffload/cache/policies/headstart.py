@@ -59,14 +59,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from kvoffload.cache.keytable import SlotTable
-from kvoffload.cache.policies.base import CachePolicy
+from kvoffload.cache.policies.base import CachePolicy, Slots
 from kvoffload.cache.policies.ghost import GhostKeys
 from kvoffload.cache.policies.headstart_tags import TagClasses
-from kvoffload.cache.policies.headstart_tuner import HeadStartTuner, fingerprints
+from kvoffload.cache.policies.headstart_tuner import HeadStartTuner, fingerprint, fingerprints
 from kvoffload.cache.policies.lru import first_occurrences
 from kvoffload.cache.policies.order import SlotOrder
 
@@ -87,6 +88,7 @@ class HeadStartPolicy(CachePolicy):
     """Two LRU lists, first sight and seen, with an adaptive head start (module docstring)."""
 
     name = "headstart"
+    takes_lists = True
     uses_workload = True
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
@@ -94,8 +96,11 @@ class HeadStartPolicy(CachePolicy):
         self.member = np.zeros(capacity, dtype=np.int8)
         self.pos = np.zeros(capacity, dtype=np.int64)
         self.stamp = np.zeros(capacity, dtype=np.int64)
-        self._stamp_mv = self.stamp.data
+        self._stamp_mv = self.stamp.data  # memoryviews for the list paths (a few keys)
+        self._member_mv = self.member.data
+        self._pos_mv = self.pos.data
         self.fp = np.zeros(capacity, dtype=np.uint32)  # each block's key fingerprint
+        self._fp_mv = self.fp.data
         self.new = SlotOrder(_NEW, self.member, self.pos, capacity)
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
         self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
@@ -111,16 +116,25 @@ class HeadStartPolicy(CachePolicy):
         """``H``: how many inserts longer a seen block stays than a first-sight one."""
         return self.tuner.head_start
 
-    def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
+    def insert(self, slots: Slots, keys: Sequence[bytes]) -> None:
         k = len(slots)
         if k == 0:
             return
-        fp = fingerprints(keys)
-        self.fp[slots] = fp
+        fp: Any
+        if slots.__class__ is list:
+            fp = list(map(fingerprint, keys))
+            fp_mv, stamp_mv, c = self._fp_mv, self._stamp_mv, self.clock
+            for s, f in zip(slots, fp):  # noqa: B905 (hot; equal lengths)
+                fp_mv[s] = f
+                stamp_mv[s] = c
+                c += 1
+        else:
+            fp = fingerprints(keys)
+            self.fp[slots] = fp
+            self.stamp[slots] = np.arange(self.clock, self.clock + k, dtype=np.int64)
+        self.clock += k
         self.tuner.observe(fp)
         hit = self.ghost.contains_pop(fp)
-        self.stamp[slots] = np.arange(self.clock, self.clock + k, dtype=np.int64)
-        self.clock += k
         if self.workload is not None or self.tags.ids:  # tagged requests (headstart_tags.py)
             t = self.tags.class_of(self.workload)
             self.tags.label[slots] = t
@@ -129,66 +143,122 @@ class HeadStartPolicy(CachePolicy):
                 return
         if hit is None:
             self.new.push_back(slots, fresh=True)
+        elif hit.__class__ is list:
+            self.new.push_back([s for s, h in zip(slots, hit) if not h], fresh=True)  # noqa: B905
+            self.seen.push_back([s for s, h in zip(slots, hit) if h], fresh=True)  # noqa: B905
         else:
-            self.new.push_back(slots[~hit], fresh=True)
-            self.seen.push_back(slots[hit], fresh=True)
+            self.new.push_back(slots[~hit], fresh=True)  # type: ignore[call-overload,index,operator]
+            self.seen.push_back(slots[hit], fresh=True)  # type: ignore[call-overload,index]
 
-    def remove(self, slots: np.ndarray) -> None:
+    def remove(self, slots: Slots) -> None:
         self.new.discard(slots)
         self.seen.discard(slots)
 
-    def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
-        present = slots[slots >= 0]
-        if len(present):
+    def touch(self, keys: Sequence[bytes], slots: Slots, unique: bool = False) -> None:
+        present: Any
+        if slots.__class__ is list:
+            present = [s for s in slots if s >= 0]
+            if not unique and len(present) > 1:
+                present = list(dict.fromkeys(present))
+        else:
+            present = slots[slots >= 0]  # type: ignore[call-overload,index,operator]
             if not unique:
                 present = first_occurrences(present)
-            if self.workload is not None or self.tags.ids:
-                self.tags.read(present, self.tags.class_of(self.workload))
-            self.tuner.observe(self.fp[present])
+        if len(present):
+            self._read(present)
             self._to_seen(present[::-1])
 
-    def _to_seen(self, slots: np.ndarray) -> None:
+    def _read(self, slots: Slots) -> None:
+        """The blocks ``slots`` (in access order) were read: the tags and the tuner learn it."""
+        if self.workload is not None or self.tags.ids:
+            self.tags.read(slots, self.tags.class_of(self.workload))  # type: ignore[arg-type]
+        fp_mv = self._fp_mv
+        self.tuner.observe([fp_mv[s] for s in slots] if slots.__class__ is list else self.fp[slots])
+
+    def _to_seen(self, slots: Slots) -> None:
         """Move ``slots`` (distinct, oldest first) to the seen list's most recent end."""
-        if np.count_nonzero(self.member[slots] != _SEEN):
+        if slots.__class__ is list:
+            member = self._member_mv
+            moving = any(member[s] != _SEEN for s in slots)
+        else:
+            moving = bool(np.count_nonzero(self.member[slots] != _SEEN))
+        if moving:
             self.new.discard(slots)
             self.seen.push_back(slots)
         else:  # all on the seen list already (the common case): no membership changes
             self.seen.push_back(slots, members=True)
-        self.stamp[slots] = self.clock
+        self._stamp_now(slots)
 
-    def on_request_finished(
-        self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
-    ) -> None:
-        idx = np.flatnonzero(slots >= 0)
+    def _stamp_now(self, slots: Slots) -> None:
+        """Stamp ``slots`` with the clock."""
+        if slots.__class__ is list:
+            stamp_mv, c = self._stamp_mv, self.clock
+            for s in slots:
+                stamp_mv[s] = c
+        else:
+            self.stamp[slots] = self.clock
+
+    def on_request_finished(self, keys: Sequence[bytes], slots: Slots, inserted_only: Slots, reused: Slots) -> None:
+        if slots.__class__ is list:
+            self._finish_list(slots, inserted_only)  # type: ignore[arg-type]
+            return
+        idx = np.flatnonzero(slots >= 0)  # type: ignore[operator]
         if len(idx) == 0:
             return
-        present = slots[idx]
+        present = slots[idx]  # type: ignore[call-overload,index]
         if len(first_occurrences(present)) < len(present):
             _, at = np.unique(present, return_index=True)
             idx = idx[np.sort(at)]
-            present = slots[idx]
-        own = inserted_only[idx]
-        if self.workload is not None or self.tags.ids:
-            self.tags.read(present[~own], self.tags.class_of(self.workload))
-        self.tuner.observe(self.fp[present[~own]])
+            present = slots[idx]  # type: ignore[call-overload,index]
+        own = inserted_only[idx]  # type: ignore[call-overload,index]
+        self._read(present[~own])
         rev = present[::-1]
         keep_new = own[::-1] & (self.member[rev] == _NEW)
         if keep_new.any():
             self.new.push_back(rev[keep_new], members=True)
-            self.stamp[rev[keep_new]] = self.clock
+            self._stamp_now(rev[keep_new])
             rev = rev[~keep_new]
         self._to_seen(rev)
 
-    def on_evictable(self, slots: np.ndarray) -> None:
+    def _finish_list(self, slots: list[int], inserted_only: list[bool]) -> None:
+        """:meth:`on_request_finished` with lists (a few keys), by scalar steps."""
+        present = [(s, own) for s, own in zip(slots, inserted_only) if s >= 0]  # noqa: B905
+        if not present:
+            return
+        if len({s for s, _ in present}) < len(present):  # first occurrences, with their flags
+            first: dict[int, bool] = {}
+            for s, own in present:
+                first.setdefault(s, own)
+            present = list(first.items())
+        self._read([s for s, own in present if not own])
+        member = self._member_mv
+        keep_new: list[int] = []
+        to_seen: list[int] = []
+        for s, own in reversed(present):
+            (keep_new if own and member[s] == _NEW else to_seen).append(s)
+        if keep_new:
+            self.new.push_back(keep_new, members=True)
+            self._stamp_now(keep_new)
+        self._to_seen(to_seen)
+
+    def on_evictable(self, slots: Slots) -> None:
         if not len(slots):
             return
-        low = int(self.pos[slots].min())  # a list with none below its scan has none parked: skipped
+        # a list with none below its scan has none parked: skipped
+        low = min(map(self._pos_mv.__getitem__, slots)) if slots.__class__ is list else int(self.pos[slots].min())  # type: ignore[call-overload,index]
         if low < self.new.scan_position:
             self.new.on_evictable(slots)
         if low < self.seen.scan_position:
             self.seen.on_evictable(slots)
 
-    def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
+    def evict(self, n: int, protected: Slots) -> Any:
+        if isinstance(protected, list):  # a small call: the same scan with arrays, a list answered
+            out = self._evict(n, np.array(protected, dtype=np.int64))
+            return None if out is None else out.tolist()
+        return self._evict(n, protected)
+
+    def _evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
+        """:meth:`evict` with arrays."""
         ref, mark, h, stamp = self.table.ref, self.table.prot_mark, self.tuner.head_start, self.stamp
         # the first-sight blocks that go before the seen list's oldest candidate (both lists' stamps
         # only grow from old to new, so one limited take finds them); usually that is every victim.

@@ -43,7 +43,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CANDIDATES", "SAMPLE_BLOCKS", "HeadStartTuner", "fingerprints"]
+__all__ = ["CANDIDATES", "SAMPLE_BLOCKS", "HeadStartTuner", "fingerprint", "fingerprints"]
 
 #: head starts tried, in capacities (0 is plain LRU; 16 ranks every seen block first in practice)
 CANDIDATES = (0.0, 1.0, 4.0, 16.0)
@@ -62,6 +62,16 @@ def fingerprints(keys: Sequence[bytes]) -> np.ndarray:
     x *= np.uint32(0x846CA68B)
     x ^= x >> 16
     return x
+
+
+def fingerprint(key: bytes) -> int:
+    """One key's fingerprint, equal to ``fingerprints([key])[0]`` (scalar code, for a few keys)."""
+    x = zlib.crc32(key)
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
 
 
 class _SmallCache:
@@ -132,7 +142,7 @@ class HeadStartTuner:
         self.capacity = capacity
         self.threshold = min(_RANGE, -(-_RANGE * SAMPLE_BLOCKS // capacity))
         self.mini = max(1, capacity * self.threshold // _RANGE)
-        self._below = np.uint32(min(self.threshold << 20, 2**32 - 1))  # sampled: fingerprint < this
+        self._below = min(self.threshold << 20, 2**32 - 1)  # sampled: fingerprint < this
         self.caches = [_SmallCache(self.mini, h) for h in CANDIDATES]
         self.clear()
 
@@ -144,14 +154,18 @@ class HeadStartTuner:
         self.head_start = round(CANDIDATES[_START] * self.capacity)
         self.sampled = 0
 
-    def observe(self, fp: np.ndarray) -> None:
-        """Accesses, in order, given as the keys' :func:`fingerprints` (``uint32``)."""
-        if self.threshold < _RANGE:
-            sampled = fp < self._below
-            if not np.count_nonzero(sampled):
-                return  # none sampled (most calls at large capacities)
-            fp = fp[sampled]
-        keys = fp.tolist()
+    def observe(self, fp: np.ndarray | list[int]) -> None:
+        """Accesses, in order, given as the keys' :func:`fingerprints` (``uint32``; a list of ints for
+        a few keys)."""
+        if isinstance(fp, list):
+            keys = fp if self.threshold >= _RANGE else [f for f in fp if f < self._below]
+        else:
+            if self.threshold < _RANGE:
+                sampled = fp < self._below
+                if not np.count_nonzero(sampled):
+                    return  # none sampled (most calls at large capacities)
+                fp = fp[sampled]
+            keys = fp.tolist()
         while keys:  # each small cache takes the keys up to the next choice at once
             run, keys = keys[: self.mini - self.sampled], keys[self.mini - self.sampled :]
             for c in self.caches:
