@@ -221,25 +221,39 @@ class HeadStartPolicy(CachePolicy):
         self._to_seen(rev)
 
     def _finish_list(self, slots: list[int], inserted_only: list[bool]) -> None:
-        """:meth:`on_request_finished` with lists (a few keys), by scalar steps."""
-        present = [(s, own) for s, own in zip(slots, inserted_only) if s >= 0]  # noqa: B905
-        if not present:
-            return
-        if len({s for s, _ in present}) < len(present):  # first occurrences, with their flags
-            first: dict[int, bool] = {}
-            for s, own in present:
-                first.setdefault(s, own)
-            present = list(first.items())
-        self._read([s for s, own in present if not own])
-        member = self._member_mv
-        keep_new: list[int] = []
-        to_seen: list[int] = []
-        for s, own in reversed(present):
-            (keep_new if own and member[s] == _NEW else to_seen).append(s)
-        if keep_new:
-            self.new.push_back(keep_new, members=True)
-            self._stamp_now(keep_new)
-        self._to_seen(to_seen)
+        """:meth:`on_request_finished` with lists (a few keys; distinct, as the contract's keys are):
+        one pass, last key first, straight into both logs."""
+        new, seen = self.new, self.seen
+        new.reserve(len(slots))
+        seen.reserve(len(slots))
+        member, pos, stamp, clock = self._member_mv, self._pos_mv, self._stamp_mv, self.clock
+        buf_new, buf_seen, i_new, i_seen = new._bm, seen._bm, new.tail, seen.tail
+        left_new = joined_seen = 0
+        read: list[int] = []
+        for s, own in zip(reversed(slots), reversed(inserted_only), strict=True):
+            if s < 0:
+                continue
+            m = member[s]
+            if own and m == _NEW:  # only stored: refreshed on the first-sight list
+                buf_new[i_new] = s
+                pos[s] = new.base + i_new
+                i_new += 1
+            else:
+                if not own:
+                    read.append(s)
+                if m != _SEEN:
+                    member[s] = _SEEN  # its first-sight entry, if any, goes stale
+                    joined_seen += 1
+                    left_new += m == _NEW
+                buf_seen[i_seen] = s
+                pos[s] = seen.base + i_seen
+                i_seen += 1
+            stamp[s] = clock
+        new.tail, seen.tail = i_new, i_seen
+        new.size -= left_new
+        seen.size += joined_seen
+        read.reverse()  # head first
+        self._read(read)
 
     def on_evictable(self, slots: Slots) -> None:
         if not len(slots):
