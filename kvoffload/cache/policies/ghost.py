@@ -60,11 +60,14 @@ class GhostKeys:
         self._fp_mv = self._fp_flat.data  # memoryviews for the scalar path (a few fingerprints)
         self._seq_mv = self._seq_flat.data
         self.added = 0  # sequence number of the next key (mod 2**32)
+        self.empty = True  # nothing added since the start or the last clear
         self._steps = np.zeros(0, dtype=np.uint32)  # 0, 1, 2, ... (grown on demand)
 
     def contains_pop(self, fp: np.ndarray | list[int]) -> np.ndarray | list[bool] | None:
         """Boolean mask over ``fp`` (``uint32``): remembered; those entries are emptied. None: none is.
         ``fp`` a list of ints (a few fingerprints): the mask is a list."""
+        if self.empty:  # (before the first eviction)
+            return None
         if fp.__class__ is list:
             return self._contains_pop_list(fp)  # type: ignore[arg-type]
         b = fp & self.mask
@@ -117,6 +120,7 @@ class GhostKeys:
         k = len(fp)
         if k == 0:
             return
+        self.empty = False
         if len(self._steps) < k:
             self._steps = np.arange(max(k, 256), dtype=np.uint32)
         seq = self._steps[:k] + np.uint32(self.added)  # mod 2**32
@@ -140,6 +144,7 @@ class GhostKeys:
         self.seq[:] = 0
         self.cursor[:] = 0
         self.added = 0
+        self.empty = True
 
     def nbytes(self) -> int:
         return self.fp.nbytes + self.seq.nbytes + self.cursor.nbytes

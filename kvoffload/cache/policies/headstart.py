@@ -256,8 +256,8 @@ class HeadStartPolicy(CachePolicy):
         self._read(read)
 
     def on_evictable(self, slots: Slots) -> None:
-        if not len(slots):
-            return
+        if not len(slots) or not (self.new.scanned or self.seen.scanned):
+            return  # (else nothing is parked)
         # a list with none below its scan has none parked: skipped
         low = min(map(self._pos_mv.__getitem__, slots)) if slots.__class__ is list else int(self.pos[slots].min())  # type: ignore[call-overload,index]
         if low < self.new.scan_position:
