@@ -158,7 +158,8 @@ class HeadStartTuner:
         """Accesses, in order, given as the keys' :func:`fingerprints` (``uint32``; a list of ints for
         a few keys)."""
         if isinstance(fp, list):
-            keys = fp if self.threshold >= _RANGE else [f for f in fp if f < self._below]
+            below = self._below
+            keys = fp if self.threshold >= _RANGE else [f for f in fp if f < below]
         else:
             if self.threshold < _RANGE:
                 sampled = fp < self._below
