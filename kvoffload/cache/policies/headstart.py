@@ -46,7 +46,8 @@ fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the g
 keys (64 to 129 B) + a ``uint8`` tag label: 102 to 167 bytes, plus 4 KB of tag counts, the victim
 queue (at most ``GHOST_BATCH`` plus one call's victims, 4 B each) and the tuner's small caches (four
 of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch
-or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key); evicting ``n``
+or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key), or scalar steps
+for the few keys of a small call (``takes_lists``: memoryviews, no numpy call); evicting ``n``
 blocks takes the first-sight blocks up to the seen list's oldest candidate in one scan (usually all
 ``n``; bounded first by the stamp at the seen list's head, read without scanning that list), then
 the two lists in turn (O(n) amortised), and the history takes the queued victims in
