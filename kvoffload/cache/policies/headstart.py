@@ -83,6 +83,9 @@ _NONE = np.zeros(0, dtype=np.int64)
 GHOST_FACTOR = 4
 #: victims enter the ghost history in batches of at least ``min(GHOST_BATCH, history // 64)`` keys
 GHOST_BATCH = 1024
+#: an insert of more keys than this takes the array path even when handed a list (per key, the
+#: scalar fingerprint and history lookup cost more than numpy's fixed cost per call beyond it)
+SCALAR_INSERT = 16
 
 
 class HeadStartPolicy(CachePolicy):
@@ -122,6 +125,8 @@ class HeadStartPolicy(CachePolicy):
         if k == 0:
             return
         fp: Any
+        if slots.__class__ is list and k > SCALAR_INSERT:
+            slots = np.array(slots, dtype=np.int64)
         if slots.__class__ is list:
             fp = list(map(fingerprint, keys))
             fp_mv, stamp_mv, c = self._fp_mv, self._stamp_mv, self.clock
