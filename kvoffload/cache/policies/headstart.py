@@ -309,16 +309,10 @@ class HeadStartPolicy(CachePolicy):
 
     def _seen_floor(self) -> int | None:
         """A lower bound of the stamp of the seen list's oldest evictable, unprotected block, found
-        without a scan, or None. With no parked block queued as evictable again, that block is the
-        entry at the scan's head or a later one, and stamps never decrease along the list: a current
-        entry at the head gives the bound (the list must not be empty)."""
-        seen = self.seen
-        h = seen.head
-        if h < seen.tail and not len(seen._parked):
-            s = seen._bm[h]  # memoryviews: scalar reads without numpy's per-item cost
-            if seen._mm[s] == _SEEN and seen._pm[s] == seen.base + h:
-                return self._stamp_mv[s]  # type: ignore[no-any-return]
-        return None
+        without a scan, or None: the stamp of the list's ``front()`` (stamps never
+        decrease along the list; the list must not be empty)."""
+        s = self.seen.front()
+        return None if s is None else self._stamp_mv[s]  # type: ignore[no-any-return]
 
     def _evict_merged(self, n: int, a: np.ndarray, h: int, protected: np.ndarray) -> np.ndarray | None:
         """:meth:`evict` once a seen block comes next: takes from the two lists in turn, each up to

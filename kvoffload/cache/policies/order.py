@@ -55,6 +55,17 @@ class SlotOrder(SlotLog):
         """Position of the eviction scan's head: only slots at lower positions can be parked."""
         return self.base + self.head
 
+    def front(self) -> int | None:
+        """The slot no later scan can pass over unseen: the current entry at the scan's head when no
+        parked slot waits to be taken again (every evictable slot of the list is then that one or
+        one after it), else None. No scan, no change."""
+        h = self.head
+        if h < self.tail and not len(self._parked):
+            s: int = self._bm[h]
+            if self._mm[s] == self.lid and self._pm[s] == self.base + h:
+                return s
+        return None
+
     def on_evictable(self, slots: np.ndarray | list[int]) -> None:
         """``slots`` just became evictable (ready with ref 0): re-queue the parked ones."""
         if not self.scanned or len(slots) == 0:
