@@ -53,13 +53,17 @@ _RANGE = 4096
 _START = 0  # index of the initial candidate (0: plain LRU until the small caches say otherwise)
 
 
+#: the ``lowbias32`` mixer's multipliers (:func:`fingerprints` and :func:`fingerprint`)
+_MIX1, _MIX2 = 0x7FEB352D, 0x846CA68B
+
+
 def fingerprints(keys: Sequence[bytes]) -> np.ndarray:
     """``uint32`` fingerprint of every key: ``lowbias32(crc32(key))``."""
     x = np.frombuffer(array("I", map(zlib.crc32, keys)), dtype=np.uintc)  # uint32; cheaper than fromiter
     x ^= x >> 16
-    x *= np.uint32(0x7FEB352D)
+    x *= np.uint32(_MIX1)
     x ^= x >> 15
-    x *= np.uint32(0x846CA68B)
+    x *= np.uint32(_MIX2)
     x ^= x >> 16
     return x
 
@@ -68,9 +72,9 @@ def fingerprint(key: bytes) -> int:
     """One key's fingerprint, equal to ``fingerprints([key])[0]`` (scalar code, for a few keys)."""
     x = zlib.crc32(key)
     x ^= x >> 16
-    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x = (x * _MIX1) & 0xFFFFFFFF
     x ^= x >> 15
-    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x = (x * _MIX2) & 0xFFFFFFFF
     return x ^ (x >> 16)
 
 

@@ -78,6 +78,12 @@ def key_position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int |
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
 
 
+def _completed_keys(keys: Collection[OffloadKey]) -> Collection[OffloadKey]:
+    """The keys of a completion (vLLM's job keys, a set) as the manager takes them cheapest: a few
+    as a list (scalar code), more as the set (distinct: no repeat check)."""
+    return keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)
+
+
 class KVOffloadManager(OffloadingManager):
     """vLLM's scheduler-side manager for a host pool of ``num_blocks`` chunks, kvoffload inside.
 
@@ -168,9 +174,7 @@ class KVOffloadManager(OffloadingManager):
         self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        # vLLM's job keys, a set: a few as a list (the manager's scalar code), more as the set (distinct)
-        keys = keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)
-        self.core.complete_load(keys, req_context)  # type: ignore[arg-type]
+        self.core.complete_load(_completed_keys(keys), req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -189,7 +193,7 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)  # as complete_load
+        keys = _completed_keys(keys)
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
