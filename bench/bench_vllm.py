@@ -19,14 +19,17 @@ turn's prompt extending the previous turn's (its earlier turns are a shared pref
 conversations than the engine runs at once so that earlier turns leave the GPU cache and come back
 from the CPU tier. At the two realistic settings the CPU pool holds every chunk the run stores (it
 never fills: nothing is evicted), so what is timed is lookups, loads, stores, completions and
-request ends; ``bench_manager.py`` times eviction. Settings (:data:`SETTINGS`; without
-``--setting`` only ``64req-1e4`` runs, ``--setting 64req-1e4 --setting 256req-1e5`` runs both
-realistic ones):
+request ends; the evicting setting runs the first one's engine and conversations with a fifth of
+its pool, so that about half of its ``prepare_store`` calls evict (fewer turns come back from the
+CPU tier).
+Settings (:data:`SETTINGS`; without ``--setting`` only ``64req-1e4`` runs, ``--setting 64req-1e4
+--setting 256req-1e5`` runs both realistic ones, :data:`EVICTING` the evicting one):
 
 * ``64req-1e4``: 16-token GPU blocks, 64 concurrent requests of 160 conversations, prompts of
   2k-8k tokens, a CPU pool of 10^4 chunks;
 * ``256req-1e5``: 16-token GPU blocks, 256 concurrent requests of 640 conversations, prompts of
   2k-32k tokens, a CPU pool of 10^5 chunks;
+* ``64req-2048``: ``64req-1e4`` with a CPU pool of 2,048 chunks (it peaks at about 4,200 there);
 * ``small`` (``--quick``): the small trace (4-token blocks, 8 conversations of 3 short turns), its
   KV written and checked every step.
 
@@ -124,10 +127,14 @@ SETTINGS = {
     "small": Setting("small", 4, 16, 8, 3, 1, 32, 24, 24, 4, 512, 4, 48, 64, small_trace=True),
     # prompts 2k, 4k, 6k, 8k tokens; pool 2.6M tokens, GPU cache 0.54M
     "64req-1e4": Setting("64req-1e4", 16, 64, 160, 4, 4, 1536, 512, 2048, 8, 10_000, 256, 64 * 530, 8192),
+    # the same with a fifth of the pool: about half of the stores evict
+    "64req-2048": Setting("64req-2048", 16, 64, 160, 4, 4, 1536, 512, 2048, 8, 2_048, 256, 64 * 530, 8192),
     # prompts 2k, 9.6k, 17k, 24.6k, 32k tokens; pool 25.6M tokens, GPU cache 8.4M
     "256req-1e5": Setting("256req-1e5", 16, 256, 640, 5, 8, 1536, 512, 7552, 8, 100_000, 256, 256 * 2060, 16384),
 }
 REALISTIC = ("64req-1e4", "256req-1e5")
+#: the realistic engine with a CPU pool that fills (every ``prepare_store`` past it evicts)
+EVICTING = ("64req-2048",)
 #: what a run without ``--setting`` measures (about 20 s on a 2-core machine; 256req-1e5 about 2 minutes)
 DEFAULT = ("64req-1e4",)
 
