@@ -222,3 +222,66 @@ def test_zero_capacity_pool() -> None:
     m.touch(ks(1), CTX)
     m.complete_store(ks(1), CTX)
     assert m.get_stats().usage == 0.0
+
+
+@pytest.mark.parametrize(("seed", "budget"), [(1, 64), (2, 64), (3, 0), (4, 2)])
+def test_order_list_calls_match_array_calls(seed: int, budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twin orders under the same random pushes, moves, pins and removals: ``take`` (with and
+    without a stamp limit) and ``peek`` called with lists answer as with arrays, and both orders
+    stay equal (``budget``: the list scans' entry budget; 0 hands every scan to the array code)."""
+    import kvoffload.cache.policies.order as order_mod
+
+    monkeypatch.setattr(order_mod, "SCAN_BUDGET", budget)
+    rng = np.random.default_rng(seed)
+    cap = 40
+    ref = np.zeros(cap, dtype=np.int32)
+    mark = np.zeros(cap, dtype=np.int8)
+    stamps = np.zeros(cap, dtype=np.int64)
+    a, b = (SlotOrder(1, np.zeros(cap, dtype=np.int8), np.zeros(cap, dtype=np.int64), cap) for _ in range(2))
+    held: list[int] = []  # slots in both lists
+    clock = 0
+    for _ in range(1500):
+        op = rng.random()
+        free = [s for s in range(cap) if s not in held]
+        if op < 0.3 and free:
+            new = rng.choice(free, size=min(len(free), int(rng.integers(1, 6))), replace=False).tolist()
+            for s in new:
+                ref[s] = int(rng.random() < 0.3)  # some pending/pinned from the start
+                stamps[s] = clock
+                clock += 1
+            a.push_back(new, fresh=True)
+            b.push_back(np.array(new, dtype=np.int64), fresh=True)
+            held += new
+        elif op < 0.45 and held:  # moved to the newest end
+            moved = rng.choice(held, size=min(len(held), 3), replace=False).tolist()
+            stamps[moved] = clock
+            clock += 1
+            a.push_back(moved, members=True)
+            b.push_back(np.array(moved, dtype=np.int64), members=True)
+        elif op < 0.6 and held:  # pins and unpins
+            flip = rng.choice(held, size=min(len(held), 4), replace=False).tolist()
+            ref[flip] = 1 - ref[flip]
+            ready = [s for s in flip if ref[s] == 0]
+            a.on_evictable(ready)
+            b.on_evictable(np.array(ready, dtype=np.int64))
+        else:
+            k = int(rng.integers(1, 8))
+            n_prot = min(len(held), int(rng.integers(0, 4)))
+            prot = rng.choice(held, size=n_prot, replace=False).tolist() if n_prot else []
+            mark[prot] = 1
+            limit = None if rng.random() < 0.3 else int(rng.integers(0, clock + 1))
+            if op < 0.7:
+                assert a.peek(k, ref, prot, mark) == b.peek(k, ref, np.array(prot, dtype=np.int64), mark).tolist()
+            got = a.take(k, ref, prot, mark, stamps, limit)
+            want = b.take(k, ref, np.array(prot, dtype=np.int64), mark, stamps, limit)
+            mark[prot] = 0
+            assert isinstance(got, list) and got == want.tolist()
+            if rng.random() < 0.5:
+                a.discard(got, members=True)
+                b.discard(want, members=True)
+                held = [s for s in held if s not in got]
+            else:
+                a.on_evictable(got)
+                b.on_evictable(want)
+        assert a.ordered() == b.ordered()
+        assert len(a) == len(b)

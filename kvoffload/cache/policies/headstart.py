@@ -59,6 +59,7 @@ the accesses (its sample).
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,6 +89,11 @@ GHOST_BATCH = 1024
 SCALAR_INSERT = 16
 
 
+def _joined(parts: list[Any]) -> Any:
+    """The lists, or the arrays, ``parts`` end to end."""
+    return [s for p in parts for s in p] if parts[0].__class__ is list else np.concatenate(parts)
+
+
 class HeadStartPolicy(CachePolicy):
     """Two LRU lists, first sight and seen, with an adaptive head start (module docstring)."""
 
@@ -109,8 +115,7 @@ class HeadStartPolicy(CachePolicy):
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
         self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
         self.ghost_batch = max(1, min(GHOST_BATCH, self.ghost.size // 64))
-        self._victims: list[np.ndarray] = []  # fingerprints of victims not yet in the ghost history
-        self._queued = 0
+        self._victims = array("I")  # fingerprints (uint32) of victims not yet in the ghost history
         self.tuner = HeadStartTuner(max(1, capacity))
         self.tags = TagClasses(capacity)
         self.clock = 0
@@ -272,10 +277,33 @@ class HeadStartPolicy(CachePolicy):
             self.seen.on_evictable(slots)
 
     def evict(self, n: int, protected: Slots) -> Any:
-        if isinstance(protected, list):  # a small call: the same scan with arrays, a list answered
-            out = self._evict(n, np.array(protected, dtype=np.int64))
-            return None if out is None else out.tolist()
-        return self._evict(n, protected)
+        if protected.__class__ is list:
+            return self._evict_few(n, protected)  # type: ignore[arg-type]
+        return self._evict(n, protected)  # type: ignore[arg-type]
+
+    def _evict_few(self, n: int, protected: list[int]) -> list[int] | None:
+        """:meth:`evict` with lists (a small call): the first-sight blocks up to a bound of the seen
+        list's oldest candidate's stamp (its ``front()``), then, if too few, up to the exact stamp,
+        each scan entry by entry; the same victims as :meth:`_evict`."""
+        t, h, stamp = self.table, self.tuner.head_start, self.stamp
+        new, seen = self.new, self.seen
+        a: list[int]
+        if not seen.size:
+            a = new.take(n, t.ref_buf, protected, t.prot_mark)
+        else:
+            floor = self._seen_floor()
+            a = [] if floor is None else new.take(n, t.ref_buf, protected, t.prot_mark, stamp, floor + h)
+            if len(a) < n:
+                b = seen.peek(1, t.ref, protected, t.prot_mark)
+                limit = self._stamp_mv[b[0]] + h if b else None
+                a += new.take(n - len(a), t.ref_buf, protected, t.prot_mark, stamp, limit)
+        if len(a) == n:
+            new.discard(a, members=True)
+            self._to_ghost(a)
+            if self.tags.ids:
+                self.tags.gone(a)  # type: ignore[arg-type]
+            return a
+        return self._evict_merged(n, a, h, protected)  # type: ignore[no-any-return]
 
     def _evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
         """:meth:`evict` with arrays."""
@@ -314,48 +342,50 @@ class HeadStartPolicy(CachePolicy):
         s = self.seen.front()
         return None if s is None else self._stamp_mv[s]  # type: ignore[no-any-return]
 
-    def _evict_merged(self, n: int, a: np.ndarray, h: int, protected: np.ndarray) -> np.ndarray | None:
+    def _evict_merged(self, n: int, a: Any, h: int, protected: Any) -> Any:
         """:meth:`evict` once a seen block comes next: takes from the two lists in turn, each up to
-        the other's oldest candidate (ties go to the first-sight block), until ``n`` are taken."""
-        ref, mark, stamp = self.table.ref, self.table.prot_mark, self.stamp
+        the other's oldest candidate (ties go to the first-sight block), until ``n`` are taken
+        (``protected`` and the answer: lists or arrays, as :meth:`_evict_few` and :meth:`_evict`)."""
+        ref, mark, stamp, stamp_mv = self.table.ref, self.table.prot_mark, self.stamp, self._stamp_mv
         new_parts, seen_parts, victims = [a], [], [a]
         need = n - len(a)
         while need:
             nxt = self.new.peek(1, ref, protected, mark)
-            s = self.seen.take(need, ref, protected, mark, stamp, int(stamp[nxt[0]]) - h - 1 if len(nxt) else None)
+            s = self.seen.take(need, ref, protected, mark, stamp, stamp_mv[nxt[0]] - h - 1 if len(nxt) else None)
             seen_parts.append(s)
             victims.append(s)
             need -= len(s)
             if need and len(nxt) == 0:  # both lists exhausted: give everything back
-                self.new.on_evictable(np.concatenate(new_parts))
-                self.seen.on_evictable(np.concatenate(seen_parts))
+                self.new.on_evictable(_joined(new_parts))
+                self.seen.on_evictable(_joined(seen_parts))
                 return None
             if need:
                 b = self.seen.peek(1, ref, protected, mark)
-                a = self.new.take(need, ref, protected, mark, stamp, int(stamp[b[0]]) + h if len(b) else None)
+                a = self.new.take(need, ref, protected, mark, stamp, stamp_mv[b[0]] + h if len(b) else None)
                 new_parts.append(a)
                 victims.append(a)
                 need -= len(a)
-        self.new.discard(np.concatenate(new_parts), members=True)
-        self.seen.discard(np.concatenate(seen_parts), members=True)
-        out = np.concatenate(victims)
+        self.new.discard(_joined(new_parts), members=True)
+        self.seen.discard(_joined(seen_parts), members=True)
+        out = _joined(victims)
         self._to_ghost(out)
         if self.tags.ids:
             self.tags.gone(out)
         return out
 
-    def _to_ghost(self, victims: np.ndarray) -> None:
+    def _to_ghost(self, victims: Slots) -> None:
         """Queue the victims' fingerprints; once ``ghost_batch`` are queued, add them all, in order."""
-        self._victims.append(self.fp[victims])
-        self._queued += len(victims)
-        if self._queued >= self.ghost_batch:
-            self.ghost.add(self._victims[0] if len(self._victims) == 1 else np.concatenate(self._victims))
-            self._victims.clear()
-            self._queued = 0
+        if victims.__class__ is list:
+            fp_mv = self._fp_mv
+            self._victims.extend([fp_mv[s] for s in victims])
+        else:
+            self._victims.frombytes(self.fp[victims].tobytes())
+        if len(self._victims) >= self.ghost_batch:
+            self.ghost.add(np.frombuffer(self._victims, dtype=np.uint32))
+            self._victims = array("I")
 
     def clear(self) -> None:
-        self._victims.clear()
-        self._queued = 0
+        self._victims = array("I")
         self.member[:] = 0
         self.new.clear()
         self.seen.clear()

@@ -105,8 +105,8 @@ class SlotOrder(SlotLog):
         a bounded number of steps (then the vectorised scan goes on); ``ref`` may then be any
         ``int32`` buffer (``array('i')``). Else ``int64`` arrays in and out.
 
-        ``stamps`` and ``limit`` (arrays only): stop at the first evictable, unprotected slot whose
-        ``stamps[s] > limit`` (it is not taken); the caller promises that stamps never decrease
+        ``stamps`` (an ``int64`` array) and ``limit``: stop at the first evictable, unprotected slot
+        whose ``stamps[s] > limit`` (it is not taken); the caller promises that stamps never decrease
         along the list, so no later slot could be taken either.
         """
         if protected.__class__ is not list:
@@ -115,10 +115,13 @@ class SlotOrder(SlotLog):
             return []
         ref_s = ref.data if isinstance(ref, np.ndarray) else ref
         prot = prot_mark.data if protected else None
+        st = stamps.data if stamps is not None and limit is not None else None
+        lim = 0 if limit is None else limit  # (read only with ``st``)
         out: list[int] = []
         deferred: list[tuple[int, int]] = []
         parked = self._parked
         member, pos, lid = self._mm, self._pm, self.lid
+        stopped = False
         while parked and len(out) < k:
             ps, s = parked.pop()
             if member[s] != lid or pos[s] != ps or ref_s[s] != 0:
@@ -126,29 +129,38 @@ class SlotOrder(SlotLog):
             if prot is not None and prot[s]:
                 deferred.append((ps, s))
                 continue
+            if st is not None and st[s] > lim:
+                deferred.append((ps, s))  # back on the heap, untaken; nothing later qualifies
+                stopped = True
+                break
             out.append(s)
-        if len(out) < k:
+        if len(out) < k and not stopped:
             h, buf, base = self.head, self._bm, self.base
             stop = min(self.tail, h + SCAN_BUDGET + 4 * k)
             while h < stop:
                 s = buf[h]
                 p = base + h
-                h += 1
                 if member[s] != lid or pos[s] != p or ref_s[s] != 0:
+                    h += 1
                     continue  # stale entry, or parked (pinned/pending) from now on
                 if prot is not None and prot[s]:
                     deferred.append((p, s))
+                    h += 1
                     continue
+                if st is not None and st[s] > lim:
+                    stopped = True  # the scan ends before it, untaken
+                    break
+                h += 1
                 out.append(s)
                 if len(out) == k:
                     break
             self.head = h
             self.scanned = True
         parked.push(deferred)
-        if len(out) < k and self.head < self.tail:
+        if len(out) < k and not stopped and self.head < self.tail:
             ref_np = ref if ref.__class__ is np.ndarray else np.frombuffer(ref, dtype=np.int32)
             prot_np = np.array(protected, dtype=np.int64) if protected else _EMPTY_I64
-            out.extend(self._take_array(k - len(out), ref_np, prot_np, prot_mark).tolist())
+            out.extend(self._take_array(k - len(out), ref_np, prot_np, prot_mark, stamps, limit).tolist())
         return out
 
     def _take_array(
@@ -228,15 +240,17 @@ class SlotOrder(SlotLog):
             return chunks[1]
         return np.concatenate(chunks)
 
-    def peek(self, k: int, ref: np.ndarray, protected: np.ndarray, prot_mark: np.ndarray) -> np.ndarray:
+    def peek(self, k: int, ref: np.ndarray, protected: Any, prot_mark: np.ndarray) -> Any:
         """The slots :meth:`take` would return for ``k``, without taking them.
 
         No observable change: the entries before the first evictable one are passed as
         :meth:`take` passes them (stale ones dropped, pinned or pending ones parked), so repeated
         peeks do not rescan them. A following ``take(j)`` for ``j <= k`` returns the first ``j``.
+        ``protected`` a ``list``: the answer is a list, else an ``int64`` array.
         """
+        few = protected.__class__ is list
         if k <= 0:
-            return _EMPTY_I64
+            return [] if few else _EMPTY_I64
         member, pos, lid = self.member, self.pos, self.lid
         has_prot = len(protected) > 0
         out: list[int] = []
@@ -247,7 +261,8 @@ class SlotOrder(SlotLog):
                 break
             parked.pop()
         if parked and k == 1 and not (has_prot and prot_mark[parked.first()[1]]):
-            return np.array([parked.first()[1]], dtype=np.int64)  # the oldest parked slot is evictable again
+            s = parked.first()[1]  # the oldest parked slot is evictable again
+            return [s] if few else np.array([s], dtype=np.int64)
         if parked:
             ahead = parked.smallest(4 * k + 16)
             for ps, s in ahead:
@@ -285,7 +300,7 @@ class SlotOrder(SlotLog):
                 self.head = h
                 self.scanned = True
             if len(out) == k or h >= self.tail:
-                return np.array(out, dtype=np.int64) if out else _EMPTY_I64
+                return out if few else np.array(out, dtype=np.int64) if out else _EMPTY_I64
         chunks = [np.array(out, dtype=np.int64)] if out else []
         need = k - len(out)
         while need > 0 and h < self.tail:
@@ -304,5 +319,6 @@ class SlotOrder(SlotLog):
             need -= len(idx)
             h = end
         if not chunks:
-            return _EMPTY_I64
-        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+            return [] if few else _EMPTY_I64
+        got = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        return got.tolist() if few else got
