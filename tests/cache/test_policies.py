@@ -227,8 +227,8 @@ def test_zero_capacity_pool() -> None:
 @pytest.mark.parametrize(("seed", "budget"), [(1, 64), (2, 64), (3, 0), (4, 2)])
 def test_order_list_calls_match_array_calls(seed: int, budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Twin orders under the same random pushes, moves, pins and removals: ``take`` (with and
-    without a stamp limit) and ``peek`` called with lists answer as with arrays, and both orders
-    stay equal (``budget``: the list scans' entry budget; 0 hands every scan to the array code)."""
+    without a stamp limit) and ``peek`` called with lists answer as with arrays (``at_limit`` too),
+    and both orders stay equal (``budget``: the list scans' entry budget; 0 hands every scan to the array code)."""
     import kvoffload.cache.policies.order as order_mod
 
     monkeypatch.setattr(order_mod, "SCAN_BUDGET", budget)
@@ -274,8 +274,10 @@ def test_order_list_calls_match_array_calls(seed: int, budget: int, monkeypatch:
                 assert a.peek(k, ref, prot, mark) == b.peek(k, ref, np.array(prot, dtype=np.int64), mark).tolist()
             got = a.take(k, ref, prot, mark, stamps, limit)
             want = b.take(k, ref, np.array(prot, dtype=np.int64), mark, stamps, limit)
+            assert isinstance(got, list) and got == want.tolist() and a.at_limit == b.at_limit
+            if len(got) < k and not a.at_limit:  # none left: nothing to peek at either
+                assert a.peek(1, ref, prot, mark) == [] and not len(b.peek(1, ref, np.array(prot, dtype=np.int64), mark))
             mark[prot] = 0
-            assert isinstance(got, list) and got == want.tolist()
             if rng.random() < 0.5:
                 a.discard(got, members=True)
                 b.discard(want, members=True)

@@ -293,7 +293,7 @@ class HeadStartPolicy(CachePolicy):
         else:
             floor = self._seen_floor()
             a = [] if floor is None else new.take(n, t.ref_buf, protected, t.prot_mark, stamp, floor + h)
-            if len(a) < n:
+            if len(a) < n and (floor is None or new.at_limit):  # (else no first-sight block is left)
                 b = seen.peek(1, t.ref, protected, t.prot_mark)
                 limit = self._stamp_mv[b[0]] + h if b else None
                 a += new.take(n - len(a), t.ref_buf, protected, t.prot_mark, stamp, limit)
@@ -349,8 +349,8 @@ class HeadStartPolicy(CachePolicy):
         ref, mark, stamp, stamp_mv = self.table.ref, self.table.prot_mark, self.stamp, self._stamp_mv
         new_parts, seen_parts, victims = [a], [], [a]
         need = n - len(a)
-        while need:
-            nxt = self.new.peek(1, ref, protected, mark)
+        while need:  # (a take that stopped short, not at its limit, left nothing to peek at)
+            nxt = self.new.peek(1, ref, protected, mark) if self.new.at_limit else ()
             s = self.seen.take(need, ref, protected, mark, stamp, stamp_mv[nxt[0]] - h - 1 if len(nxt) else None)
             seen_parts.append(s)
             victims.append(s)
@@ -360,7 +360,7 @@ class HeadStartPolicy(CachePolicy):
                 self.seen.on_evictable(_joined(seen_parts))
                 return None
             if need:
-                b = self.seen.peek(1, ref, protected, mark)
+                b = self.seen.peek(1, ref, protected, mark) if self.seen.at_limit else ()
                 a = self.new.take(need, ref, protected, mark, stamp, stamp_mv[b[0]] + h if len(b) else None)
                 new_parts.append(a)
                 victims.append(a)

@@ -43,6 +43,9 @@ class SlotOrder(SlotLog):
         self._parked = ParkedHeap()
         #: whether a scan moved ``head`` since the last :meth:`clear` (else no slot is parked)
         self.scanned = False
+        #: whether the last :meth:`take` ended at a slot past its ``limit`` (else it took ``k``, or
+        #: no evictable, unprotected slot was left: a :meth:`peek` would find none)
+        self.at_limit = False
 
     def clear(self) -> None:
         """Empty the list (the caller resets the shared arrays)."""
@@ -111,6 +114,7 @@ class SlotOrder(SlotLog):
         """
         if protected.__class__ is not list:
             return self._take_array(k, ref, protected, prot_mark, stamps, limit)  # type: ignore[arg-type]
+        self.at_limit = False
         if k <= 0:
             return []
         ref_s = ref.data if isinstance(ref, np.ndarray) else ref
@@ -157,6 +161,7 @@ class SlotOrder(SlotLog):
             self.head = h
             self.scanned = True
         parked.push(deferred)
+        self.at_limit = stopped
         if len(out) < k and not stopped and self.head < self.tail:
             ref_np = ref if ref.__class__ is np.ndarray else np.frombuffer(ref, dtype=np.int32)
             prot_np = np.array(protected, dtype=np.int64) if protected else _EMPTY_I64
@@ -173,6 +178,7 @@ class SlotOrder(SlotLog):
         limit: int | None = None,
     ) -> np.ndarray:
         """:meth:`take` with arrays."""
+        self.at_limit = False
         if k <= 0:
             return _EMPTY_I64
         out: list[int] = []
@@ -234,6 +240,7 @@ class SlotOrder(SlotLog):
             self.head = h + consumed
             self.scanned = True
         parked.push(deferred)
+        self.at_limit = stopped
         if len(chunks) == 1:
             return taken
         if len(chunks) == 2 and not out:
