@@ -227,7 +227,7 @@ def test_zero_capacity_pool() -> None:
 @pytest.mark.parametrize(("seed", "budget"), [(1, 64), (2, 64), (3, 0), (4, 2)])
 def test_order_list_calls_match_array_calls(seed: int, budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Twin orders under the same random pushes, moves, pins and removals: ``take`` (with and
-    without a stamp limit) and ``peek`` called with lists answer as with arrays (``at_limit`` too),
+    without a stamp limit) and ``peek`` called with lists answer as with arrays (``past_limit`` too: what a peek finds next),
     and both orders stay equal (``budget``: the list scans' entry budget; 0 hands every scan to the array code)."""
     import kvoffload.cache.policies.order as order_mod
 
@@ -274,9 +274,10 @@ def test_order_list_calls_match_array_calls(seed: int, budget: int, monkeypatch:
                 assert a.peek(k, ref, prot, mark) == b.peek(k, ref, np.array(prot, dtype=np.int64), mark).tolist()
             got = a.take(k, ref, prot, mark, stamps, limit)
             want = b.take(k, ref, np.array(prot, dtype=np.int64), mark, stamps, limit)
-            assert isinstance(got, list) and got == want.tolist() and a.at_limit == b.at_limit
-            if len(got) < k and not a.at_limit:  # none left: nothing to peek at either
-                assert a.peek(1, ref, prot, mark) == [] and not len(b.peek(1, ref, np.array(prot, dtype=np.int64), mark))
+            assert isinstance(got, list) and got == want.tolist() and a.past_limit == b.past_limit
+            if len(got) < k:  # ended at the limit, or none left
+                nxt = [a.past_limit] if a.past_limit >= 0 else []
+                assert a.peek(1, ref, prot, mark) == nxt == b.peek(1, ref, np.array(prot, dtype=np.int64), mark).tolist()
             mark[prot] = 0
             if rng.random() < 0.5:
                 a.discard(got, members=True)

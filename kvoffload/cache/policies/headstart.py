@@ -282,21 +282,21 @@ class HeadStartPolicy(CachePolicy):
         return self._evict(n, protected)  # type: ignore[arg-type]
 
     def _evict_few(self, n: int, protected: list[int]) -> list[int] | None:
-        """:meth:`evict` with lists (a small call): the first-sight blocks up to a bound of the seen
-        list's oldest candidate's stamp (its ``front()``), then, if too few, up to the exact stamp,
-        each scan entry by entry; the same victims as :meth:`_evict`."""
-        t, h, stamp = self.table, self.tuner.head_start, self.stamp
+        """:meth:`evict` with lists (a small call), each scan entry by entry: the first-sight blocks
+        up to the stamp of the seen list's ``front()`` (its oldest candidate when evictable and
+        unprotected, else a lower bound of that one's stamp), then, if too few and the bound was
+        not exact, up to the exact stamp; the same victims as :meth:`_evict`."""
+        t, h, stamp, stamp_mv = self.table, self.tuner.head_start, self.stamp, self._stamp_mv
         new, seen = self.new, self.seen
         a: list[int]
         if not seen.size:
             a = new.take(n, t.ref_buf, protected, t.prot_mark)
         else:
-            floor = self._seen_floor()
-            a = [] if floor is None else new.take(n, t.ref_buf, protected, t.prot_mark, stamp, floor + h)
-            if len(a) < n and (floor is None or new.at_limit):  # (else no first-sight block is left)
+            f = seen.front()
+            a = [] if f is None else new.take(n, t.ref_buf, protected, t.prot_mark, stamp, stamp_mv[f] + h)
+            if len(a) < n and (f is None or (new.past_limit >= 0 and (t.ref_buf[f] or t.prot_mv[f]))):
                 b = seen.peek(1, t.ref, protected, t.prot_mark)
-                limit = self._stamp_mv[b[0]] + h if b else None
-                a += new.take(n - len(a), t.ref_buf, protected, t.prot_mark, stamp, limit)
+                a += new.take(n - len(a), t.ref_buf, protected, t.prot_mark, stamp, stamp_mv[b[0]] + h if b else None)
         if len(a) == n:
             new.discard(a, members=True)
             self._to_ghost(a)
@@ -345,23 +345,25 @@ class HeadStartPolicy(CachePolicy):
     def _evict_merged(self, n: int, a: Any, h: int, protected: Any) -> Any:
         """:meth:`evict` once a seen block comes next: takes from the two lists in turn, each up to
         the other's oldest candidate (ties go to the first-sight block), until ``n`` are taken
-        (``protected`` and the answer: lists or arrays, as :meth:`_evict_few` and :meth:`_evict`)."""
+        (``protected`` and the answer: lists or arrays, as :meth:`_evict_few` and :meth:`_evict`).
+        The first-sight list's last take ended short: its ``past_limit`` is that list's next
+        candidate (-1: none left), and each take's ``past_limit`` the next of its list."""
         ref, mark, stamp, stamp_mv = self.table.ref, self.table.prot_mark, self.stamp, self._stamp_mv
         new_parts, seen_parts, victims = [a], [], [a]
         need = n - len(a)
-        while need:  # (a take that stopped short, not at its limit, left nothing to peek at)
-            nxt = self.new.peek(1, ref, protected, mark) if self.new.at_limit else ()
-            s = self.seen.take(need, ref, protected, mark, stamp, stamp_mv[nxt[0]] - h - 1 if len(nxt) else None)
+        while need:
+            nxt = self.new.past_limit
+            s = self.seen.take(need, ref, protected, mark, stamp, stamp_mv[nxt] - h - 1 if nxt >= 0 else None)
             seen_parts.append(s)
             victims.append(s)
             need -= len(s)
-            if need and len(nxt) == 0:  # both lists exhausted: give everything back
+            if need and nxt < 0:  # both lists exhausted: give everything back
                 self.new.on_evictable(_joined(new_parts))
                 self.seen.on_evictable(_joined(seen_parts))
                 return None
             if need:
-                b = self.seen.peek(1, ref, protected, mark) if self.seen.at_limit else ()
-                a = self.new.take(need, ref, protected, mark, stamp, stamp_mv[b[0]] + h if len(b) else None)
+                b = self.seen.past_limit
+                a = self.new.take(need, ref, protected, mark, stamp, stamp_mv[b] + h if b >= 0 else None)
                 new_parts.append(a)
                 victims.append(a)
                 need -= len(a)

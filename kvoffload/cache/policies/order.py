@@ -43,9 +43,9 @@ class SlotOrder(SlotLog):
         self._parked = ParkedHeap()
         #: whether a scan moved ``head`` since the last :meth:`clear` (else no slot is parked)
         self.scanned = False
-        #: whether the last :meth:`take` ended at a slot past its ``limit`` (else it took ``k``, or
-        #: no evictable, unprotected slot was left: a :meth:`peek` would find none)
-        self.at_limit = False
+        #: the slot the last :meth:`take` ended at, past its ``limit``: what ``peek(1)`` would return
+        #: now; -1 when it took ``k``, or found no evictable, unprotected slot left (``peek`` finds none)
+        self.past_limit = -1
 
     def clear(self) -> None:
         """Empty the list (the caller resets the shared arrays)."""
@@ -114,7 +114,7 @@ class SlotOrder(SlotLog):
         """
         if protected.__class__ is not list:
             return self._take_array(k, ref, protected, prot_mark, stamps, limit)  # type: ignore[arg-type]
-        self.at_limit = False
+        self.past_limit = -1
         if k <= 0:
             return []
         ref_s = ref.data if isinstance(ref, np.ndarray) else ref
@@ -125,7 +125,7 @@ class SlotOrder(SlotLog):
         deferred: list[tuple[int, int]] = []
         parked = self._parked
         member, pos, lid = self._mm, self._pm, self.lid
-        stopped = False
+        past = -1
         while parked and len(out) < k:
             ps, s = parked.pop()
             if member[s] != lid or pos[s] != ps or ref_s[s] != 0:
@@ -135,10 +135,10 @@ class SlotOrder(SlotLog):
                 continue
             if st is not None and st[s] > lim:
                 deferred.append((ps, s))  # back on the heap, untaken; nothing later qualifies
-                stopped = True
+                past = s
                 break
             out.append(s)
-        if len(out) < k and not stopped:
+        if len(out) < k and past < 0:
             h, buf, base = self.head, self._bm, self.base
             stop = min(self.tail, h + SCAN_BUDGET + 4 * k)
             while h < stop:
@@ -152,7 +152,7 @@ class SlotOrder(SlotLog):
                     h += 1
                     continue
                 if st is not None and st[s] > lim:
-                    stopped = True  # the scan ends before it, untaken
+                    past = s  # the scan ends before it, untaken
                     break
                 h += 1
                 out.append(s)
@@ -161,8 +161,8 @@ class SlotOrder(SlotLog):
             self.head = h
             self.scanned = True
         parked.push(deferred)
-        self.at_limit = stopped
-        if len(out) < k and not stopped and self.head < self.tail:
+        self.past_limit = past
+        if len(out) < k and past < 0 and self.head < self.tail:
             ref_np = ref if ref.__class__ is np.ndarray else np.frombuffer(ref, dtype=np.int32)
             prot_np = np.array(protected, dtype=np.int64) if protected else _EMPTY_I64
             out.extend(self._take_array(k - len(out), ref_np, prot_np, prot_mark, stamps, limit).tolist())
@@ -178,7 +178,7 @@ class SlotOrder(SlotLog):
         limit: int | None = None,
     ) -> np.ndarray:
         """:meth:`take` with arrays."""
-        self.at_limit = False
+        self.past_limit = -1
         if k <= 0:
             return _EMPTY_I64
         out: list[int] = []
@@ -187,7 +187,7 @@ class SlotOrder(SlotLog):
         member, pos, lid = self.member, self.pos, self.lid
         has_prot = len(protected) > 0
         limited = stamps is not None and limit is not None
-        stopped = False
+        past = -1
         while parked and len(out) < k:
             ps, s = parked.pop()
             if member[s] != lid or pos[s] != ps:
@@ -199,12 +199,12 @@ class SlotOrder(SlotLog):
                 continue
             if limited and stamps[s] > limit:  # type: ignore[index,operator]
                 deferred.append((ps, s))  # back on the heap, untaken; nothing later qualifies
-                stopped = True
+                past = s
                 break
             out.append(s)
         taken = np.array(out, dtype=np.int64) if out else _EMPTY_I64
         chunks = [taken]
-        need = 0 if stopped else k - len(out)
+        need = 0 if past >= 0 else k - len(out)
         while need > 0 and self.head < self.tail:
             h = self.head
             end = min(self.tail, h + need + max(64, need // 4))
@@ -224,8 +224,8 @@ class SlotOrder(SlotLog):
                 over = int(np.searchsorted(stamps[seg[idx]], limit, side="right"))  # type: ignore[index,call-overload]
             if over < min(len(idx), need):  # the first slot past the limit ends the scan, untaken
                 consumed = int(idx[over])
+                past = int(seg[consumed])
                 idx = idx[:over]
-                stopped = True
             elif len(idx) >= need:
                 idx = idx[:need]
                 consumed = int(idx[-1]) + 1
@@ -236,11 +236,11 @@ class SlotOrder(SlotLog):
                 for s in seg[pe].tolist():
                     deferred.append((int(pos[s]), s))
             chunks.append(seg[idx])
-            need = 0 if stopped else need - len(idx)
+            need = 0 if past >= 0 else need - len(idx)
             self.head = h + consumed
             self.scanned = True
         parked.push(deferred)
-        self.at_limit = stopped
+        self.past_limit = past
         if len(chunks) == 1:
             return taken
         if len(chunks) == 2 and not out:
