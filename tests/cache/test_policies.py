@@ -227,8 +227,9 @@ def test_zero_capacity_pool() -> None:
 @pytest.mark.parametrize(("seed", "budget"), [(1, 64), (2, 64), (3, 0), (4, 2)])
 def test_order_list_calls_match_array_calls(seed: int, budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Twin orders under the same random pushes, moves, pins and removals: ``take`` (with and
-    without a stamp limit) and ``peek`` called with lists answer as with arrays (``past_limit`` too: what a peek finds next),
-    and both orders stay equal (``budget``: the list scans' entry budget; 0 hands every scan to the array code)."""
+    without a stamp limit) and ``peek`` called with lists answer as with arrays (``past_limit``
+    too: what a peek finds next), and both orders stay equal (``budget``: the list scans' entry
+    budget; 0 hands every scan to the array code)."""
     import kvoffload.cache.policies.order as order_mod
 
     monkeypatch.setattr(order_mod, "SCAN_BUDGET", budget)
@@ -277,7 +278,8 @@ def test_order_list_calls_match_array_calls(seed: int, budget: int, monkeypatch:
             assert isinstance(got, list) and got == want.tolist() and a.past_limit == b.past_limit
             if len(got) < k:  # ended at the limit, or none left
                 nxt = [a.past_limit] if a.past_limit >= 0 else []
-                assert a.peek(1, ref, prot, mark) == nxt == b.peek(1, ref, np.array(prot, dtype=np.int64), mark).tolist()
+                prot_arr = np.array(prot, dtype=np.int64)
+                assert a.peek(1, ref, prot, mark) == nxt == b.peek(1, ref, prot_arr, mark).tolist()
             mark[prot] = 0
             if rng.random() < 0.5:
                 a.discard(got, members=True)
