@@ -116,6 +116,18 @@ def test_request_traces_match_reference(capacity: int, turns: int, seed: int, po
     assert len(policy.seen) > 0 and len(policy.new) > 0
 
 
+@pytest.mark.parametrize("scalar_evict", [0, 3])
+def test_list_evictions_past_the_scalar_bound_match_reference(
+    scalar_evict: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evictions handed a list of more than ``SCALAR_EVICT`` blocks scan with arrays (here: all, or
+    those of more than 3), answering a list; the others entry by entry: the reference's victims."""
+    import kvoffload.cache.policies.headstart as headstart_mod
+
+    monkeypatch.setattr(headstart_mod, "SCALAR_EVICT", scalar_evict)
+    replay_both(conversation_trace(random.Random(21 + scalar_evict), 700, 6), 40)
+
+
 @pytest.mark.parametrize(("capacity", "seed"), [(12, 11), (40, 12), (300, 13)])
 def test_tagged_request_traces_match_reference(capacity: int, seed: int) -> None:
     """Requests tagged by their shape (a turn of a growing conversation or a new prompt, some

@@ -87,6 +87,9 @@ GHOST_BATCH = 1024
 #: an insert of more keys than this takes the array path even when handed a list (per key, the
 #: scalar fingerprint and history lookup cost more than numpy's fixed cost per call beyond it)
 SCALAR_INSERT = 16
+#: an eviction of more blocks than this scans with arrays even when handed a list (beyond it the
+#: entry-by-entry scans cost more than numpy's fixed costs)
+SCALAR_EVICT = 32
 
 
 def _joined(parts: list[Any]) -> Any:
@@ -277,9 +280,12 @@ class HeadStartPolicy(CachePolicy):
             self.seen.on_evictable(slots)
 
     def evict(self, n: int, protected: Slots) -> Any:
-        if protected.__class__ is list:
+        if protected.__class__ is not list:
+            return self._evict(n, protected)  # type: ignore[arg-type]
+        if n <= SCALAR_EVICT:
             return self._evict_few(n, protected)  # type: ignore[arg-type]
-        return self._evict(n, protected)  # type: ignore[arg-type]
+        out = self._evict(n, np.array(protected, dtype=np.int64))
+        return None if out is None else out.tolist()
 
     def _evict_few(self, n: int, protected: list[int]) -> list[int] | None:
         """:meth:`evict` with lists (a small call), each scan entry by entry: the first-sight blocks
