@@ -128,6 +128,49 @@ def test_list_evictions_past_the_scalar_bound_match_reference(
     replay_both(conversation_trace(random.Random(21 + scalar_evict), 700, 6), 40)
 
 
+@pytest.mark.parametrize("seed", [31, 32, 33])
+def test_list_paths_match_array_paths_with_pins(seed: int) -> None:
+    """Twin managers, headstart (small calls as lists) and :class:`ArrayHeadStart`, under the same
+    random small calls with many blocks pinned by unfinished loads or pending stores: the same
+    outputs (victims in order), lists, stamps, head start and ghost history."""
+    rng = random.Random(seed)
+    a = CPUOffloadingManager(24, cache_policy="headstart")
+    b = CPUOffloadingManager(24, cache_policy=ARRAY_HEADSTART)
+    universe = [key(i) for i in range(90)]
+    loading: list[list[bytes]] = []
+    storing: list[list[bytes]] = []
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.4:
+            keys = rng.sample(universe, rng.randint(1, 6))
+            got, want = a.prepare_store(keys, CTX), b.prepare_store(keys, CTX)
+            assert (got is None) == (want is None)
+            if got is not None and want is not None:
+                assert (got.keys_to_store, got.evicted_keys) == (want.keys_to_store, want.evicted_keys)
+                storing.append(got.keys_to_store)
+        elif op < 0.55 and storing:
+            keys = storing.pop(rng.randrange(len(storing)))
+            ok = rng.random() < 0.9
+            a.complete_store(keys, CTX, success=ok)
+            b.complete_store(keys, CTX, success=ok)
+        elif op < 0.7:
+            present = [k for k in rng.sample(universe, 8) if a.lookup(k, CTX)][:4]
+            if present:
+                a.prepare_load(present, CTX)
+                b.prepare_load(present, CTX)
+                loading.append(present)
+        elif op < 0.85 and loading:
+            keys = loading.pop(rng.randrange(len(loading)))
+            a.complete_load(keys, CTX)
+            b.complete_load(keys, CTX)
+        else:
+            keys = rng.sample(universe, rng.randint(1, 5))
+            a.touch(keys, CTX)
+            b.touch(keys, CTX)
+        assert real_order(a) == real_order(b)
+        assert np.array_equal(a.policy.ghost.fp, b.policy.ghost.fp)  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(("capacity", "seed"), [(12, 11), (40, 12), (300, 13)])
 def test_tagged_request_traces_match_reference(capacity: int, seed: int) -> None:
     """Requests tagged by their shape (a turn of a growing conversation or a new prompt, some

@@ -50,7 +50,9 @@ or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key)
 for the few keys of a small call (``takes_lists``: memoryviews, no numpy call); evicting ``n``
 blocks takes the first-sight blocks up to the seen list's oldest candidate in one scan (usually all
 ``n``; bounded first by the stamp at the seen list's head, read without scanning that list), then
-the two lists in turn (O(n) amortised), and the history takes the queued victims in
+the two lists in turn (O(n) amortised; a small call's, at most ``SCALAR_EVICT`` blocks, entry by
+entry without numpy calls, each take telling where the next one of its list starts), and the
+history takes the queued victims in
 one vectorised write per batch (one more per round of victims sharing a bucket, see ``ghost.py``:
 O(1) amortised per victim); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of
 the accesses (its sample).
@@ -289,20 +291,19 @@ class HeadStartPolicy(CachePolicy):
 
     def _evict_few(self, n: int, protected: list[int]) -> list[int] | None:
         """:meth:`evict` with lists (a small call), each scan entry by entry: the first-sight blocks
-        up to the stamp of the seen list's ``front()`` (its oldest candidate when evictable and
-        unprotected, else a lower bound of that one's stamp), then, if too few and the bound was
-        not exact, up to the exact stamp; the same victims as :meth:`_evict`."""
+        up to the stamp of the seen list's ``front()`` (its oldest candidate, or an older block: a
+        lower bound; :meth:`_evict_merged` goes on from there), else up to the exact stamp; the same
+        victims as :meth:`_evict`."""
         t, h, stamp, stamp_mv = self.table, self.tuner.head_start, self.stamp, self._stamp_mv
         new, seen = self.new, self.seen
         a: list[int]
         if not seen.size:
             a = new.take(n, t.ref_buf, protected, t.prot_mark)
+        elif (f := seen.front()) is not None:
+            a = new.take(n, t.ref_buf, protected, t.prot_mark, stamp, stamp_mv[f] + h)
         else:
-            f = seen.front()
-            a = [] if f is None else new.take(n, t.ref_buf, protected, t.prot_mark, stamp, stamp_mv[f] + h)
-            if len(a) < n and (f is None or (new.past_limit >= 0 and (t.ref_buf[f] or t.prot_mv[f]))):
-                b = seen.peek(1, t.ref, protected, t.prot_mark)
-                a += new.take(n - len(a), t.ref_buf, protected, t.prot_mark, stamp, stamp_mv[b[0]] + h if b else None)
+            b = seen.peek(1, t.ref, protected, t.prot_mark)
+            a = new.take(n, t.ref_buf, protected, t.prot_mark, stamp, stamp_mv[b[0]] + h if b else None)
         if len(a) == n:
             new.discard(a, members=True)
             self._to_ghost(a)
