@@ -106,16 +106,18 @@ class RequestLog:
         st = self._requests.pop(req_id, None)
         if st is None:
             return
-        chunks = st.chunks  # each distinct: one is the keys as they are
-        keys: list[OffloadKey] = chunks[0] if len(chunks) == 1 else list(dict.fromkeys(chain.from_iterable(chunks)))
+        chunks = st.chunks  # each distinct; keys strictly head first (recorded so) are distinct too
+        keys: list[OffloadKey] = chunks[0] if len(chunks) == 1 else list(chain.from_iterable(chunks))
         if not keys:
             return
         pos = list(map(key_position, keys)) if key_position is not None else [None]
         if None in pos:
+            keys = list(dict.fromkeys(keys))
             keys.sort(key=_GROUP_SUFFIX)
         elif not all(map(lt, pos, islice(pos, 1, None))):  # type: ignore[arg-type]  # not recorded head first
-            where = dict(zip(keys, pos, strict=True))
-            if len(set(pos)) < len(pos):
+            where = dict(zip(keys, pos))  # noqa: B905 (hot: see keytable)  # each key once, first seen first
+            keys = list(where)
+            if len(set(where.values())) < len(keys):
                 keys.sort(key=_GROUP_SUFFIX)
             keys.sort(key=where.__getitem__)  # type: ignore[arg-type]
         slots: Any = list(map(self._table.index.get, keys, repeat(-1)))

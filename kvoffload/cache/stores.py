@@ -59,7 +59,7 @@ class Stores:
         if len(to_store) + len(t.index) > t.num_blocks:  # > num_free; the present keys spared: only then needed
             protected: list[int] | np.ndarray
             if positions is None:
-                protected = [s for s in slots if s >= 0]
+                protected = [s for s in slots if s >= 0] if n_present else []
             else:
                 protected = slots[~absent_mask] if n_present else _EMPTY_I64  # type: ignore[index,call-overload,assignment]
             made = self.make_room(len(to_store), protected, len(keys))
@@ -129,17 +129,26 @@ class Stores:
         need = n_new - t.num_free
         if n_new == 0 or need <= 0:
             return []
-        if protected.__class__ is list:
-            prot_ev = sum(1 for s in protected if t.ref_buf[s] == 0)
-        else:
-            prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if len(protected) else 0
         victims: np.ndarray | list[int] | None = None
-        if need <= t.num_evictable - prot_ev:  # else hopeless: fail in O(1)
-            self._mark(protected, 1)
+        if protected.__class__ is list:  # a small call: the policy takes the list, marks set here
+            if not protected:
+                if need <= t.num_evictable:  # else hopeless: fail in O(1)
+                    victims = self.policy.evict(need, protected if self._lists else _EMPTY_I64)  # type: ignore[arg-type]
+            elif need <= t.num_evictable - list(map(t.ref_buf.__getitem__, protected)).count(0):
+                mark = t.prot_mv
+                for s in protected:
+                    mark[s] = 1
+                try:
+                    victims = self.policy.evict(need, self._arg(protected))
+                finally:
+                    for s in protected:
+                        mark[s] = 0
+        elif need <= t.num_evictable - (int(np.count_nonzero(t.ref[protected] == 0)) if len(protected) else 0):
+            self.table.prot_mark[protected] = 1
             try:
-                victims = self.policy.evict(need, self._arg(protected))
+                victims = self.policy.evict(need, protected)  # type: ignore[arg-type]
             finally:
-                self._mark(protected, 0)
+                self.table.prot_mark[protected] = 0
         if victims is None:
             self.counters.stores_failed += n_keys
             return None
@@ -147,7 +156,8 @@ class Stores:
             raise RuntimeError(f"policy {type(self.policy).__name__} returned {len(victims)} victims, expected {need}")
         self.counters.evictions += need
         evicted = t.release(victims, ready=True)
-        self._record(evicted)
+        if self.events is not None:
+            self._record(evicted)
         return evicted
 
     def discard(self, slots: np.ndarray) -> list[OffloadKey]:
@@ -164,12 +174,3 @@ class Stores:
     def _record(self, keys: list[OffloadKey]) -> None:
         if self.events is not None:
             self.events.append(OffloadingEvent(keys=list(keys), medium=CPU_MEDIUM, removed=True))
-
-    def _mark(self, protected: np.ndarray | list[int], value: int) -> None:
-        """Set the protected slots' ``table.prot_mark`` (the policy's membership test)."""
-        if protected.__class__ is list:
-            mark = self.table.prot_mv
-            for s in protected:
-                mark[s] = value
-        elif len(protected):
-            self.table.prot_mark[protected] = value

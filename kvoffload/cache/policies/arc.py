@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -89,7 +89,7 @@ class ARCPolicy(CachePolicy):
         if (self.b1 or self.b2) and len(present) < len(keys):
             self._ghost_hits([keys[i] for i in (~present_mask).nonzero()[0][::-1].tolist()])
 
-    def _ghost_hits(self, keys: Sequence[bytes]) -> None:
+    def _ghost_hits(self, keys: Iterable[bytes]) -> None:
         """Adapt the target for each ghost hit among ``keys`` (absent keys), in this order."""
         b1, b2 = self.b1, self.b2
         for key in keys:
@@ -105,7 +105,7 @@ class ARCPolicy(CachePolicy):
     def on_store_miss(self, keys: Sequence[bytes]) -> None:
         """Ghost hits among keys offered for storing adapt the target (last key first), as in touch."""
         if self.b1 or self.b2:
-            self._ghost_hits(list(reversed(keys)))
+            self._ghost_hits(reversed(keys))
 
     def on_request_finished(self, keys: Sequence[bytes], slots: Slots, inserted_only: Slots, reused: Slots) -> None:
         """vLLM's request-scoped ARC: a block the request only stored is refreshed in its own list
@@ -119,7 +119,7 @@ class ARCPolicy(CachePolicy):
             member, pos, buf1, buf2 = self._member_mv, self._pos_mv, t1._bm, t2._bm
             i1, i2, base1, base2 = t1.tail, t2.tail, t1.base, t2.base
             promoted = 0
-            for s, ins, reu in zip(reversed(slots), reversed(inserted_only), reversed(reused), strict=True):  # type: ignore[call-overload]
+            for s, ins, reu in zip(reversed(slots), reversed(inserted_only), reversed(reused)):  # type: ignore[call-overload]  # noqa: B905 (hot: see keytable)
                 if s < 0:
                     continue
                 if member[s] == _T1:
@@ -171,58 +171,87 @@ class ARCPolicy(CachePolicy):
         self.t2.on_evictable(slots)
 
     def evict(self, n: int, protected: Slots) -> Any:
-        scalar = protected.__class__ is list
-        got = self._pick(n, protected, scalar)
+        if protected.__class__ is list:
+            return self._evict_few(n, protected)  # type: ignore[arg-type]
+        got = self._pick(n, protected)  # type: ignore[arg-type]
         if got is None:
             return None
-        if len(got) == 1:
-            return got[0]  # type: ignore[no-any-return]
-        return [s for g in got for s in g] if scalar else np.concatenate(got)
+        return got[0] if len(got) == 1 else np.concatenate(got)
 
-    def _pick(self, n: int, protected: np.ndarray | list[int], scalar: bool) -> list | None:  # type: ignore[type-arg]
-        """Choose ``n`` victims (T1 while at or above target, else T2, then T1), forget them, record
-        their keys as ghosts; per list the victims, as arrays or (``scalar``) lists. None: nothing
-        changed."""
+    def _evict_few(self, n: int, protected: list[int]) -> list[int] | None:
+        """:meth:`evict` of a small call, on lists (:meth:`_pick`'s steps, each done once)."""
+        t1, t2, t = self.t1, self.t2, self.table
+        ref, mark = t.ref_buf, t.prot_mark
         target = int(self.target_t1_size)
-        picks: list[tuple[object, SlotOrder]] = []
+        got1: list[int] = []
+        got2: list[int] = []
+        more: list[int] = []
+        t1_left = True
+        if t1.size >= target:
+            want = min(n, t1.size - target + 1)
+            got1 = t1.take(want, ref, protected, mark)
+            t1_left = len(got1) == want
+        rem = n - len(got1)
+        if rem:
+            got2 = t2.take(rem, ref, protected, mark)
+            rem -= len(got2)
+            if rem and t1_left:
+                more = t1.take(rem, ref, protected, mark)
+                rem -= len(more)
+        from_t1 = got1 + more if more else got1
+        if rem:
+            t1.on_evictable(from_t1)
+            t2.on_evictable(got2)
+            return None
+        get = t.keys.__getitem__
+        if from_t1:
+            t1.discard(from_t1, members=True)
+            self._remember(self.b1, map(get, from_t1))
+        if not got2:
+            return from_t1
+        t2.discard(got2, members=True)
+        self._remember(self.b2, map(get, got2))
+        return got1 + got2 + more
+
+    def _remember(self, ghost: OrderedDict[bytes, None], keys: Iterable[bytes]) -> None:
+        """Add the evicted ``keys`` to ``ghost`` (most recent last), trimmed to ``capacity`` entries."""
+        ghost.update(zip(keys, repeat(None)))
+        if len(ghost) > self.capacity:
+            deque(map(ghost.popitem, repeat(False, len(ghost) - self.capacity)), maxlen=0)
+
+    def _pick(self, n: int, protected: np.ndarray) -> list[np.ndarray] | None:
+        """Choose ``n`` victims (T1 while at or above target, else T2, then T1), forget them, record
+        their keys as ghosts; per list the victims. None: nothing changed."""
+        target = int(self.target_t1_size)
+        picks: list[tuple[np.ndarray, SlotOrder]] = []
         rem = n
         t1_left = True
+        t = self.table
         if len(self.t1) >= target:
             want = min(rem, len(self.t1) - target + 1)
-            got = self._take(self.t1, want, protected, scalar)
+            got = self.t1.take(want, t.ref, protected, t.prot_mark)
             picks.append((got, self.t1))
-            rem -= len(got)  # type: ignore[arg-type]
-            t1_left = len(got) == want  # type: ignore[arg-type]
+            rem -= len(got)
+            t1_left = len(got) == want
         if rem > 0:
-            got = self._take(self.t2, rem, protected, scalar)
+            got = self.t2.take(rem, t.ref, protected, t.prot_mark)
             picks.append((got, self.t2))
-            rem -= len(got)  # type: ignore[arg-type]
+            rem -= len(got)
         if rem > 0 and t1_left:
-            got = self._take(self.t1, rem, protected, scalar)
+            got = self.t1.take(rem, t.ref, protected, t.prot_mark)
             picks.append((got, self.t1))
-            rem -= len(got)  # type: ignore[arg-type]
+            rem -= len(got)
         if rem > 0:
             for got, lst in picks:
-                lst.on_evictable(got)  # type: ignore[arg-type]
+                lst.on_evictable(got)
             return None
-        keys = self.table.keys
         out = []
         for got, lst in picks:
-            if len(got) == 0:  # type: ignore[arg-type]
-                continue
-            out.append(got)
-            lst.discard(got)  # type: ignore[arg-type]
-            victims: list[int] = got if scalar else got.tolist()  # type: ignore[assignment,attr-defined]
-            ghost = self.b1 if lst is self.t1 else self.b2
-            ghost.update(zip([keys[s] for s in victims], repeat(None)))  # type: ignore[misc]
-        for ghost in (self.b1, self.b2):
-            for _ in range(len(ghost) - self.capacity):
-                ghost.popitem(last=False)
+            if len(got):
+                out.append(got)
+                lst.discard(got, members=True)
+                self._remember(self.b1 if lst is self.t1 else self.b2, t.keys[got].tolist())
         return out
-
-    def _take(self, lst: SlotOrder, k: int, protected: np.ndarray | list[int], scalar: bool) -> object:
-        t = self.table
-        return lst.take(k, t.ref_buf if scalar else t.ref, protected, t.prot_mark)
 
     def clear(self) -> None:
         self.member[:] = 0
