@@ -78,7 +78,8 @@ class RequestLog:
             return None
         st = self._requests.get(req_id) or self._requests.setdefault(req_id, Access())
         if candidates and self._learns_misses:
-            misses = [k for k in candidates if k not in st.store_misses]
+            seen = st.store_misses
+            misses = [k for k in candidates if k not in seen] if seen else candidates
             if misses:
                 self._policy.on_store_miss(misses)
                 st.store_misses.update(misses)

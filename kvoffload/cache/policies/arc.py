@@ -92,15 +92,21 @@ class ARCPolicy(CachePolicy):
     def _ghost_hits(self, keys: Iterable[bytes]) -> None:
         """Adapt the target for each ghost hit among ``keys`` (absent keys), in this order."""
         b1, b2 = self.b1, self.b2
-        for key in keys:
+        target, cap = self.target_t1_size, float(self.capacity)
+        for key in keys:  # max(1.0, ratio) and the clamps written out: the same floats, no builtin calls
             if key in b1:
-                delta = max(1.0, len(b2) / len(b1))
-                self.target_t1_size = min(self.target_t1_size + delta, float(self.capacity))
+                ratio = len(b2) / len(b1)
+                target += ratio if ratio > 1.0 else 1.0
+                if target > cap:
+                    target = cap
                 b1.move_to_end(key)
             elif key in b2:
-                delta = max(1.0, len(b1) / len(b2))
-                self.target_t1_size = max(self.target_t1_size - delta, 0.0)
+                ratio = len(b1) / len(b2)
+                target -= ratio if ratio > 1.0 else 1.0
+                if target < 0.0:
+                    target = 0.0
                 b2.move_to_end(key)
+        self.target_t1_size = target
 
     def on_store_miss(self, keys: Sequence[bytes]) -> None:
         """Ghost hits among keys offered for storing adapt the target (last key first), as in touch."""
@@ -157,12 +163,13 @@ class ARCPolicy(CachePolicy):
 
     def on_evictable(self, slots: Slots) -> None:
         if slots.__class__ is list:
-            t1, t2 = self.t1, self.t2  # nothing parked in a list whose scan position is below every slot
+            t1, t2 = self.t1, self.t2  # a slot may be parked only below its list's scan position
             if not (t1.scanned or t2.scanned):
                 return
-            limit, pos = max(t1.base + t1.head, t2.base + t2.head), self._pos_mv
+            lim1, lim2, pos, member = t1.base + t1.head, t2.base + t2.head, self._pos_mv, self._member_mv
+            limit = max(lim1, lim2)
             for s in slots:
-                if pos[s] < limit:
+                if pos[s] < limit and pos[s] < (lim1 if member[s] == _T1 else lim2):
                     t1.on_evictable(slots)
                     t2.on_evictable(slots)
                     return
@@ -171,15 +178,12 @@ class ARCPolicy(CachePolicy):
         self.t2.on_evictable(slots)
 
     def evict(self, n: int, protected: Slots) -> Any:
-        if protected.__class__ is list:
-            return self._evict_few(n, protected)  # type: ignore[arg-type]
-        got = self._pick(n, protected)  # type: ignore[arg-type]
-        if got is None:
-            return None
-        return got[0] if len(got) == 1 else np.concatenate(got)
-
-    def _evict_few(self, n: int, protected: list[int]) -> list[int] | None:
-        """:meth:`evict` of a small call, on lists (:meth:`_pick`'s steps, each done once)."""
+        if protected.__class__ is not list:
+            got = self._pick(n, protected)  # type: ignore[arg-type]
+            if got is None:
+                return None
+            return got[0] if len(got) == 1 else np.concatenate(got)
+        # a small call: _pick's steps on lists, each done once
         t1, t2, t = self.t1, self.t2, self.table
         ref, mark = t.ref_buf, t.prot_mark
         target = int(self.target_t1_size)
