@@ -114,9 +114,7 @@ class Stores:
             return
         if pend.__class__ is not list:  # a list's slots were made ready above
             t.ref[pend] = 0
-            self.policy.on_evictable(pend)
-        else:
-            self.policy.on_evictable(pend if self._lists else self._arg(pend))
+        self.policy.on_evictable(self._arg(pend))
         t.num_pending -= len(pend)
         t.num_evictable += len(pend)
         self.counters.stores_completed += len(pend)
@@ -131,26 +129,20 @@ class Stores:
         need = n_new - t.num_free
         if n_new == 0 or need <= 0:
             return []
+        if protected.__class__ is list:
+            prot_ev = list(map(t.ref_buf.__getitem__, protected)).count(0) if protected else 0
+        else:
+            prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if len(protected) else 0
         victims: np.ndarray | list[int] | None = None
-        if protected.__class__ is list:  # a small call: the policy takes the list, marks set here
-            if not protected:
-                if need <= t.num_evictable:  # else hopeless: fail in O(1)
-                    victims = self.policy.evict(need, protected if self._lists else _EMPTY_I64)  # type: ignore[arg-type]
-            elif need <= t.num_evictable - list(map(t.ref_buf.__getitem__, protected)).count(0):
-                mark = t.prot_mv
-                for s in protected:
-                    mark[s] = 1
+        if need <= t.num_evictable - prot_ev:  # else hopeless: fail in O(1)
+            if not len(protected):  # nothing to mark (the common case)
+                victims = self.policy.evict(need, self._arg(protected))
+            else:
+                self._mark(protected, 1)
                 try:
                     victims = self.policy.evict(need, self._arg(protected))
                 finally:
-                    for s in protected:
-                        mark[s] = 0
-        elif need <= t.num_evictable - (int(np.count_nonzero(t.ref[protected] == 0)) if len(protected) else 0):
-            self.table.prot_mark[protected] = 1
-            try:
-                victims = self.policy.evict(need, protected)  # type: ignore[arg-type]
-            finally:
-                self.table.prot_mark[protected] = 0
+                    self._mark(protected, 0)
         if victims is None:
             self.counters.stores_failed += n_keys
             return None
@@ -158,8 +150,7 @@ class Stores:
             raise RuntimeError(f"policy {type(self.policy).__name__} returned {len(victims)} victims, expected {need}")
         self.counters.evictions += need
         evicted = t.release(victims, ready=True)
-        if self.events is not None:
-            self._record(evicted)
+        self._record(evicted)
         return evicted
 
     def discard(self, slots: np.ndarray) -> list[OffloadKey]:
@@ -176,3 +167,12 @@ class Stores:
     def _record(self, keys: list[OffloadKey]) -> None:
         if self.events is not None:
             self.events.append(OffloadingEvent(keys=list(keys), medium=CPU_MEDIUM, removed=True))
+
+    def _mark(self, protected: np.ndarray | list[int], value: int) -> None:
+        """Set the protected slots' ``table.prot_mark`` (the policy's membership test)."""
+        if protected.__class__ is list:
+            mark = self.table.prot_mv
+            for s in protected:
+                mark[s] = value
+        else:
+            self.table.prot_mark[protected] = value

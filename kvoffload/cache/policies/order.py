@@ -119,15 +119,14 @@ class SlotOrder(SlotLog):
         deferred: list[tuple[int, int]] = []
         parked = self._parked
         member, pos, lid = self._mm, self._pm, self.lid
-        if parked.heap:
-            while parked.heap and len(out) < k:
-                ps, s = parked.pop()
-                if member[s] != lid or pos[s] != ps or ref_s[s]:
-                    continue  # moved/removed since it was parked, or pinned again
-                if prot[s]:
-                    deferred.append((ps, s))
-                    continue
-                out.append(s)
+        while parked.heap and len(out) < k:
+            ps, s = parked.pop()
+            if member[s] != lid or pos[s] != ps or ref_s[s]:
+                continue  # moved/removed since it was parked, or pinned again
+            if prot[s]:
+                deferred.append((ps, s))
+                continue
+            out.append(s)
         if len(out) < k:
             h0, buf, base = self.head, self._bm, self.base
             stop = min(self.tail, h0 + SCAN_BUDGET + 4 * k)
