@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -64,9 +63,13 @@ class ARCPolicy(CachePolicy):
 
     def insert(self, slots: Slots, keys: Sequence[bytes]) -> None:
         self.t1.push_back(slots, fresh=True)  # new blocks are in no list
-        for ghost in (self.b1, self.b2):
-            if ghost:
-                deque(map(ghost.pop, keys, repeat(None)), maxlen=0)
+        b1, b2 = self.b1, self.b2
+        if b1 or b2:  # a test and a del: cheaper than OrderedDict.pop, mostly a miss
+            for key in keys:
+                if key in b1:
+                    del b1[key]
+                if key in b2:
+                    del b2[key]
 
     def remove(self, slots: Slots) -> None:
         self.t1.discard(slots)
@@ -207,21 +210,22 @@ class ARCPolicy(CachePolicy):
             t1.on_evictable(from_t1)
             t2.on_evictable(got2)
             return None
-        get = t.keys.__getitem__
+        keys = t.keys
         if from_t1:
             t1.discard(from_t1, members=True)
-            self._remember(self.b1, map(get, from_t1))
+            self._remember(self.b1, [keys[s] for s in from_t1])
         if not got2:
             return from_t1
         t2.discard(got2, members=True)
-        self._remember(self.b2, map(get, got2))
+        self._remember(self.b2, [keys[s] for s in got2])
         return got1 + got2 + more
 
     def _remember(self, ghost: OrderedDict[bytes, None], keys: Iterable[bytes]) -> None:
         """Add the evicted ``keys`` to ``ghost`` (most recent last), trimmed to ``capacity`` entries."""
-        ghost.update(zip(keys, repeat(None)))
-        if len(ghost) > self.capacity:
-            deque(map(ghost.popitem, repeat(False, len(ghost) - self.capacity)), maxlen=0)
+        for key in keys:  # cheaper than OrderedDict.update
+            ghost[key] = None
+        for _ in range(len(ghost) - self.capacity):
+            ghost.popitem(False)
 
     def _pick(self, n: int, protected: np.ndarray) -> list[np.ndarray] | None:
         """Choose ``n`` victims (T1 while at or above target, else T2, then T1), forget them, record
