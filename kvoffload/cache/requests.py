@@ -111,11 +111,15 @@ class RequestLog:
         keys: list[OffloadKey] = chunks[0] if len(chunks) == 1 else list(chain.from_iterable(chunks))
         if not keys:
             return
-        pos = list(map(key_position, keys)) if key_position is not None else [None]
-        if None in pos:
+        pos = list(map(key_position, keys)) if key_position is not None else [None] * len(keys)
+        try:  # recorded head first (the common case; a comparison with None raises, unlike ``None in pos``'s scan)
+            ordered = all(map(lt, pos, islice(pos, 1, None)))  # type: ignore[arg-type]
+        except TypeError:
+            ordered = False
+        if not ordered and None in pos:
             keys = list(dict.fromkeys(keys))
             keys.sort(key=_GROUP_SUFFIX)
-        elif not all(map(lt, pos, islice(pos, 1, None))):  # type: ignore[arg-type]  # not recorded head first
+        elif not ordered:
             where = dict(zip(keys, pos))  # noqa: B905 (hot: see keytable)  # each key once, first seen first
             keys = list(where)
             if len(set(where.values())) < len(keys):
@@ -127,8 +131,8 @@ class RequestLog:
             self._policy.touch(keys, slots if lists else np.array(slots, dtype=np.int64), unique=True)
             return
         inserted_only, reused = st.inserted - st.reused, st.reused
-        ins = [k in inserted_only for k in keys] if inserted_only else [False] * len(keys)
-        reu = [k in reused for k in keys] if reused else [False] * len(keys)
+        ins = list(map(inserted_only.__contains__, keys)) if inserted_only else [False] * len(keys)
+        reu = list(map(reused.__contains__, keys)) if reused else [False] * len(keys)
         if lists:
             self._policy.on_request_finished(keys, slots, ins, reu)  # type: ignore[arg-type]
         else:
