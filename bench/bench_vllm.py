@@ -42,7 +42,8 @@ Timed: the scheduler-role connector calls (``on_new_request``, from the schedule
 ``build_connector_meta``, ``update_connector_output``, ``request_finished``), which is where the
 manager is called, and inside them the manager's own calls (both managers behind the same timing
 wrapper). Reported per setting and policy (LRU, ARC): µs per engine step for both and their ratios
-(kvoffload / vLLM; below 1 is faster), the two runs alternated (which one runs first swaps every
+(kvoffload / vLLM; below 1 is faster) and the blocks kvoffload's manager evicted (``evictions``, from its
+counters), the two runs alternated (which one runs first swaps every
 repeat), best of ``--repeats`` each (default 1 for the realistic settings, 3 for the small trace).
 Each repeat is 4 runs (2 managers x 2 policies); on a 2-core machine 64req-1e4 takes about 3 s per
 run (20 s in all at ``--repeats 1``), 256req-1e5 about 30 s per run (2 minutes in all), mostly
@@ -264,6 +265,8 @@ def _run_once(
         "page_bytes": shape.page,
         "loads": e.worker.counts["loads"],
         "stores": e.worker.counts["stores"],
+        # blocks kvoffload's manager evicted (its counters; vLLM's manager counts none)
+        "evictions": None if use_vllm_manager else sched.manager.core.get_stats().evictions,
         "outputs": e.outputs,
     }
     gc.callbacks.remove(_gc_phase)
@@ -298,6 +301,7 @@ def run_setting(s: Setting, repeats: int, policies: tuple[str, ...] = ("lru", "a
             "steps": ours["steps"],
             "cpu_tier_loads": ours["loads"],
             "stores": ours["stores"],
+            "evictions": ours["evictions"],
             "kvoffload_us_per_step": round(ours["us_per_step"], 1),
             "vllm_us_per_step": round(theirs["us_per_step"], 1),
             "ratio": round(ours["us_per_step"] / theirs["us_per_step"], 3),
@@ -345,6 +349,7 @@ def compare_policies(s: Setting, repeats: int, policies: tuple[str, ...]) -> lis
             "policy": p,
             "steps": b["steps"],
             "cpu_tier_loads": b["loads"],
+            "evictions": b["evictions"],
             "manager_us_per_step": round(b["manager_us_per_step"], 1),
             "connector_us_per_step": round(b["us_per_step"], 1),
             f"manager_vs_{policies[0]}": round(b["manager_us_per_step"] / base["manager_us_per_step"], 3),

@@ -12,7 +12,8 @@ end). The calls are then replayed, ``--repeats`` times each, alternating a fresh
 (both make the same decisions: ``bench_vllm`` asserts it); the figure is the process CPU time of a
 replay (``time.process_time``: time the process was descheduled by other load does not count),
 best of the repeats, once with the garbage collector running (the recorded calls frozen out of its
-scans, as vLLM freezes its start-up heap) and once with it disabled. ``--per-method`` adds, per
+scans, as vLLM freezes its start-up heap) and once with it disabled; ``evictions``: the blocks
+kvoffload's manager evicted in a replay (its counters). ``--per-method`` adds, per
 manager method, its calls and the best wall time of each manager in it (separate replays, each
 call timed, the collector disabled: the timer adds about 0.1 us a call to both).
 """
@@ -125,8 +126,11 @@ def run(
                             m[f"{who}_ms"] = round(min(dt * 1e3, m.get(f"{who}_ms", dt * 1e3)), 3)
                 for m in methods.values():
                     m["ratio"] = round(m["kvoffload_ms"] / m["vllm_ms"], 3) if m["vllm_ms"] else 0.0
+            counted = make["kvoffload"]()
+            replay(calls, counted, False)
             gc.unfreeze()
             row = {"setting": setting, "policy": policy, "calls": len(calls)}
+            row["evictions"] = counted.core.get_stats().evictions  # blocks the replay evicted
             for collect, tag in ((True, ""), (False, "_no_gc")):
                 ours, theirs = best["kvoffload", collect], best["vllm", collect]
                 row[f"kvoffload_ms{tag}"] = round(ours * 1e3, 2)

@@ -170,18 +170,19 @@ class SlotTable:
         if len(slots) == 0:
             return []
         if slots.__class__ is list:
-            index, karr, ref, gen = self.index, self.keys, self.ref_buf, self.gen_mv if self.memo else None
+            index, karr, ref = self.index, self.keys, self.ref_buf
             keys: list[OffloadKey] = []
-            n_pending = 0
+            n_pending = 0 if ready else [ref[s] for s in slots].count(PENDING)
             for s in slots:
                 k = karr[s]
                 keys.append(k)
                 del index[k]
                 karr[s] = None
-                if gen is not None:
-                    gen[s] = (gen[s] + 1) & 0xFFFFFFFF
-                n_pending += ref[s] == PENDING
                 ref[s] = FREE
+            if self.memo:  # only the memo reads generations: one remembered since it must see the change
+                gen = self.gen_mv
+                for s in slots:
+                    gen[s] = (gen[s] + 1) & 0xFFFFFFFF
             self.free_list.extend(slots)
         else:
             keys = self.keys[slots].tolist()

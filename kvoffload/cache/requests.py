@@ -78,7 +78,8 @@ class RequestLog:
             return None
         st = self._requests.get(req_id) or self._requests.setdefault(req_id, Access())
         if candidates and self._learns_misses:
-            misses = [k for k in candidates if k not in st.store_misses]
+            seen = st.store_misses
+            misses = [k for k in candidates if k not in seen] if seen else candidates
             if misses:
                 self._policy.on_store_miss(misses)
                 st.store_misses.update(misses)
@@ -106,16 +107,22 @@ class RequestLog:
         st = self._requests.pop(req_id, None)
         if st is None:
             return
-        chunks = st.chunks  # each distinct: one is the keys as they are
-        keys: list[OffloadKey] = chunks[0] if len(chunks) == 1 else list(dict.fromkeys(chain.from_iterable(chunks)))
+        chunks = st.chunks  # each distinct; keys strictly head first (recorded so) are distinct too
+        keys: list[OffloadKey] = chunks[0] if len(chunks) == 1 else list(chain.from_iterable(chunks))
         if not keys:
             return
-        pos = list(map(key_position, keys)) if key_position is not None else [None]
-        if None in pos:
+        pos = list(map(key_position, keys)) if key_position is not None else [None] * len(keys)
+        try:  # recorded head first (the common case; a comparison with None raises, unlike ``None in pos``'s scan)
+            ordered = all(map(lt, pos, islice(pos, 1, None)))  # type: ignore[arg-type]
+        except TypeError:
+            ordered = False
+        if not ordered and None in pos:
+            keys = list(dict.fromkeys(keys))
             keys.sort(key=_GROUP_SUFFIX)
-        elif not all(map(lt, pos, islice(pos, 1, None))):  # type: ignore[arg-type]  # not recorded head first
-            where = dict(zip(keys, pos, strict=True))
-            if len(set(pos)) < len(pos):
+        elif not ordered:
+            where = dict(zip(keys, pos))  # noqa: B905 (hot: see keytable)  # each key once, first seen first
+            keys = list(where)
+            if len(set(where.values())) < len(keys):
                 keys.sort(key=_GROUP_SUFFIX)
             keys.sort(key=where.__getitem__)  # type: ignore[arg-type]
         slots: Any = list(map(self._table.index.get, keys, repeat(-1)))
@@ -124,8 +131,8 @@ class RequestLog:
             self._policy.touch(keys, slots if lists else np.array(slots, dtype=np.int64), unique=True)
             return
         inserted_only, reused = st.inserted - st.reused, st.reused
-        ins = [k in inserted_only for k in keys] if inserted_only else [False] * len(keys)
-        reu = [k in reused for k in keys] if reused else [False] * len(keys)
+        ins = list(map(inserted_only.__contains__, keys)) if inserted_only else [False] * len(keys)
+        reu = list(map(reused.__contains__, keys)) if reused else [False] * len(keys)
         if lists:
             self._policy.on_request_finished(keys, slots, ins, reu)  # type: ignore[arg-type]
         else:

@@ -59,7 +59,7 @@ class Stores:
         if len(to_store) + len(t.index) > t.num_blocks:  # > num_free; the present keys spared: only then needed
             protected: list[int] | np.ndarray
             if positions is None:
-                protected = [s for s in slots if s >= 0]
+                protected = [s for s in slots if s >= 0] if n_present else []
             else:
                 protected = slots[~absent_mask] if n_present else _EMPTY_I64  # type: ignore[index,call-overload,assignment]
             made = self.make_room(len(to_store), protected, len(keys))
@@ -130,16 +130,19 @@ class Stores:
         if n_new == 0 or need <= 0:
             return []
         if protected.__class__ is list:
-            prot_ev = sum(1 for s in protected if t.ref_buf[s] == 0)
+            prot_ev = list(map(t.ref_buf.__getitem__, protected)).count(0) if protected else 0
         else:
             prot_ev = int(np.count_nonzero(t.ref[protected] == 0)) if len(protected) else 0
         victims: np.ndarray | list[int] | None = None
         if need <= t.num_evictable - prot_ev:  # else hopeless: fail in O(1)
-            self._mark(protected, 1)
-            try:
+            if not len(protected):  # nothing to mark (the common case)
                 victims = self.policy.evict(need, self._arg(protected))
-            finally:
-                self._mark(protected, 0)
+            else:
+                self._mark(protected, 1)
+                try:
+                    victims = self.policy.evict(need, self._arg(protected))
+                finally:
+                    self._mark(protected, 0)
         if victims is None:
             self.counters.stores_failed += n_keys
             return None
@@ -171,5 +174,5 @@ class Stores:
             mark = self.table.prot_mv
             for s in protected:
                 mark[s] = value
-        elif len(protected):
+        else:
             self.table.prot_mark[protected] = value

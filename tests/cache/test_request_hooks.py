@@ -98,6 +98,29 @@ def test_key_position_orders_keys() -> None:
     assert lru_order(core) == [k(3), k(2), k(1)]
 
 
+def test_key_order_with_unknown_positions_and_keys_recorded_twice() -> None:
+    # a key without a position: every key by group, then first seen (positions ignored)
+    core = m = hooked(8)
+    store(m, [k(3, 1)], "a")
+    store(m, [k(1), k(2)], "a")
+    m.on_request_finished(ctx("a"), key_position={k(1): 4, k(2): 8}.get)
+    assert lru_order(core) == [k(3, 1), k(2), k(1)]
+    # a key read, then offered again with a new one: recorded twice, applied once, by position
+    core = m = hooked(8)
+    store(m, [k(1), k(2)], "x")
+    m.on_new_request(ctx("b"))
+    m.prepare_load([k(1)], ctx("b"))
+    m.complete_load([k(1)], ctx("b"))
+    store(m, [k(1), k(3)], "b")
+    m.on_request_finished(ctx("b"), key_position={k(1): 0, k(3): 16}.get)
+    assert lru_order(core) == [k(2), k(3), k(1)]
+    # one key without a position
+    core = m = hooked(8)
+    store(m, [k(1)], "c")
+    m.on_request_finished(ctx("c"), key_position={}.get)
+    assert lru_order(core) == [k(1)]
+
+
 def test_arc_inserted_only_stays_in_t1_reused_moves_to_t2() -> None:
     core = m = hooked(8, "arc")
     m.on_new_request(ctx("a"))

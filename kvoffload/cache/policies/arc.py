@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
-from collections.abc import Sequence
-from itertools import repeat
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,9 +63,13 @@ class ARCPolicy(CachePolicy):
 
     def insert(self, slots: Slots, keys: Sequence[bytes]) -> None:
         self.t1.push_back(slots, fresh=True)  # new blocks are in no list
-        for ghost in (self.b1, self.b2):
-            if ghost:
-                deque(map(ghost.pop, keys, repeat(None)), maxlen=0)
+        b1, b2 = self.b1, self.b2
+        if b1 or b2:  # a test and a del: cheaper than OrderedDict.pop, mostly a miss
+            for key in keys:
+                if key in b1:
+                    del b1[key]
+                if key in b2:
+                    del b2[key]
 
     def remove(self, slots: Slots) -> None:
         self.t1.discard(slots)
@@ -89,23 +92,29 @@ class ARCPolicy(CachePolicy):
         if (self.b1 or self.b2) and len(present) < len(keys):
             self._ghost_hits([keys[i] for i in (~present_mask).nonzero()[0][::-1].tolist()])
 
-    def _ghost_hits(self, keys: Sequence[bytes]) -> None:
+    def _ghost_hits(self, keys: Iterable[bytes]) -> None:
         """Adapt the target for each ghost hit among ``keys`` (absent keys), in this order."""
         b1, b2 = self.b1, self.b2
-        for key in keys:
+        target, cap = self.target_t1_size, float(self.capacity)
+        for key in keys:  # max(1.0, ratio) and the clamps written out: the same floats, no builtin calls
             if key in b1:
-                delta = max(1.0, len(b2) / len(b1))
-                self.target_t1_size = min(self.target_t1_size + delta, float(self.capacity))
+                ratio = len(b2) / len(b1)
+                target += ratio if ratio > 1.0 else 1.0
+                if target > cap:
+                    target = cap
                 b1.move_to_end(key)
             elif key in b2:
-                delta = max(1.0, len(b1) / len(b2))
-                self.target_t1_size = max(self.target_t1_size - delta, 0.0)
+                ratio = len(b1) / len(b2)
+                target -= ratio if ratio > 1.0 else 1.0
+                if target < 0.0:
+                    target = 0.0
                 b2.move_to_end(key)
+        self.target_t1_size = target
 
     def on_store_miss(self, keys: Sequence[bytes]) -> None:
         """Ghost hits among keys offered for storing adapt the target (last key first), as in touch."""
         if self.b1 or self.b2:
-            self._ghost_hits(list(reversed(keys)))
+            self._ghost_hits(reversed(keys))
 
     def on_request_finished(self, keys: Sequence[bytes], slots: Slots, inserted_only: Slots, reused: Slots) -> None:
         """vLLM's request-scoped ARC: a block the request only stored is refreshed in its own list
@@ -119,7 +128,7 @@ class ARCPolicy(CachePolicy):
             member, pos, buf1, buf2 = self._member_mv, self._pos_mv, t1._bm, t2._bm
             i1, i2, base1, base2 = t1.tail, t2.tail, t1.base, t2.base
             promoted = 0
-            for s, ins, reu in zip(reversed(slots), reversed(inserted_only), reversed(reused), strict=True):  # type: ignore[call-overload]
+            for s, ins, reu in zip(reversed(slots), reversed(inserted_only), reversed(reused)):  # type: ignore[call-overload]  # noqa: B905 (hot: see keytable)
                 if s < 0:
                     continue
                 if member[s] == _T1:
@@ -157,12 +166,13 @@ class ARCPolicy(CachePolicy):
 
     def on_evictable(self, slots: Slots) -> None:
         if slots.__class__ is list:
-            t1, t2 = self.t1, self.t2  # nothing parked in a list whose scan position is below every slot
+            t1, t2 = self.t1, self.t2  # a slot may be parked only below its list's scan position
             if not (t1.scanned or t2.scanned):
                 return
-            limit, pos = max(t1.base + t1.head, t2.base + t2.head), self._pos_mv
+            lim1, lim2, pos, member = t1.base + t1.head, t2.base + t2.head, self._pos_mv, self._member_mv
+            limit = max(lim1, lim2)
             for s in slots:
-                if pos[s] < limit:
+                if pos[s] < limit and pos[s] < (lim1 if member[s] == _T1 else lim2):
                     t1.on_evictable(slots)
                     t2.on_evictable(slots)
                     return
@@ -171,58 +181,85 @@ class ARCPolicy(CachePolicy):
         self.t2.on_evictable(slots)
 
     def evict(self, n: int, protected: Slots) -> Any:
-        scalar = protected.__class__ is list
-        got = self._pick(n, protected, scalar)
-        if got is None:
-            return None
-        if len(got) == 1:
-            return got[0]  # type: ignore[no-any-return]
-        return [s for g in got for s in g] if scalar else np.concatenate(got)
-
-    def _pick(self, n: int, protected: np.ndarray | list[int], scalar: bool) -> list | None:  # type: ignore[type-arg]
-        """Choose ``n`` victims (T1 while at or above target, else T2, then T1), forget them, record
-        their keys as ghosts; per list the victims, as arrays or (``scalar``) lists. None: nothing
-        changed."""
+        if protected.__class__ is not list:
+            got = self._pick(n, protected)  # type: ignore[arg-type]
+            if got is None:
+                return None
+            return got[0] if len(got) == 1 else np.concatenate(got)
+        # a small call: _pick's steps on lists, each done once
+        t1, t2, t = self.t1, self.t2, self.table
+        ref, mark = t.ref_buf, t.prot_mark
         target = int(self.target_t1_size)
-        picks: list[tuple[object, SlotOrder]] = []
+        got1: list[int] = []
+        got2: list[int] = []
+        more: list[int] = []
+        t1_left = True
+        if t1.size >= target:
+            want = min(n, t1.size - target + 1)
+            got1 = t1.take(want, ref, protected, mark)
+            t1_left = len(got1) == want
+        rem = n - len(got1)
+        if rem:
+            got2 = t2.take(rem, ref, protected, mark)
+            rem -= len(got2)
+            if rem and t1_left:
+                more = t1.take(rem, ref, protected, mark)
+                rem -= len(more)
+        from_t1 = got1 + more if more else got1
+        if rem:
+            t1.on_evictable(from_t1)
+            t2.on_evictable(got2)
+            return None
+        keys = t.keys
+        if from_t1:
+            t1.discard(from_t1, members=True)
+            self._remember(self.b1, [keys[s] for s in from_t1])
+        if not got2:
+            return from_t1
+        t2.discard(got2, members=True)
+        self._remember(self.b2, [keys[s] for s in got2])
+        return got1 + got2 + more
+
+    def _remember(self, ghost: OrderedDict[bytes, None], keys: Iterable[bytes]) -> None:
+        """Add the evicted ``keys`` to ``ghost`` (most recent last), trimmed to ``capacity`` entries."""
+        for key in keys:  # cheaper than OrderedDict.update
+            ghost[key] = None
+        for _ in range(len(ghost) - self.capacity):
+            ghost.popitem(False)
+
+    def _pick(self, n: int, protected: np.ndarray) -> list[np.ndarray] | None:
+        """Choose ``n`` victims (T1 while at or above target, else T2, then T1), forget them, record
+        their keys as ghosts; per list the victims. None: nothing changed."""
+        target = int(self.target_t1_size)
+        picks: list[tuple[np.ndarray, SlotOrder]] = []
         rem = n
         t1_left = True
+        t = self.table
         if len(self.t1) >= target:
             want = min(rem, len(self.t1) - target + 1)
-            got = self._take(self.t1, want, protected, scalar)
+            got = self.t1.take(want, t.ref, protected, t.prot_mark)
             picks.append((got, self.t1))
-            rem -= len(got)  # type: ignore[arg-type]
-            t1_left = len(got) == want  # type: ignore[arg-type]
+            rem -= len(got)
+            t1_left = len(got) == want
         if rem > 0:
-            got = self._take(self.t2, rem, protected, scalar)
+            got = self.t2.take(rem, t.ref, protected, t.prot_mark)
             picks.append((got, self.t2))
-            rem -= len(got)  # type: ignore[arg-type]
+            rem -= len(got)
         if rem > 0 and t1_left:
-            got = self._take(self.t1, rem, protected, scalar)
+            got = self.t1.take(rem, t.ref, protected, t.prot_mark)
             picks.append((got, self.t1))
-            rem -= len(got)  # type: ignore[arg-type]
+            rem -= len(got)
         if rem > 0:
             for got, lst in picks:
-                lst.on_evictable(got)  # type: ignore[arg-type]
+                lst.on_evictable(got)
             return None
-        keys = self.table.keys
         out = []
         for got, lst in picks:
-            if len(got) == 0:  # type: ignore[arg-type]
-                continue
-            out.append(got)
-            lst.discard(got)  # type: ignore[arg-type]
-            victims: list[int] = got if scalar else got.tolist()  # type: ignore[assignment,attr-defined]
-            ghost = self.b1 if lst is self.t1 else self.b2
-            ghost.update(zip([keys[s] for s in victims], repeat(None)))  # type: ignore[misc]
-        for ghost in (self.b1, self.b2):
-            for _ in range(len(ghost) - self.capacity):
-                ghost.popitem(last=False)
+            if len(got):
+                out.append(got)
+                lst.discard(got, members=True)
+                self._remember(self.b1 if lst is self.t1 else self.b2, t.keys[got].tolist())
         return out
-
-    def _take(self, lst: SlotOrder, k: int, protected: np.ndarray | list[int], scalar: bool) -> object:
-        t = self.table
-        return lst.take(k, t.ref_buf if scalar else t.ref, protected, t.prot_mark)
 
     def clear(self) -> None:
         self.member[:] = 0

@@ -131,8 +131,13 @@ class SlotLog:
     def discard(self, slots: np.ndarray | list[int], members: bool = False) -> None:
         """Remove distinct ``slots`` that are in this list (others are ignored; ``members``: all are
         in it, e.g. the slots an eviction scan just returned)."""
-        if members and slots.__class__ is not list:
-            self.member[slots] = 0
+        if members:
+            if slots.__class__ is list:
+                member = self._mm
+                for s in slots:
+                    member[s] = 0
+            else:
+                self.member[slots] = 0
             self.size -= len(slots)
             return
         if slots.__class__ is list:

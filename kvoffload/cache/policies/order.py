@@ -117,8 +117,8 @@ class SlotOrder(SlotLog):
         self.past_limit = -1
         if k <= 0:
             return []
-        ref_s = ref.data if isinstance(ref, np.ndarray) else ref
-        prot = prot_mark.data if protected else None
+        ref_s = ref.data if ref.__class__ is np.ndarray else ref
+        prot = prot_mark.data  # all 0 but for ``protected``
         st = stamps.data if stamps is not None and limit is not None else None
         lim = 0 if limit is None else limit  # (read only with ``st``)
         out: list[int] = []
@@ -126,11 +126,11 @@ class SlotOrder(SlotLog):
         parked = self._parked
         member, pos, lid = self._mm, self._pm, self.lid
         past = -1
-        while parked and len(out) < k:
+        while parked.heap and len(out) < k:
             ps, s = parked.pop()
-            if member[s] != lid or pos[s] != ps or ref_s[s] != 0:
+            if member[s] != lid or pos[s] != ps or ref_s[s]:
                 continue  # moved/removed since it was parked, or pinned again
-            if prot is not None and prot[s]:
+            if prot[s]:
                 deferred.append((ps, s))
                 continue
             if st is not None and st[s] > lim:
@@ -139,28 +139,28 @@ class SlotOrder(SlotLog):
                 break
             out.append(s)
         if len(out) < k and past < 0:
-            h, buf, base = self.head, self._bm, self.base
-            stop = min(self.tail, h + SCAN_BUDGET + 4 * k)
-            while h < stop:
+            h0, buf, base = self.head, self._bm, self.base
+            stop = min(self.tail, h0 + SCAN_BUDGET + 4 * k)
+            for h in range(h0, stop):
                 s = buf[h]
-                p = base + h
-                if member[s] != lid or pos[s] != p or ref_s[s] != 0:
-                    h += 1
+                if member[s] != lid or pos[s] != base + h or ref_s[s]:
                     continue  # stale entry, or parked (pinned/pending) from now on
-                if prot is not None and prot[s]:
-                    deferred.append((p, s))
-                    h += 1
+                if prot[s]:
+                    deferred.append((base + h, s))
                     continue
                 if st is not None and st[s] > lim:
                     past = s  # the scan ends before it, untaken
                     break
-                h += 1
                 out.append(s)
                 if len(out) == k:
+                    h += 1
                     break
+            else:
+                h = stop
             self.head = h
             self.scanned = True
-        parked.push(deferred)
+        if deferred:
+            parked.push(deferred)
         self.past_limit = past
         if len(out) < k and past < 0 and self.head < self.tail:
             ref_np = ref if ref.__class__ is np.ndarray else np.frombuffer(ref, dtype=np.int32)
@@ -205,9 +205,11 @@ class SlotOrder(SlotLog):
         taken = np.array(out, dtype=np.int64) if out else _EMPTY_I64
         chunks = [taken]
         need = 0 if past >= 0 else k - len(out)
+        extra = max(64, need // 4)  # entries read past ``need``, doubled each round (long runs of stale entries)
         while need > 0 and self.head < self.tail:
             h = self.head
-            end = min(self.tail, h + need + max(64, need // 4))
+            end = min(self.tail, h + need + extra)
+            extra *= 2
             seg = self.buf[h:end].astype(np.int64)
             ev = ref[seg] == 0
             ev &= member[seg] == lid
