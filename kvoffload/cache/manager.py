@@ -241,8 +241,11 @@ class CPUOffloadingManager(OffloadingManager):
     def complete_load(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Unpin ``keys`` once per occurrence (:class:`KeyStateError` if one is not pinned that often)."""
         self._check(req_context)
+        if (c := keys.__class__) is list or c is set:  # a few keys: resolved and unpinned in one pass
+            if len(keys) <= SMALL_BATCH and not self._closed and self._loads.complete(keys, None, c is set):
+                return
         ks, slots, r = self._at(keys, True)
-        self._loads.complete(ks, slots, r is not None and r.unique)
+        self._loads.complete(ks, np.asarray(slots, dtype=np.int64), r is not None and r.unique)
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
@@ -298,9 +301,12 @@ class CPUOffloadingManager(OffloadingManager):
         self._check(req_context)
         if success.__class__ is not bool:
             success = check_bool(success, "success")
+        if (c := keys.__class__) is list or c is set:  # a few keys: resolved and completed in one pass
+            if len(keys) <= SMALL_BATCH and not self._closed and self._stores.complete(keys, None, success, c is set):
+                return
         _, slots, r = self._at(keys, True)
         if self.num_blocks:  # else nothing can be pending: checks only
-            self._stores.complete(slots, success, r is not None and r.unique)
+            self._stores.complete((), np.asarray(slots, dtype=np.int64), success, r is not None and r.unique)
 
     def discard(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
         """Remove the ready, unpinned ``keys`` (others are left alone) like evicted ones; the keys

@@ -1,9 +1,11 @@
 """The manager's lookups (a per-key closure; batch answers as ``LookupCode`` values) and loads (pin
-ready blocks, unpin them), on slots the manager resolved: a list (a few keys) or an ``int64`` array."""
+ready blocks, unpin them), on slots the manager resolved: a list (a few keys) or an ``int64`` array
+(unpinning a few keys resolves them itself, in the same pass)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -129,38 +131,42 @@ class Loads:
             self.table.ref[slots] = states + 1
         return slots
 
-    def complete(self, keys: Sequence[OffloadKey], slots: list[int] | np.ndarray, unique: bool) -> None:
-        """Unpin ``keys`` once per occurrence (repeats allowed unless ``unique``);
-        :class:`KeyStateError` if one is absent, pending or not pinned that often (nothing unpinned)."""
+    def complete(self, keys: Collection[OffloadKey], slots: np.ndarray | None, unique: bool) -> bool:
+        """Unpin ``keys`` once per occurrence (repeats allowed unless ``unique``); ``slots``: their
+        ``int64`` slots, or None for a few keys (a list or set) resolved here, in the same pass.
+        With ``slots``: :class:`KeyStateError` if one is absent, pending or not pinned that often
+        (nothing unpinned). Without: False, nothing changed, if one is not a key pinned that often
+        (the caller resolves them and calls again, which names it)."""
         t = self.table
-        if slots.__class__ is list:
-            ref = t.ref_buf
-            if not slots:
-                return
+        if slots is None:
+            get, ref = t.index.get, t.ref_buf
             freed = []
-            for i, s in enumerate(slots):  # noqa: B007 - one pass (repeats unpin again); i: where a bad key stops it
-                if s < 0:
-                    break
-                r = ref[s]
-                if r < 1:
-                    break
-                ref[s] = r - 1
-                if r == 1:
-                    freed.append(s)
-            else:
-                if freed:
-                    self._pinned(-len(freed), 0)
-                    self.policy.on_evictable(freed if self.policy.takes_lists else np.array(freed, dtype=np.int64))  # type: ignore[arg-type]
-                return
-            for s in slots[:i]:
-                ref[s] += 1
-            slots, unique = np.array(slots, dtype=np.int64), False  # the array path names the bad key
-        assert isinstance(slots, np.ndarray)
+            try:
+                for i, k in enumerate(keys):  # noqa: B007 - i: where a bad key stops it (undone)
+                    s = get(k)
+                    if s is None:
+                        break
+                    r = ref[s]
+                    if r < 1:
+                        break
+                    ref[s] = r - 1
+                    if r == 1:
+                        freed.append(s)
+                else:
+                    if freed:
+                        self._pinned(-len(freed), 0)
+                        self.policy.on_evictable(freed if self.policy.takes_lists else np.array(freed, dtype=np.int64))  # type: ignore[arg-type]
+                    return True
+            except TypeError:  # an unhashable item: not a key
+                pass
+            for k in islice(keys, i):
+                ref[t.index[k]] += 1
+            return False
         if len(slots) == 0:
-            return
+            return True
         if int(slots.min()) < 0:
-            i = int(np.argmax(slots < 0))  # type: ignore[operator]
-            raise KeyStateError(f"complete_load: keys[{i}] {keys[i]!r} is not stored")
+            i = int(np.argmax(slots < 0))
+            raise KeyStateError(f"complete_load: keys[{i}] {keys[i]!r} is not stored")  # type: ignore[index]
         uniq, cnt = (slots, None) if unique else np.unique(slots, return_counts=True)
         states = t.ref[uniq]
         bad = states < (1 if cnt is None else cnt)
@@ -175,3 +181,4 @@ class Loads:
         if len(freed_a):
             self._pinned(-len(freed_a), 0)
             self.policy.on_evictable(freed_a)
+        return True

@@ -1,9 +1,10 @@
 """The manager's ``prepare_store`` (room made by evicting the policy's victims), ``complete_store``
-and ``discard``, on slots the manager resolved: a list (a few keys: scalar code) or an ``int64`` array."""
+and ``discard``, on slots the manager resolved: a list (a few keys: scalar code) or an ``int64`` array
+(``complete_store`` of a few keys resolves them itself, in the same pass)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,37 +82,51 @@ class Stores:
             return np.array(slots, dtype=np.int64)
         return slots
 
-    def complete(self, slots: list[int] | np.ndarray, success: bool, unique: bool) -> None:
-        """``complete_store`` of keys with these ``slots`` (-1 = absent; repeats unless ``unique``):
-        the pending ones become ready (``success``) or are removed."""
+    def complete(self, keys: Collection[OffloadKey], slots: np.ndarray | None, success: bool, unique: bool) -> bool:
+        """``complete_store`` of ``keys`` (repeats unless ``unique``): the pending ones become ready
+        (``success``) or are removed; ``slots``: their ``int64`` slots (-1 = absent), or None for
+        a few keys (a list or set) resolved here, in the same pass. Without ``slots``: False, nothing
+        changed, if one is not a key or an absent one is not exactly ``bytes`` (the caller resolves
+        them, which raises)."""
         t = self.table
-        if slots.__class__ is list:
-            ref = t.ref_buf
-            pend: Any
-            if success:  # made ready in this one pass (a repeat is no longer pending)
-                pend = []
-                for s in slots:
-                    if s >= 0 and ref[s] == PENDING:
-                        ref[s] = 0
+        pend: Any
+        if slots is None:
+            get, ref = t.index.get, t.ref_buf
+            pend, bad = [], False
+            try:
+                for k in keys:
+                    s = get(k)
+                    if s is None:
+                        if k.__class__ is not bytes:  # an absent key must be exactly bytes
+                            bad = True
+                            break
+                    elif ref[s] == PENDING:
                         pend.append(s)
-            else:
-                pend = [s for s in slots if s >= 0 and ref[s] == PENDING]
-                if not unique and len(pend) > 1 and len(set(pend)) != len(pend):  # each once, first occurrences
-                    pend = list(dict.fromkeys(pend))
+                        if success:  # made ready in this one pass (a repeat is no longer pending)
+                            ref[s] = 0
+            except TypeError:  # an unhashable item: not a key
+                bad = True
+            if bad:
+                if success:
+                    for s in pend:
+                        ref[s] = PENDING
+                return False
+            if not success and not unique and len(pend) > 1 and len(set(pend)) != len(pend):
+                pend = list(dict.fromkeys(pend))  # each once, first occurrences
         else:
-            pend = slots[slots >= 0]  # type: ignore[operator]
+            pend = slots[slots >= 0]
             pend = pend[t.ref[pend] == PENDING]
             if not unique and len(pend) > 1:
                 first = np.unique(pend, return_index=True)[1]
                 if len(first) != len(pend):
                     pend = pend[np.sort(first)]
         if not len(pend):
-            return
+            return True
         if not success:
             self.policy.remove(self._arg(pend))
             t.release(pend)
             self.counters.stores_aborted += len(pend)
-            return
+            return True
         if pend.__class__ is not list:  # a list's slots were made ready above
             t.ref[pend] = 0
         self.policy.on_evictable(self._arg(pend))
@@ -121,6 +136,7 @@ class Stores:
         if self.events is not None:  # the keys of the slots made ready (equal keys, equal slots)
             done = [t.keys[s] for s in pend] if pend.__class__ is list else t.keys[pend].tolist()
             self.events.append(OffloadingEvent(keys=done, medium=CPU_MEDIUM, removed=False))  # type: ignore[arg-type]
+        return True
 
     def make_room(self, n_new: int, protected: np.ndarray | list[int], n_keys: int) -> list[OffloadKey] | None:
         """Evict so that ``n_new`` slots are free, sparing the slots ``protected``; the evicted keys

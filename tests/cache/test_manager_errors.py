@@ -54,6 +54,9 @@ BAD_KEY_LISTS = [
     ([None], InvalidTypeError),
     ([bytearray(b"abcd")], InvalidTypeError),
     ([K[0], [1, 2]], InvalidTypeError),
+    ([K[3], K[4], "str-key"], InvalidTypeError),  # pending keys before the bad one (complete_store)
+    ({K[3], K[4], "str-key"}, InvalidTypeError),  # a set: the completions' one-pass path
+    ({K[1], 7}, InvalidTypeError),
     (K[0], InvalidTypeError),  # a single key where a batch is expected
     ("abcd", InvalidTypeError),
     (5, InvalidTypeError),
@@ -120,7 +123,7 @@ def test_prepare_load_absent_or_pending(busy: CPUOffloadingManager) -> None:
 
 def test_complete_load_of_unpinned_absent_or_pending(busy: CPUOffloadingManager) -> None:
     before = snapshot(busy)
-    for keys in ([K[1], K[0]], [K[9]], [K[3]], [K[1], K[1]]):
+    for keys in ([K[1], K[0]], [K[9]], [K[3]], [K[1], K[1]], {K[1], K[0]}, {K[1], K[9]}, {K[3], K[1]}):
         with pytest.raises(KeyStateError):
             busy.complete_load(keys, CTX)
     assert snapshot(busy) == before
@@ -203,6 +206,8 @@ def test_after_shutdown_every_call_raises() -> None:
         lambda: m.touch([K[0]], CTX),
         lambda: m.prepare_load([K[0]], CTX),
         lambda: m.complete_load([K[0]], CTX),
+        lambda: m.complete_store({K[0]}, CTX),
+        lambda: m.complete_load({K[0]}, CTX),
         lambda: m.reset_cache(),
     ):
         with pytest.raises(KeyStateError, match="shut down"):

@@ -36,7 +36,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec, CPUOffloadingMetrics
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvoffload.cache.manager import SMALL_BATCH, CPUOffloadingManager
+from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, lookup_code
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
@@ -76,12 +76,6 @@ def key_position_getter(req_context: ReqContext) -> Callable[[OffloadKey], int |
 
 #: vLLM 0.33 marks the event of a failed store ``metadata_only`` (0.32's event has no such field).
 HAS_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
-
-
-def _completed_keys(keys: Collection[OffloadKey]) -> Collection[OffloadKey]:
-    """The keys of a completion (vLLM's job keys, a set) as the manager takes them cheapest: a few
-    as a list (scalar code), more as the set (distinct: no repeat check)."""
-    return keys if keys.__class__ is set and len(keys) > SMALL_BATCH else list(keys)
 
 
 class KVOffloadManager(OffloadingManager):
@@ -174,7 +168,7 @@ class KVOffloadManager(OffloadingManager):
         self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.core.complete_load(_completed_keys(keys), req_context)  # type: ignore[arg-type]
+        self.core.complete_load(keys, req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
@@ -193,7 +187,6 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
-        keys = _completed_keys(keys)
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
