@@ -154,7 +154,8 @@ class Loads:
                         freed.append(s)
                 else:
                     if freed:
-                        self._pinned(-len(freed), 0)
+                        t.num_evictable += len(freed)
+                        t.num_pinned -= len(freed)
                         self.policy.on_evictable(freed if self.policy.takes_lists else np.array(freed, dtype=np.int64))  # type: ignore[arg-type]
                     return True
             except TypeError:  # an unhashable item: not a key

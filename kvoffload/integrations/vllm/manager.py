@@ -122,6 +122,8 @@ class KVOffloadManager(OffloadingManager):
             self.lookup = self.core.lookup_function(  # type: ignore[method-assign,assignment]
                 (VLLM_LOOKUP[LOOKUP_HIT], VLLM_LOOKUP[LOOKUP_MISS], VLLM_LOOKUP[LOOKUP_PENDING]), ReqContext
             )
+        if type(self).complete_load is KVOffloadManager.complete_load:  # the manager's own call, no frame between
+            self.complete_load = self.core.complete_load  # type: ignore[method-assign,assignment]
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._alloc_sizes: list[int] = []
         self._config_info = dict(config_info or {})
@@ -168,6 +170,7 @@ class KVOffloadManager(OffloadingManager):
         self.core.touch(self.core.key_batch(keys), req_context)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Unpin ``keys`` (replaced per instance by the manager's own method)."""
         self.core.complete_load(keys, req_context)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ stores
