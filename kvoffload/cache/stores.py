@@ -129,7 +129,7 @@ class Stores:
             return True
         if pend.__class__ is not list:  # a list's slots were made ready above
             t.ref[pend] = 0
-        self.policy.on_evictable(self._arg(pend))
+        self.policy.on_evictable(pend if self._lists else self._arg(pend))
         t.num_pending -= len(pend)
         t.num_evictable += len(pend)
         self.counters.stores_completed += len(pend)

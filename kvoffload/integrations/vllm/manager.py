@@ -122,9 +122,14 @@ class KVOffloadManager(OffloadingManager):
             self.lookup = self.core.lookup_function(  # type: ignore[method-assign,assignment]
                 (VLLM_LOOKUP[LOOKUP_HIT], VLLM_LOOKUP[LOOKUP_MISS], VLLM_LOOKUP[LOOKUP_PENDING]), ReqContext
             )
-        if type(self).complete_load is KVOffloadManager.complete_load:  # the manager's own call, no frame between
-            self.complete_load = self.core.complete_load  # type: ignore[method-assign,assignment]
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        # the manager's own calls where they are the same (no frame between)
+        if type(self).complete_load is KVOffloadManager.complete_load:
+            self.complete_load = self.core.complete_load  # type: ignore[method-assign,assignment]
+        if type(self).complete_store is KVOffloadManager.complete_store and (
+            self._events is None or not HAS_METADATA_ONLY
+        ):
+            self.complete_store = self.core.complete_store  # type: ignore[method-assign,assignment]
         self._alloc_sizes: list[int] = []
         self._config_info = dict(config_info or {})
 
@@ -190,6 +195,9 @@ class KVOffloadManager(OffloadingManager):
         )
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
+        """Pending keys become ready (``success``) or are removed (with events on vLLM 0.33, a
+        ``metadata_only`` removal event for those); replaced per instance by the manager's own
+        method where that is all it does."""
         if success or self._events is None or not HAS_METADATA_ONLY:
             self.core.complete_store(keys, req_context, success)  # type: ignore[arg-type]
             return
