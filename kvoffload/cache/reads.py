@@ -91,6 +91,7 @@ class Loads:
         self.table = table
         self.policy = policy
         self.counters = counters
+        self._lists = policy.takes_lists
 
     def _pinned(self, newly: int, n: int) -> None:
         t = self.table
@@ -139,8 +140,7 @@ class Loads:
         (the caller resolves them and calls again, which names it)."""
         t = self.table
         if slots is None:
-            get, ref = t.index.get, t.ref_buf
-            freed = []
+            get, ref, freed = t.index.get, t.ref_buf, []
             try:
                 for i, k in enumerate(keys):  # noqa: B007 - i: where a bad key stops it (undone)
                     s = get(k)
@@ -156,7 +156,7 @@ class Loads:
                     if freed:
                         t.num_evictable += len(freed)
                         t.num_pinned -= len(freed)
-                        self.policy.on_evictable(freed if self.policy.takes_lists else np.array(freed, dtype=np.int64))  # type: ignore[arg-type]
+                        self.policy.on_evictable(freed if self._lists else np.array(freed, dtype=np.int64))  # type: ignore[arg-type]
                     return True
             except TypeError:  # an unhashable item: not a key
                 pass

@@ -170,7 +170,7 @@ class ARCPolicy(CachePolicy):
             if not (t1.scanned or t2.scanned):
                 return
             lim1, lim2, pos, member = t1.base + t1.head, t2.base + t2.head, self._pos_mv, self._member_mv
-            limit = max(lim1, lim2)
+            limit = lim1 if lim1 > lim2 else lim2
             for s in slots:
                 if pos[s] < limit and pos[s] < (lim1 if member[s] == _T1 else lim2):
                     t1.on_evictable(slots)
