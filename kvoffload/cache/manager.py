@@ -1,7 +1,8 @@
 """The CPU offloading manager (docs/contract.md §2, §3): one class calling its parts directly (slot
 table, policy, stores, loads, counters, events, optional reuse filter and request log). Each
 operation checks its arguments once, then runs scalar code for a ``list`` of at most
-:data:`SMALL_BATCH` keys (a numpy call costs ~1 us whatever its size), numpy operations otherwise.
+:data:`SMALL_BATCH` keys (a numpy call costs ~1 us whatever its size; the completions take a ``set``
+too, resolving its keys in the same pass), numpy operations otherwise.
 """
 
 from __future__ import annotations
