@@ -340,3 +340,23 @@ def test_ghost_batches_match_reference(size: int) -> None:
         entries = [[(int(v), int(q)) for v, q in zip(g.fp[b], g.seq[b], strict=True)] for b in range(g.buckets)]
         assert entries == ref.entries
         assert g.cursor.tolist() == ref.cursor
+
+
+def test_ghost_queue_adds_whole_batches_in_order() -> None:
+    """``queue`` (arrays and lists alike) holds fingerprints back until ``batch`` are queued, then adds
+    the whole queue in order: the same entries as adding the batch at once; ``clear`` drops the queue."""
+    rng = np.random.default_rng(5)
+    fp = np.unique(rng.integers(0, 2**32, size=40, dtype=np.uint32))[:25]
+    g, direct = GhostKeys(200, batch=10), GhostKeys(200)
+    g.queue(fp[:4])
+    g.queue(fp[4:7].tolist())
+    assert g.empty and g.contains_pop(fp[:7].copy()) is None  # 7 < 10 queued: none added yet
+    g.queue(fp[7:12])  # 12 >= 10: all twelve added, in order
+    direct.add(fp[:12].copy())
+    assert np.array_equal(g.fp, direct.fp) and np.array_equal(g.seq, direct.seq)
+    g.queue(fp[12:15])
+    g.clear()
+    g.queue(fp[15:25])  # exactly one batch after the clear: only these
+    fresh = GhostKeys(200)
+    fresh.add(fp[15:25].copy())
+    assert np.array_equal(g.fp, fresh.fp) and np.array_equal(g.seq, fresh.seq)

@@ -19,12 +19,17 @@ number ``added + i`` and writes ``f | 1`` for each bucket's fingerprints of the 
 bucket's cursor, *latest first*, advancing the cursor modulo :data:`WAYS` after each (one
 vectorised write per round; the keys of a call beyond the latest :data:`WAYS` of one bucket are
 not written).
-Memory: ``8 * WAYS * B + B`` bytes, 16.1 to 32.2 bytes per remembered key.
+Batched writes: :meth:`GhostKeys.queue` holds fingerprints back until at least ``batch`` are
+queued, then adds the whole queue (:meth:`~GhostKeys.add`, in order): one vectorised write per
+batch; queued keys are not found until then.
+Memory: ``8 * WAYS * B + B`` bytes, 16.1 to 32.2 bytes per remembered key, plus the queue (4 bytes
+per queued key).
 """
 
 from __future__ import annotations
 
 import logging
+from array import array
 
 import numpy as np
 
@@ -44,10 +49,13 @@ class GhostKeys:
 
     Args:
         size: ``G``, how many keys to remember (``1 <= size < 2**31``).
+        batch: how many fingerprints :meth:`queue` holds back before adding them (``>= 1``).
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, batch: int = 1) -> None:
         self.size = size
+        self.batch = batch
+        self._queued = array("I")  # fingerprints (uint32) queued, not added yet
         self.buckets = 1 << max(0, (-(-2 * size // WAYS) - 1).bit_length())
         self.mask = np.uint32(self.buckets - 1)  # a fingerprint's bucket: its low bits
         # written now (np.full, not np.zeros' lazily mapped pages): the first evictions after start
@@ -139,7 +147,19 @@ class GhostKeys:
                 return
             b, fp, seq = b[lost], fp[lost], seq[lost]
 
+    def queue(self, fp: np.ndarray | list[int]) -> None:
+        """Remember fingerprints (``uint32``, or a list of ints), in order, once ``batch`` are queued
+        (module docstring)."""
+        if fp.__class__ is list:
+            self._queued.extend(fp)  # type: ignore[arg-type]
+        else:
+            self._queued.frombytes(fp.tobytes())  # type: ignore[union-attr]
+        if len(self._queued) >= self.batch:
+            self.add(np.frombuffer(self._queued, dtype=np.uint32))
+            self._queued = array("I")
+
     def clear(self) -> None:
+        self._queued = array("I")
         self.fp[:] = 0
         self.seq[:] = 0
         self.cursor[:] = 0
@@ -147,4 +167,4 @@ class GhostKeys:
         self.empty = True
 
     def nbytes(self) -> int:
-        return self.fp.nbytes + self.seq.nbytes + self.cursor.nbytes
+        return self.fp.nbytes + self.seq.nbytes + self.cursor.nbytes + len(self._queued) * 4

@@ -35,33 +35,26 @@ Rules (the reference model in the tests implements exactly these):
   Without tags nothing changes and nothing is kept.
 * ghost history: :class:`~kvoffload.cache.policies.ghost.GhostKeys` of about ``4 * capacity`` key
   fingerprints (``headstart_tuner.fingerprints``); a key found there on insert leaves it. Victims
-  enter it in eviction order, in batches: their fingerprints are queued, and at the end of an
-  evict call that leaves at least ``ghost_batch = max(1, min(GHOST_BATCH, history // 64))`` queued
-  (the history's size: ``4 * capacity``), the whole queue is added (so up to ``ghost_batch - 1``
-  recent victims, under 1/64 of the window, are not found yet; one vectorised write per batch
-  instead of per call). ``H`` is the tuner's ``head_start``.
+  enter it in eviction order, queued in batches of ``max(1, min(GHOST_BATCH, history // 64))``
+  (``GhostKeys.queue``; the history's size: ``4 * capacity``): up to a batch of recent victims,
+  under 1/64 of the window, are not found yet. ``H`` is the tuner's ``head_start``.
 
 Memory: per block of capacity, ``int8`` list id + ``int64`` position + ``int64`` stamp + ``uint32``
 fingerprint + two ``int32`` logs of ``2 * capacity + 64`` entries (16 B) + the ghost history of 4
 keys (64 to 129 B) + a ``uint8`` tag label: 102 to 167 bytes, plus 4 KB of tag counts, the victim
 queue (at most ``GHOST_BATCH`` plus one call's victims, 4 B each) and the tuner's small caches (four
 of at most 128 blocks with 512 ghost keys each, about 0.3 MB whatever the capacity). Cost: a touch
-or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key), or scalar steps
-for the few keys of a small call (``takes_lists``: memoryviews, no numpy call); evicting ``n``
+or insert is O(keys) numpy work (a CRC-32 and a history lookup per inserted key); evicting ``n``
 blocks takes the first-sight blocks up to the seen list's oldest candidate in one scan (usually all
-``n``; bounded first by the stamp at the seen list's head, read without scanning that list), then
-the two lists in turn (O(n) amortised; a small call's, at most ``SCALAR_EVICT`` blocks, entry by
-entry without numpy calls, each take telling where the next one of its list starts), and the
-history takes the queued victims in
-one vectorised write per batch (one more per round of victims sharing a bucket, see ``ghost.py``:
-O(1) amortised per victim); the tuner does Python work for a fraction ``min(1, 128 / capacity)`` of
-the accesses (its sample).
+``n``; bounded first by the stamp at the seen list's head), then the two lists in turn (O(n)
+amortised); the history O(1) amortised per victim (``ghost.py``); the tuner does Python work for
+a fraction ``min(1, 128 / capacity)`` of the accesses (its sample). Small calls (lists: at most
+``SCALAR_INSERT`` inserted keys, ``SCALAR_EVICT`` victims) take scalar steps, no numpy call.
 """
 
 from __future__ import annotations
 
 import logging
-from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,7 +74,6 @@ __all__ = ["HeadStartPolicy"]
 
 _NEW = 1
 _SEEN = 2
-_NONE = np.zeros(0, dtype=np.int64)
 #: the ghost history remembers about this many evicted keys per block of capacity
 GHOST_FACTOR = 4
 #: victims enter the ghost history in batches of at least ``min(GHOST_BATCH, history // 64)`` keys
@@ -118,9 +110,8 @@ class HeadStartPolicy(CachePolicy):
         self._fp_mv = self.fp.data
         self.new = SlotOrder(_NEW, self.member, self.pos, capacity)
         self.seen = SlotOrder(_SEEN, self.member, self.pos, capacity)
-        self.ghost = GhostKeys(max(1, GHOST_FACTOR * capacity))
-        self.ghost_batch = max(1, min(GHOST_BATCH, self.ghost.size // 64))
-        self._victims = array("I")  # fingerprints (uint32) of victims not yet in the ghost history
+        history = max(1, GHOST_FACTOR * capacity)
+        self.ghost = GhostKeys(history, batch=max(1, min(GHOST_BATCH, history // 64)))
         self.tuner = HeadStartTuner(max(1, capacity))
         self.tags = TagClasses(capacity)
         self.clock = 0
@@ -383,18 +374,11 @@ class HeadStartPolicy(CachePolicy):
         return out
 
     def _to_ghost(self, victims: Slots) -> None:
-        """Queue the victims' fingerprints; once ``ghost_batch`` are queued, add them all, in order."""
-        if victims.__class__ is list:
-            fp_mv = self._fp_mv
-            self._victims.extend([fp_mv[s] for s in victims])
-        else:
-            self._victims.frombytes(self.fp[victims].tobytes())
-        if len(self._victims) >= self.ghost_batch:
-            self.ghost.add(np.frombuffer(self._victims, dtype=np.uint32))
-            self._victims = array("I")
+        """The victims' fingerprints go to the ghost history's queue."""
+        fp_mv = self._fp_mv
+        self.ghost.queue([fp_mv[s] for s in victims] if victims.__class__ is list else self.fp[victims])
 
     def clear(self) -> None:
-        self._victims = array("I")
         self.member[:] = 0
         self.new.clear()
         self.seen.clear()
