@@ -154,8 +154,7 @@ class Loads:
                         freed.append(s)
                 else:
                     if freed:
-                        t.num_evictable += len(freed)
-                        t.num_pinned -= len(freed)
+                        self._pinned(-len(freed), 0)
                         self.policy.on_evictable(freed if self._lists else np.array(freed, dtype=np.int64))  # type: ignore[arg-type]
                     return True
             except TypeError:  # an unhashable item: not a key

@@ -290,8 +290,8 @@ class HeadStartPolicy(CachePolicy):
         a: list[int]
         if not seen.size:
             a = new.take(n, t.ref_buf, protected, t.prot_mark)
-        elif (f := seen.front()) is not None:
-            a = new.take(n, t.ref_buf, protected, t.prot_mark, stamp, stamp_mv[f] + h)
+        elif (floor := self._seen_floor()) is not None:
+            a = new.take(n, t.ref_buf, protected, t.prot_mark, stamp, floor + h)
         else:
             b = seen.peek(1, t.ref, protected, t.prot_mark)
             a = new.take(n, t.ref_buf, protected, t.prot_mark, stamp, stamp_mv[b[0]] + h if b else None)
