@@ -10,12 +10,14 @@ Layout (docs/contract.md §4)::
 The bytes come from an anonymous ``mmap`` (page aligned, the size rounded up to whole OS pages;
 no power-of-two rounding, which ``torch.empty(..., pin_memory=True)`` does through its caching
 host allocator; transparent huge pages requested for large pools) and are then page-locked with
-``cudaHostRegister`` in bounded chunks (:data:`REGISTER_CHUNK_BYTES`, chunk boundaries on page
-boundaries), so a pool of hundreds of GiB neither doubles its footprint nor needs one giant
-registration. The kernels address the pool with its host pointer (unified virtual addressing), so
-each chunk's device pointer is checked to equal its host pointer (``cudaHostGetDevicePointer``,
-when ``cuda.bindings`` or the CUDA runtime library can be reached); a mismatch is an error. A
-record may cross a chunk boundary: the chunks are one contiguous range of addresses.
+ONE ``cudaHostRegister`` call over the whole mapping, so a pool of hundreds of GiB does not double
+its footprint. One registration, not several: the copy engines (``cudaMemcpyAsync``,
+``cuMemcpyBatchAsync``) refuse a host range that crosses from one registration into the next
+with ``cudaErrorInvalidValue`` (measured on an H100, CUDA 13.0), and the data paths coalesce
+neighbouring records into copies of any length. The kernels address the pool with its host
+pointer (unified virtual addressing), so the registration's device pointer is checked to equal
+its host pointer (``cudaHostGetDevicePointer``, when ``cuda.bindings`` or the CUDA runtime
+library can be reached); a mismatch is an error.
 
 Without CUDA there is nothing to pin: the pool falls back to pageable memory and logs ONE warning
 per process.
@@ -38,11 +40,7 @@ from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, Inva
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HostPool", "REGISTER_CHUNK_BYTES"]
-
-#: Largest single ``cudaHostRegister`` call. Chunk boundaries are page aligned, so neighbouring
-#: registrations never share a page.
-REGISTER_CHUNK_BYTES = 1 << 30
+__all__ = ["HostPool"]
 
 _OS_PAGE = mmap.PAGESIZE
 _HUGEPAGE_MIN_BYTES = 1 << 30
@@ -61,20 +59,6 @@ def _warn_pageable_once(reason: str) -> None:
             return
         _warned_pageable = True
     logger.warning("kvoffload host pool: %s; using pageable host memory (transfers will be slower)", reason)
-
-
-def _chunk_ranges(base: int, nbytes: int, chunk: int) -> list[tuple[int, int]]:
-    """Split ``[base, base + nbytes)`` into ranges of at most ~``chunk`` bytes whose inner
-    boundaries are OS-page aligned (so two registrations never cover the same page)."""
-    out: list[tuple[int, int]] = []
-    start, end = base, base + nbytes
-    while start < end:
-        stop = min(end, ((start + chunk) // _OS_PAGE) * _OS_PAGE)
-        if stop <= start:  # chunk smaller than a page: take the rest of this page
-            stop = min(end, (start // _OS_PAGE + 1) * _OS_PAGE)
-        out.append((start, stop - start))
-        start = stop
-    return out
 
 
 def _cuda_ok(rc: Any) -> bool:
@@ -118,7 +102,7 @@ def _allocate(nbytes: int) -> tuple[torch.Tensor, mmap.mmap]:
 
 
 def _unregister(ptrs: list[int]) -> None:
-    """Unregister every chunk start in ``ptrs`` (idempotent: empties the list)."""
+    """Unregister every registration start in ``ptrs`` (idempotent: empties the list)."""
     if not ptrs:
         return
     cudart = torch.cuda.cudart()
@@ -237,29 +221,25 @@ class HostPool:
         self._finalizer = weakref.finalize(self, _release, self._registered, [buf, self._mapping])
 
     def _register(self, buf: torch.Tensor) -> str | None:
-        """Page-lock ``buf`` in bounded chunks; on failure undo what was done and return why."""
+        """Page-lock the whole mapping behind ``buf`` in one call; on failure undo it and return why."""
         try:
             cudart = torch.cuda.cudart()
         except Exception as exc:  # noqa: BLE001 - no usable CUDA runtime
             return f"CUDA runtime unavailable: {exc}"
-        unchecked = 0
-        for ptr, size in _chunk_ranges(buf.data_ptr(), self.mapped_bytes, REGISTER_CHUNK_BYTES):
-            rc = cudart.cudaHostRegister(ptr, size, _REGISTER_FLAGS)
-            if not _cuda_ok(rc):
-                _unregister(self._registered)
-                return f"cudaHostRegister(0x{ptr:x}, {size}) returned {rc}"
-            self._registered.append(ptr)
-            dptr = _device_pointer(ptr)
-            if dptr is None:
-                unchecked += 1
-            elif dptr != ptr:
-                _unregister(self._registered)
-                return (
-                    f"the chunk at host 0x{ptr:x} maps to device address 0x{dptr:x}; the kernels need "
-                    "them equal (unified virtual addressing)"
-                )
-        if unchecked:
-            logger.debug("host pool: device pointers of %d chunks not checked (no cudaHostGetDevicePointer)", unchecked)
+        ptr, size = buf.data_ptr(), self.mapped_bytes
+        rc = cudart.cudaHostRegister(ptr, size, _REGISTER_FLAGS)
+        if not _cuda_ok(rc):
+            return f"cudaHostRegister(0x{ptr:x}, {size}) returned {rc}"
+        self._registered.append(ptr)
+        dptr = _device_pointer(ptr)
+        if dptr is None:
+            logger.debug("host pool: device pointer not checked (no cudaHostGetDevicePointer)")
+        elif dptr != ptr:
+            _unregister(self._registered)
+            return (
+                f"the pool at host 0x{ptr:x} maps to device address 0x{dptr:x}; the kernels need "
+                "them equal (unified virtual addressing)"
+            )
         return None
 
     @property
@@ -307,7 +287,7 @@ class HostPool:
 
 
 def _release(registered: list[int], holder: list[Any]) -> None:
-    """Finalizer: unregister chunks, then let the buffer go."""
+    """Finalizer: unregister the memory, then let the buffer go."""
     try:
         _unregister(registered)
     finally:
