@@ -8,7 +8,9 @@ with its own timeout; all output goes to DIR (8 files at most):
 ``env.txt``        nvidia-smi (incl. PCIe generation/width), versions, device properties
 ``smoke.log``      pinned pool, both directions compiled, one store + one load per data path, verified
 ``gpu-tests.log``  the ``gpu``-marked test tier and the conformance suite on ``cuda``
-``bench.log``      stdout of the three benchmark runs
+``bench.log``      stdout of the three benchmark runs and of ``probe_job_overhead.py --profile`` (a
+                   small job's host time, pipelined, alone and kernel-only, and where the host time
+                   goes)
 ``bench-quick.json``  quick transfer benchmark at 16 and at 64 programs (sections ``p16``, ``p64``):
                    at 64 programs vs 16, a ratio that grows says "too few bytes in flight", one that
                    does not says "host-read ceiling"
@@ -228,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
                 "bench.log",
                 90,
             )
+        step(
+            "job overhead",
+            [py, str(ROOT / "bench" / "probe_job_overhead.py"), "--profile"],
+            "bench.log",
+            60,
+        )
         step(
             "bench full",
             [
