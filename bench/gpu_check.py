@@ -153,6 +153,23 @@ def _key_ratios(path: Path, section: str) -> str:
     return f"{section}: " + (" ".join(parts) or "no rows") + (" (truncated)" if res.get("truncated") else "")
 
 
+def _job_overhead(log: Path) -> str:
+    """The host time of one small job (1,024 pages, 16 programs) beside the contiguous copy, from
+    ``probe_job_overhead.py``'s JSON lines in ``log``."""
+    rows = []
+    try:
+        for line in log.read_text().splitlines():
+            if line.startswith('{"pages": 1024, "programs": 16,'):
+                rows.append(json.loads(line))
+    except (OSError, ValueError):
+        pass
+    if not rows:
+        return "job overhead: no results"
+    return "job overhead (1k pages, host / P us): " + " ".join(
+        f"{r['direction']}={r['host']:.0f}/{r['P']:.0f}" for r in rows
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="first-GPU-run check (see the module docstring)")
     ap.add_argument("--out", type=Path, required=False, default=ROOT / "gpu-check-out")
@@ -260,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             _key_ratios(out / "bench-quick.json", "p16"),
             _key_ratios(out / "bench-quick.json", "p64"),
             _key_ratios(out / "bench-full.json", "transfer"),
+            _job_overhead(out / "bench.log"),
         ]
     summary = (
         f"gpu-check summary: {'GPU' if gpu else 'no GPU'}; steps {len(steps) - len(failed)}/{len(steps)} ok"
