@@ -60,7 +60,7 @@ from kvoffload.kernels.registry import get_backend
 from kvoffload.transfer.host_pool import HostPool
 from kvoffload.transfer.worker_args import resolve_backend
 
-__all__ = ["Shape", "SHAPES", "run", "main", "plot"]
+__all__ = ["Shape", "SHAPES", "pool_bytes", "run", "main", "plot"]
 
 KIB = 1024
 Op = Callable[[KVCacheTable, torch.Tensor, np.ndarray, np.ndarray, np.ndarray], None]
@@ -272,6 +272,16 @@ def _plan(gpu: bool, quick: bool) -> tuple[list[int], list[int]]:
     return [k * KIB for k in page_kib], counts
 
 
+def pool_bytes(page_sizes: list[int], counts: list[int]) -> int:
+    """The host pool a plan needs: twice its largest job (random slots of the pool per job)."""
+    return 2 * max(
+        max(1, c // s.num_views) * s.num_views * s.block_size_for(p) * s.token_bytes
+        for s in SHAPES
+        for p in page_sizes
+        for c in counts
+    )
+
+
 def run(
     quick: bool = False, max_programs: int = 16, verbose: bool = True, budget_s: float | None = None
 ) -> dict[str, Any]:
@@ -288,13 +298,7 @@ def run(
     threads = torch.get_num_threads()
     if not gpu:
         torch.set_num_threads(1)  # one core: stable on a shared CPU, same for every method
-    max_job = max(
-        max(1, c // s.num_views) * s.num_views * s.block_size_for(p) * s.token_bytes
-        for s in SHAPES
-        for p in page_sizes
-        for c in counts
-    )
-    pool = HostPool(1, 2 * max_job, device=dev, pin=True if gpu else False)
+    pool = HostPool(1, pool_bytes(page_sizes, counts), device=dev, pin=True if gpu else False)
     rows: list[dict[str, Any]] = []
     verified: dict[str, dict[str, bool]] = {}
     truncated = False

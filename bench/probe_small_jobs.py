@@ -26,13 +26,7 @@ def main() -> None:
     methods = {k: v for k, v in m["_methods"](dev, 16, True)[0].items() if k in ("direct", "staged")}
     shapes, kib = m["SHAPES"], 1024
     page_sizes, counts = m["_plan"](True, False)
-    max_job = max(
-        max(1, c // s.num_views) * s.num_views * s.block_size_for(p) * s.token_bytes
-        for s in shapes
-        for p in page_sizes
-        for c in counts
-    )
-    pool = HostPool(1, 2 * max_job, device=dev, pin=True)
+    pool = HostPool(1, m["pool_bytes"](page_sizes, counts), device=dev, pin=True)
     print("pool GiB", pool.nbytes / 2**30, flush=True)
     rng = np.random.default_rng(1234)
     with torch.cuda.stream(torch.cuda.Stream(dev)):
