@@ -159,8 +159,10 @@ def _job_overhead(log: Path) -> str:
     rows = []
     try:
         for line in log.read_text().splitlines():
-            if line.startswith('{"pages": 1024, "programs": 16,'):
-                rows.append(json.loads(line))
+            if line.startswith("{"):
+                row = json.loads(line)
+                if row.get("pages") == 1024 and row.get("programs") == 16:
+                    rows.append(row)
     except (OSError, ValueError):
         pass
     if not rows:
