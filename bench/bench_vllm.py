@@ -124,12 +124,13 @@ class Setting:
         return self.system_tokens + self.first_turn_tokens + (self.turns - 1) * self.turn_tokens
 
 
+# prompts 2k, 4k, 6k, 8k tokens; pool 2.6M tokens, GPU cache 0.54M
+_64REQ = Setting("64req-1e4", 16, 64, 160, 4, 4, 1536, 512, 2048, 8, 10_000, 256, 64 * 530, 8192)
 SETTINGS = {
     "small": Setting("small", 4, 16, 8, 3, 1, 32, 24, 24, 4, 512, 4, 48, 64, small_trace=True),
-    # prompts 2k, 4k, 6k, 8k tokens; pool 2.6M tokens, GPU cache 0.54M
-    "64req-1e4": Setting("64req-1e4", 16, 64, 160, 4, 4, 1536, 512, 2048, 8, 10_000, 256, 64 * 530, 8192),
+    "64req-1e4": _64REQ,
     # the same with a fifth of the pool: about half of the stores evict
-    "64req-2048": Setting("64req-2048", 16, 64, 160, 4, 4, 1536, 512, 2048, 8, 2_048, 256, 64 * 530, 8192),
+    "64req-2048": replace(_64REQ, name="64req-2048", chunks=2_048),
     # prompts 2k, 9.6k, 17k, 24.6k, 32k tokens; pool 25.6M tokens, GPU cache 8.4M
     "256req-1e5": Setting("256req-1e5", 16, 256, 640, 5, 8, 1536, 512, 7552, 8, 100_000, 256, 256 * 2060, 16384),
 }
