@@ -1,6 +1,6 @@
 """Engine-thread cost of a Redis tier: host time of the scheduler's calls per engine step, with and without.
 
-Run: ``python bench/bench_tier_engine.py [--quick] [--no-write]``. Needs Debian's ``redis-server``
+Run: ``python bench/bench_tier_engine.py [--quick] [--no-verify] [--no-write]``. Needs Debian's ``redis-server``
 (started here on a free port, stopped at the end). Writes ``bench/results/<machine>-tier-engine.json``.
 
 The demo's chat workload (``kvoffload.app.demo``; ``--conversations`` per run) runs through the
@@ -30,6 +30,11 @@ promoted for it at the tier's measured read GB/s and one round trip to the serve
 ``PING``s on a connection of its own); ``within_bound`` is the share of those requests whose wait
 is at most one round trip plus their transfer time. The engine-thread time blocked in lookups that
 answer within the call (``Tier.probe_now``, ``Tier.load_now``) is reported per step (mean, max).
+
+With ``--no-verify`` the engine trusts its loads: it does not regenerate the KV of every block a
+load brought to the device to compare (the reference engine's check costs what computing the
+block costs, so with it a block loaded instead of computed saves only its store copy); results go
+to section ``tier_engine_unverified``.
 
 Timed: what the engine thread spends in the scheduler's calls -- ``get_num_new_matched_tokens``
 (lookups, and with a tier its fall-through and promotion reservations), ``update_state_after_alloc``,
@@ -240,6 +245,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--event-pairs", type=int, default=3, help="removal events off/on pairs per repetition (at least 1)"
     )
+    ap.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="the engine trusts its loads (no check of loaded blocks against recomputed KV); "
+        "written as section tier_engine_unverified",
+    )
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     if args.event_pairs < 1:
@@ -250,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
     conv = args.conversations or (16 if args.quick else 48)
     reps = args.reps or (1 if args.quick else 3)
-    base = DemoSettings(conversations=conv)
+    base = DemoSettings(conversations=conv, verify_loads=not args.no_verify)
     names = ("none", "redis-cold", "redis-warm", "redis-cold-async", "redis-warm-async", "redis-warm-probeonly")
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in (*names, "redis-warm-bigbudget")}
     runs.update({"redis-warm-events-off": [], "redis-warm-events": []})
@@ -283,7 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 )
         finally:
             server.stop()
-    summary: dict[str, Any] = {"conversations": conv, "reps": reps, "runs": runs}
+    summary: dict[str, Any] = {"conversations": conv, "reps": reps, "verify_loads": base.verify_loads, "runs": runs}
     tiered = [name for name in runs if name != "none" and len(runs[name]) == reps]
     for name in tiered:
         pairs = list(zip(runs["none"], runs[name], strict=True))
@@ -356,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     if not args.no_write:
         path = RESULTS_DIR / f"{machine_slug()}-tier-engine.json"
-        write_section("tier_engine", summary, path)
+        write_section("tier_engine_unverified" if args.no_verify else "tier_engine", summary, path)
         print(f"written to {path}")
     return summary
 

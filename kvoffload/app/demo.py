@@ -107,6 +107,7 @@ def build_engine(settings: DemoSettings, tiered_options: TieredOptions | None = 
         cache_policy=settings.policy,
         worker_backend=settings.backend,
         seed=settings.seed,
+        verify_loads=settings.verify_loads,
     )
     return Engine(config, tiers=settings.tiers, tiered_options=tiered_options)
 

@@ -11,7 +11,12 @@ __all__ = ["DemoSettings"]
 
 @dataclass(frozen=True)
 class DemoSettings:
-    """Sizes of the demo; the defaults run in well under a minute on a 2-core CPU."""
+    """Sizes of the demo; the defaults run in well under a minute on a 2-core CPU.
+
+    ``verify_loads``: the engine checks every block a load brings to the device against the KV it
+    computes for it (what the demo is for; a benchmark may turn it off to time an engine that
+    trusts its loads, as a real one does).
+    """
 
     conversations: int = 128
     turns: int = 6
@@ -28,6 +33,7 @@ class DemoSettings:
     backend: str | None = None
     seed: int = 0
     tiers: tuple[str, ...] = ()
+    verify_loads: bool = True
 
     def workload(self) -> ChatWorkload:
         """The chat workload these settings describe."""

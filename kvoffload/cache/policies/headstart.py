@@ -392,13 +392,5 @@ class HeadStartPolicy(CachePolicy):
         return self.new.ordered(), self.seen.ordered()
 
     def metadata_nbytes(self) -> int:
-        return (
-            self.member.nbytes
-            + self.pos.nbytes
-            + self.stamp.nbytes
-            + self.fp.nbytes
-            + self.new.buf.nbytes
-            + self.seen.buf.nbytes
-            + self.ghost.nbytes()
-            + self.tags.nbytes()
-        )
+        arrays = (self.member, self.pos, self.stamp, self.fp, self.new.buf, self.seen.buf)
+        return sum(a.nbytes for a in arrays) + self.ghost.nbytes() + self.tags.nbytes()

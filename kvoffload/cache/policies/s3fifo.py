@@ -165,7 +165,9 @@ class S3FIFOPolicy(CachePolicy):
                     main_dry = False
                 if len(dead):
                     small.discard(dead)
-                    self.ghost.update(dict.fromkeys([self.table.keys[s] for s in dead.tolist()]))  # type: ignore[misc]
+                    ghost = self.ghost
+                    for key in self.table.keys[dead].tolist():  # cheaper than OrderedDict.update
+                        ghost[key] = None
                     victims.append(dead)
                     rem -= len(dead)
                 continue
