@@ -161,7 +161,12 @@ class CPUOffloadingManager(OffloadingManager):
             c is not self._ctx or req_context.req_id.__class__ is not str
         ):
             check_req_context(req_context)
-        if self._tags:  # set policy.workload before its calls
+
+    def _check_tagged(self, req_context: ReqContext) -> None:
+        """:meth:`_check`, then the request's workload tag set on a policy that reads it (before the
+        calls that may read it: insert, touch, request end)."""
+        self._check(req_context)
+        if self._tags:
             self._policy.workload = workload_tag(req_context)
 
     def _at(
@@ -250,7 +255,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def touch(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> None:
         """Mark ``keys`` recently used; ``keys[0]`` ends up most recent. Absent keys are ignored."""
-        self._check(req_context)
+        self._check_tagged(req_context)
         ks, slots, r = self._at(keys, True, remember=True)
         if r is None and not self._lists:  # a few keys: an array for a policy that takes only arrays
             slots = np.array(slots, dtype=np.int64)
@@ -270,7 +275,7 @@ class CPUOffloadingManager(OffloadingManager):
     def store_plan(self, keys: Sequence[OffloadKey], req_context: ReqContext) -> StorePlan:
         """:meth:`prepare_store`'s decision as a :class:`~kvoffload.cache.batch.StorePlan` (for an
         engine adapter's own output type)."""
-        self._check(req_context)
+        self._check_tagged(req_context)
         ks, slots, r = self._at(keys, False)
         plain = self._reuse is None and self._requests is None
         if r is None:
@@ -325,7 +330,7 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> None:
         """Apply the request's recorded accesses to the policy (``key_position``: a key's token
         position) and forget them."""
-        self._check(req_context)
+        self._check_tagged(req_context)
         if self._requests is not None:
             self._requests.finish(req_context.req_id, key_position)
 
