@@ -13,6 +13,9 @@ Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in docs/vl
 * ``lock`` is a no-op context (the manager has no thread of its own) and ``on_reset_flushed``
   does nothing: kvoffload's transfer worker runs jobs in submission order, so a slot freed by
   ``reset_cache`` is never written by an older job after a newer one.
+
+Not deliberate (docs/vllm.md): the ``lru`` policy orders a running request's blocks as vLLM 0.32's
+LRU does; vLLM 0.33's ranks them by the request's first access, tails first, until it ends.
 """
 
 from __future__ import annotations
