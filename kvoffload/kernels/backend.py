@@ -7,7 +7,7 @@ the registry (which names them) do not import each other.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -16,7 +16,39 @@ from kvoffload.errors import BackendUnavailableError
 from kvoffload.kernels.job import CopyJob, validate_job
 from kvoffload.kernels.layout import KVCacheTable
 
-__all__ = ["KernelBackend"]
+__all__ = ["KernelBackend", "BoundKernel", "JOB_TABLE_COLUMNS"]
+
+#: Columns of a job table: one ``int64`` row per block, ``(GPU block id, group id, host offset in
+#: units of the bound kernel's ``unit`` bytes)``.
+JOB_TABLE_COLUMNS = 3
+
+
+class BoundKernel(ABC):
+    """A backend's kernel bound once to one KV cache and one host buffer.
+
+    For callers that build job tables themselves (the transfer worker): everything fixed for the
+    pair is resolved at construction, so a launch costs the host only what changes per job.
+
+    Attributes:
+        unit: host offsets in a job table are in units of this many bytes (a power of two
+            dividing the host buffer's address and every record offset the caller will use).
+        entry: how a launch reaches the device (for logs and benchmarks), e.g. ``"compiled"``.
+    """
+
+    unit: int
+    entry: str
+
+    @abstractmethod
+    def launch(self, table: np.ndarray, address: int, n: int, to_host: bool, stream: Any = None) -> None:
+        """Move the ``n`` blocks of the job table ``table`` (``int64[>= n, 3]``, see
+        :data:`JOB_TABLE_COLUMNS`; ``address`` is the address of its first row, 16-byte aligned)
+        to the host buffer (``to_host``) or back, on ``stream`` (a ``torch.cuda.Stream``; None:
+        the current stream; ignored without CUDA, where the launch is synchronous).
+
+        The caller checked the table (ids in range, no overlapping destinations, ``n >= 1``) and
+        keeps it unchanged until the launch has completed on the device. On CUDA the table may be
+        pinned host memory: the kernel reads it directly.
+        """
 
 
 class KernelBackend(ABC):
@@ -79,6 +111,14 @@ class KernelBackend(ABC):
         compiles or waits for the device. ``host_alignment``: a power of two dividing the host
         buffer address and every host offset the caller will use. Default: nothing to do.
         """
+
+    def bind(self, table: KVCacheTable, host: torch.Tensor, host_alignment: int = 1) -> BoundKernel | None:
+        """This backend's kernel bound to ``table`` and the host buffer ``host`` (pinned when the
+        cache is on CUDA), for job tables whose host offsets are multiples of ``host_alignment``.
+
+        Default None: the backend has no such entry, callers use :meth:`pack`/:meth:`unpack`.
+        """
+        return None
 
     def _check_device(self, device: torch.device) -> None:
         if not type(self).is_available(device):

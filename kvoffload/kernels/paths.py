@@ -131,6 +131,14 @@ class DataPath:
         # the staged path needs the backend's own kernel, which can be pointed at a staging buffer
         return "direct" if mode == "staged" and not self._own_copy else mode
 
+    def direct_below(self, to_host: bool) -> int:
+        """Jobs moving fewer bytes than this take the direct path in this direction (see :meth:`choose`)."""
+        if self.choose(to_host, sys.maxsize) == "direct":
+            return sys.maxsize
+        if self.choose(to_host, 0) != "direct":
+            return 0
+        return self.config.pack_staged_min_bytes if to_host else self.config.unpack_staged_min_bytes
+
     def _log_choice(self, to_host: bool, path: str, job: CopyJob) -> None:
         key = (to_host, path, int(job.total_bytes).bit_length())  # per DataPath: one table
         if key not in self._logged:

@@ -16,25 +16,25 @@ tiles of several pages per program iteration, warps sized so that each thread mo
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from kvoffload.errors import InvalidArgumentError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import LaunchConfig, launch_config
 from kvoffload.kernels.device import upload
 from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.layout import KVCacheTable
-from kvoffload.kernels.triton_support import interpreter_problem, kernels, triton_module
+from kvoffload.kernels.triton_launch import ENTRIES, TritonBoundKernel
+from kvoffload.kernels.triton_support import INTERPRETER_LOCK, interpreter_problem, kernels, triton_module
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TritonBackend", "TileGeometry", "job_alignment", "tile_geometry", "word_type", "interpreter_problem"]
 
-_interp_lock = threading.Lock()
 _BYTES_PER_THREAD = 16
 
 
@@ -127,12 +127,18 @@ class TritonBackend(KernelBackend):
         num_programs: cap on the persistent grid (SM budget left to the model).
         block_bytes: bytes one program keeps in flight per loop step (power of two >= 16).
         num_warps: cap on warps per program (compiled only; fewer for small tiles).
+        entry: how :meth:`bind`'s launches reach the device on CUDA (``"auto"``, ``"compiled"``,
+            ``"plain"``; see :mod:`kvoffload.kernels.triton_launch`).
     """
 
     name = "triton"
 
     def __init__(
-        self, num_programs: int | None = None, block_bytes: int | None = None, num_warps: int | None = None
+        self,
+        num_programs: int | None = None,
+        block_bytes: int | None = None,
+        num_warps: int | None = None,
+        entry: str = "auto",
     ) -> None:
         over = {
             k: v
@@ -142,6 +148,9 @@ class TritonBackend(KernelBackend):
         if over:
             LaunchConfig().merged(over, "TritonBackend")  # validates types and ranges now
         self._overrides = over
+        if entry not in ENTRIES:
+            raise InvalidArgumentError(f"entry must be one of {list(ENTRIES)}, got {entry!r}")
+        self._entry = entry
 
     @classmethod
     def is_available(cls, device: torch.device) -> bool:
@@ -183,6 +192,34 @@ class TritonBackend(KernelBackend):
                 for to_buf in (True, False):
                     self._launch(table, tables, buf, job, 0, to_buf, unit, geo, grid=1)
 
+    def bind(self, table: KVCacheTable, host: torch.Tensor, host_alignment: int = 1) -> TritonBoundKernel | None:
+        """The kernel bound to ``table`` and ``host`` (see :class:`~kvoffload.kernels.triton_launch.
+        TritonBoundKernel`), at the word size of ``host_alignment``; compiles both directions on
+        CUDA. None when no group has a view (nothing to move)."""
+        if not any(g.views for g in table.groups):
+            return None
+        unit = _pow2_alignment(table.alignment | host_alignment | host.data_ptr())
+        tables = _device_tables(table, unit)
+        cfg = self.config(table.device)
+        geo = tile_geometry(tables.max_page_bytes, unit, cfg)
+        return TritonBoundKernel(
+            device=table.device,
+            anchor=tables.anchor,
+            host=host,
+            views=tables.views,
+            groups=tables.groups,
+            unit=unit,
+            word_dtype=getattr(torch, word_type(unit)[0]),
+            vec=geo.vec,
+            pages=geo.pages,
+            chunk=geo.chunk,
+            num_warps=geo.num_warps,
+            max_views=table.max_views,
+            max_page=tables.max_page_bytes // unit,
+            num_programs=cfg.num_programs,
+            entry=self._entry,
+        )
+
     def _copy(self, job: CopyJob, to_host: bool) -> None:
         table, buf = job.table, job.host
         if not any(g.views for g in table.groups):
@@ -196,10 +233,10 @@ class TritonBackend(KernelBackend):
         cfg = self.config(dev)
         geo = tile_geometry(tables.max_page_bytes, unit, cfg)
         n = job.n
-        arr = np.empty((3, n), dtype=np.int64)
-        arr[0] = job.block_ids
-        arr[1] = job.group_ids
-        np.floor_divide(job.host_offsets, unit, out=arr[2])
+        arr = np.empty((n, 3), dtype=np.int64)
+        arr[:, 0] = job.block_ids
+        arr[:, 1] = job.group_ids
+        np.floor_divide(job.host_offsets, unit, out=arr[:, 2])
         tiles = -(-(n * table.max_views) // geo.pages)
         grid = max(1, min(cfg.num_programs, tiles))
         if dev.type == "cuda":
@@ -243,5 +280,5 @@ class TritonBackend(KernelBackend):
         if table.device.type == "cuda":
             compiled[(grid,)](*args, **consts, num_warps=geo.num_warps)
         else:
-            with _interp_lock:
+            with INTERPRETER_LOCK:
                 interpreted[(grid,)](*args, **consts)

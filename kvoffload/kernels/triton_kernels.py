@@ -19,8 +19,11 @@ Tables (int64, on the cache's device, built once per table):
 * ``views_ptr``  ``[num_views, 4]``: ``(delta, block_stride, page, record_offset)`` in units;
   the views of group ``g`` are rows ``first[g] .. first[g] + count[g] - 1``.
 * ``groups_ptr`` ``[num_groups, 2]``: ``(first, count)``.
-* ``job_ptr``    ``[3, n]``: ``block_ids``, ``group_ids``, ``buffer offsets`` (in units) -- per
-  block only; the kernel derives every (block x view) address itself.
+* ``job_ptr``    ``[n, 3]``: one row per block, ``(block_id, group_id, buffer offset in units)``
+  -- per block only; the kernel derives every (block x view) address itself. Rows of several
+  jobs appended one after another are one job (a merged launch). On the direct path the table
+  may be pinned host memory that the host refills between launches (the transfer worker's job
+  tables): it is loaded with ``.cv`` (fetched again, never served from a cache).
 
 Work. ``n * max_views`` *pages* (units past a group's view count are skipped) are cut into tiles
 of ``PAGES`` pages; persistent programs (a capped grid) take tiles in a grid-stride loop. A tile
@@ -71,13 +74,15 @@ def copy_pages_kernel(
     rows = tl.arange(0, PAGES).to(tl.int64)
     cols = tl.arange(0, CHUNK).to(tl.int64)
     steps = (max_page.to(tl.int64) * VEC + CHUNK - 1) // CHUNK
+    # the job table may be pinned host memory refilled between launches: never served from a cache
+    JOB_CACHE: tl.constexpr = ".cv" if BUF_ON_HOST else ""
 
     # metadata of this program's first tile
     u = pid * PAGES + rows
     ok = u < total
     i = u // mv
     v = u - i * mv
-    g = tl.load(job_ptr + n + i, mask=ok, other=0)
+    g = tl.load(job_ptr + 3 * i + 1, mask=ok, other=0, cache_modifier=JOB_CACHE)
     first = tl.load(groups_ptr + 2 * g, mask=ok, other=0)
     count = tl.load(groups_ptr + 2 * g + 1, mask=ok, other=0)
     ok = ok & (v < count)
@@ -86,8 +91,8 @@ def copy_pages_kernel(
     stride = tl.load(row + 1, mask=ok, other=0)
     page = tl.load(row + 2, mask=ok, other=0) * VEC
     rec = tl.load(row + 3, mask=ok, other=0)
-    blk = tl.load(job_ptr + i, mask=ok, other=0)
-    boff = tl.load(job_ptr + 2 * n + i, mask=ok, other=0)
+    blk = tl.load(job_ptr + 3 * i, mask=ok, other=0, cache_modifier=JOB_CACHE)
+    boff = tl.load(job_ptr + 3 * i + 2, mask=ok, other=0, cache_modifier=JOB_CACHE)
     cache_base = (delta + blk * stride) * VEC
     buf_base = (boff + rec) * VEC
 
@@ -97,7 +102,7 @@ def copy_pages_kernel(
         nok = nu < total
         ni = nu // mv
         nv = nu - ni * mv
-        ng = tl.load(job_ptr + n + ni, mask=nok, other=0)
+        ng = tl.load(job_ptr + 3 * ni + 1, mask=nok, other=0, cache_modifier=JOB_CACHE)
         nfirst = tl.load(groups_ptr + 2 * ng, mask=nok, other=0)
         ncount = tl.load(groups_ptr + 2 * ng + 1, mask=nok, other=0)
         nok = nok & (nv < ncount)
@@ -106,8 +111,8 @@ def copy_pages_kernel(
         nstride = tl.load(nrow + 1, mask=nok, other=0)
         npage = tl.load(nrow + 2, mask=nok, other=0) * VEC
         nrec = tl.load(nrow + 3, mask=nok, other=0)
-        nblk = tl.load(job_ptr + ni, mask=nok, other=0)
-        nboff = tl.load(job_ptr + 2 * n + ni, mask=nok, other=0)
+        nblk = tl.load(job_ptr + 3 * ni, mask=nok, other=0, cache_modifier=JOB_CACHE)
+        nboff = tl.load(job_ptr + 3 * ni + 2, mask=nok, other=0, cache_modifier=JOB_CACHE)
 
         for k in range(0, steps):
             idx = k * CHUNK + cols[None, :]

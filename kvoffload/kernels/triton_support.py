@@ -7,11 +7,15 @@ the result for the process.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import torch
 
-__all__ = ["triton_module", "kernels", "interpreter_problem"]
+__all__ = ["triton_module", "kernels", "interpreter_problem", "INTERPRETER_LOCK"]
+
+#: Held around every interpreted launch: Triton's interpreter is not thread-safe.
+INTERPRETER_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=1)

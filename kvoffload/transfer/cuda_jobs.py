@@ -1,25 +1,27 @@
-"""The transfer worker's jobs on CUDA: its two streams, and each job from submit to report.
+"""The transfer worker's launches on CUDA: its two streams, and each launch from submit to report.
 
-A job runs on the worker's stream (``expedited`` loads on the second one) after the producers it
-must follow, between two timing events; its end event is polled with ``event.query()`` and the job
-is reported once, with the time between its events. A CUDA error at submit, completion or while
-polling fails that job (reported, never raised). See :mod:`kvoffload.transfer.worker` for the
-ordering guarantees.
+A launch carries one job, or several jobs of one direction merged into it. It runs on the
+worker's stream (``expedited`` loads on the second one) after the producers it must follow,
+between two timing events; its end event is polled with ``event.query()`` and each of its jobs is
+reported once, with the launch's time shared by bytes. A CUDA error at submit, completion or
+while polling fails that launch's jobs (reported, never raised). See
+:mod:`kvoffload.transfer.worker` for the ordering guarantees.
+
+Per launch the host does: one wait per producer (an event recorded on the current stream by
+default), two event records around the launch. Events are reused once their launch is reported.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kvoffload.transfer.job_mapping import JobArrays
 from kvoffload.transfer.result import TransferResult
 
-__all__ = ["CudaJobs", "STREAM_PRIORITY"]
+__all__ = ["CudaJobs", "STREAM_PRIORITY", "JobEntry"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,22 +29,26 @@ logger = logging.getLogger(__name__)
 #: transfers are latency-critical for the requests waiting on them.
 STREAM_PRIORITY = -1
 
+#: One job of a launch: ``(job id, (src medium, dst medium), bytes)``.
+JobEntry = tuple[int, tuple[str, str], int]
 
-@dataclass
-class _InFlight:
-    """A CUDA job between submit and report. Holds its arrays so they outlive the launch."""
 
-    job_id: int
-    transfer_type: tuple[str, str]
-    transfer_size: int
-    start: Any  # torch.cuda.Event
-    end: Any  # torch.cuda.Event
-    ok: bool
-    arrays: JobArrays
+class _Launch:
+    """A launch between submit and report. ``keep``: what must outlive it (handed to ``release``)."""
+
+    __slots__ = ("jobs", "start", "end", "ok", "keep")
+
+    def __init__(self, jobs: list[JobEntry], start: Any, end: Any, ok: bool, keep: Any) -> None:
+        self.jobs, self.start, self.end, self.ok, self.keep = jobs, start, end, ok, keep
 
 
 class CudaJobs:
-    """The jobs of one transfer worker on ``device``, from submit until reported.
+    """The launches of one transfer worker on ``device``, from submit until reported.
+
+    Args:
+        device: the KV cache's CUDA device.
+        release: called with a launch's ``keep`` once the launch is reported (e.g. to reuse its
+            job table); None: nothing to release.
 
     Attributes:
         stream: the stream jobs run on, in submission order.
@@ -50,101 +56,134 @@ class CudaJobs:
             behind the jobs submitted before them.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, release: Callable[[Any], None] | None = None) -> None:
         self.device = device
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
         self.stream: Any = torch.cuda.Stream(device=device, priority=STREAM_PRIORITY)
         self.expedited_stream: Any = torch.cuda.Stream(device=device, priority=STREAM_PRIORITY)
-        self._inflight: dict[int, _InFlight] = {}
+        self._release = release
+        self._launches: dict[int, _Launch] = {}  # by submit order
+        self._next = 0
+        self._job_launch: dict[int, _Launch] = {}
+        self._timing: list[Any] = []  # free timing events
+        self._ready = torch.cuda.Event()  # reused: a stream waits on the record made just before
 
     def __contains__(self, job_id: int) -> bool:
-        return job_id in self._inflight
+        return job_id in self._job_launch
 
     def __len__(self) -> int:
-        return len(self._inflight)
+        """Jobs in flight."""
+        return len(self._job_launch)
+
+    def _event(self) -> Any:
+        return self._timing.pop() if self._timing else torch.cuda.Event(enable_timing=True)
 
     def submit(
         self,
-        jid: int,
-        arrays: JobArrays,
-        kind: tuple[str, str],
+        jobs: list[JobEntry],
         producers: list[Any],
         expedited: bool,
-        launch: Callable[[], None],
-    ) -> TransferResult | None:
-        """Enqueue ``launch()`` for job ``jid`` after ``producers`` (events or streams; none: the
-        current stream). None: the job is in flight; a failed result: CUDA itself failed at submit."""
+        launch: Callable[[Any], None],
+        keep: Any = None,
+    ) -> list[TransferResult]:
+        """Enqueue ``launch(stream)`` for ``jobs`` after ``producers`` (events or streams; none:
+        the current stream). Returns failed results if CUDA itself failed at submit (``keep`` is
+        then released at once), else an empty list: the jobs are in flight."""
         stream = self.expedited_stream if expedited else self.stream
         ok = True
         try:
-            with torch.cuda.device(self.device):
-                for p in producers or [torch.cuda.current_stream(self.device)]:
-                    if isinstance(p, torch.cuda.Stream):
-                        ready = torch.cuda.Event()
-                        ready.record(p)
-                        stream.wait_event(ready)
-                    else:
-                        stream.wait_event(p)
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                with torch.cuda.stream(stream):
-                    start.record(stream)
-                    try:
-                        launch()
-                    except Exception:
-                        # Report only once whatever the backend may have enqueued has drained.
-                        logger.exception("transfer job %d (%s->%s) failed at launch", jid, *kind)
-                        ok = False
-                    end.record(stream)
+            if torch.cuda.current_device() != self._index:
+                with torch.cuda.device(self._index):
+                    start, end, ok = self._enqueue(jobs, producers, stream, launch)
+            else:
+                start, end, ok = self._enqueue(jobs, producers, stream, launch)
         except Exception:  # CUDA itself failed (e.g. a sticky error): report at once
-            logger.exception("transfer job %d (%s->%s): CUDA error at submit", jid, *kind)
-            return TransferResult(jid, False, 0, 0.0, kind)
-        self._inflight[jid] = _InFlight(jid, kind, arrays.transfer_size, start, end, ok, arrays)
-        return None
+            logger.exception("transfer jobs %s: CUDA error at submit", [j[0] for j in jobs])
+            if self._release is not None and keep is not None:
+                self._release(keep)
+            return [TransferResult(jid, False, 0, 0.0, kind) for jid, kind, _ in jobs]
+        entry = _Launch(jobs, start, end, ok, keep)
+        self._launches[self._next] = entry
+        self._next += 1
+        for jid, _, _ in jobs:
+            self._job_launch[jid] = entry
+        return []
+
+    def _enqueue(
+        self, jobs: list[JobEntry], producers: list[Any], stream: Any, launch: Callable[[Any], None]
+    ) -> tuple[Any, Any, bool]:
+        ready = self._ready
+        for p in producers or (torch.cuda.current_stream(self.device),):
+            if isinstance(p, torch.cuda.Stream):
+                ready.record(p)
+                stream.wait_event(ready)
+            else:
+                stream.wait_event(p)
+        start, end = self._event(), self._event()
+        start.record(stream)
+        ok = True
+        try:
+            launch(stream)
+        except Exception:
+            # Report only once whatever the backend may have enqueued has drained.
+            logger.exception("transfer jobs %s failed at launch", [j[0] for j in jobs])
+            ok = False
+        end.record(stream)
+        return start, end, ok
 
     def finished(self) -> list[TransferResult]:
-        """The jobs whose end event has passed, each reported once; never blocks."""
-        out = []
-        for jid, job in list(self._inflight.items()):
+        """The jobs whose launch's end event has passed, each reported once; never blocks."""
+        out: list[TransferResult] = []
+        for key, entry in list(self._launches.items()):
             try:
-                done = bool(job.end.query())
+                done = bool(entry.end.query())
             except Exception:
-                logger.exception("transfer job %d: CUDA error while polling", jid)
-                job.ok, done = False, True
+                logger.exception("transfer jobs %s: CUDA error while polling", [j[0] for j in entry.jobs])
+                entry.ok, done = False, True
             if done:
-                del self._inflight[jid]
-                out.append(self._complete(job))
+                del self._launches[key]
+                self._complete(entry, out)
         return out
 
     def wait(self, job_ids: list[int]) -> None:
         """Block until the jobs ``job_ids`` that are in flight have finished (others are ignored)."""
         for jid in job_ids:
-            job = self._inflight.get(jid)
-            if job is None:
+            entry = self._job_launch.get(jid)
+            if entry is None:
                 continue
             try:
-                job.end.synchronize()
+                entry.end.synchronize()
             except Exception:
                 logger.exception("transfer job %d: CUDA error while waiting", jid)
-                job.ok = False
+                entry.ok = False
 
     def drain(self) -> None:
         """Block until both streams are idle; on a CUDA error every job in flight fails."""
-        if not self._inflight:
+        if not self._launches:
             return
         try:
             self.stream.synchronize()
             self.expedited_stream.synchronize()
         except Exception:
             logger.exception("transfer worker: CUDA error while draining at shutdown")
-            for job in self._inflight.values():
-                job.ok = False
+            for entry in self._launches.values():
+                entry.ok = False
 
-    def _complete(self, job: _InFlight) -> TransferResult:
-        if not job.ok:
-            return TransferResult(job.job_id, False, 0, 0.0, job.transfer_type)
-        try:
-            seconds = job.start.elapsed_time(job.end) / 1000.0
-        except Exception:
-            logger.exception("transfer job %d: CUDA error at completion", job.job_id)
-            return TransferResult(job.job_id, False, 0, 0.0, job.transfer_type)
-        return TransferResult(job.job_id, True, job.transfer_size, seconds, job.transfer_type)
+    def _complete(self, entry: _Launch, out: list[TransferResult]) -> None:
+        for jid, _, _ in entry.jobs:
+            del self._job_launch[jid]
+        seconds = 0.0
+        if entry.ok:
+            try:
+                seconds = entry.start.elapsed_time(entry.end) / 1000.0
+            except Exception:
+                logger.exception("transfer jobs %s: CUDA error at completion", [j[0] for j in entry.jobs])
+                entry.ok = False
+        if entry.ok:
+            self._timing += (entry.start, entry.end)
+            total = sum(nbytes for _, _, nbytes in entry.jobs) or 1
+            out += [TransferResult(jid, True, nbytes, seconds * nbytes / total, kind) for jid, kind, nbytes in entry.jobs]
+        else:
+            out += [TransferResult(jid, False, 0, 0.0, kind) for jid, kind, _ in entry.jobs]
+        if self._release is not None and entry.keep is not None:
+            self._release(entry.keep)

@@ -1,7 +1,8 @@
-"""Turn a (GPU spec, CPU spec) pair into the flat per-block arrays one kernel launch consumes.
+"""Turn a (GPU spec, CPU spec) pair into the job table one kernel launch consumes.
 
-Pure numpy, no torch: the transfer worker calls :func:`map_job` once per job and hands the three
-arrays to ONE ``backend.pack`` / ``backend.unpack`` call.
+Pure numpy, no torch: the transfer worker's :class:`JobMapper` checks each job once and writes its
+rows ``(GPU block id, group id, host offset in units)`` (the kernels' job table, see
+:data:`~kvoffload.kernels.backend.JOB_TABLE_COLUMNS`) straight into the table the launch reads.
 
 Mapping (the scheduler builds specs this way)::
 
@@ -27,8 +28,9 @@ import numpy as np
 
 from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.kernels.backend import JOB_TABLE_COLUMNS
 
-__all__ = ["JobArrays", "GroupGeometry", "map_job", "slots_per_group"]
+__all__ = ["JobArrays", "GroupGeometry", "JobMapper", "slots_per_group"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ class GroupGeometry:
 
 @dataclass(frozen=True)
 class JobArrays:
-    """Per-block arrays of one job, in GPU-spec order, empty groups left out.
+    """Per-block arrays of one job, in GPU-spec order, empty groups left out (what the kernel
+    backends' :meth:`~kvoffload.kernels.backend.KernelBackend.pack` takes).
 
     Attributes:
         block_ids: ``int64[N]`` GPU block ids.
@@ -82,87 +85,196 @@ def slots_per_group(group_sizes: np.ndarray, block_indices: np.ndarray, factors:
     return np.where(group_sizes > 0, (skips + group_sizes + factors - 1) // factors, 0).astype(np.int64)
 
 
-def map_job(gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, geom: GroupGeometry, *, store: bool) -> JobArrays:
-    """Validate a job and build its per-block arrays: the worker's one check of a job's ids (the
-    specs' constructors only convert them), so the kernels take the result without checking again.
-
-    Args:
-        gpu_spec: the GPU side (block ids by group, group sizes, block indices).
-        cpu_spec: the host side (slot ids by group).
-        geom: the groups' and pool's geometry.
-        store: True for GPU -> CPU (destinations = host records, must be distinct slots),
-            False for CPU -> GPU (destinations = GPU blocks, must be distinct per group).
-
-    Raises:
-        InvalidTypeError: a spec of the wrong class.
-        InvalidArgumentError: group count, slot count, slot or block id out of range, duplicate
-            destinations. Raised before anything is moved.
-    """
+def _check_types(gpu_spec: object, cpu_spec: object) -> None:
     if not isinstance(gpu_spec, GPULoadStoreSpec):
         raise InvalidTypeError(f"gpu_spec must be a GPULoadStoreSpec, got {type(gpu_spec).__name__}")
     if not isinstance(cpu_spec, CPULoadStoreSpec):
         raise InvalidTypeError(f"cpu_spec must be a CPULoadStoreSpec, got {type(cpu_spec).__name__}")
-    G = geom.num_groups
-    sizes = np.asarray(gpu_spec.group_sizes, dtype=np.int64)
-    indices = np.asarray(gpu_spec.block_indices, dtype=np.int64)
-    if sizes.size != G:
-        raise InvalidArgumentError(f"GPU spec: group_sizes has {sizes.size} entries, the KV cache has {G} groups")
-    gpu_ids = np.asarray(gpu_spec.block_ids, dtype=np.int64)
-    cpu_ids = np.asarray(cpu_spec.block_ids, dtype=np.int64)
-    for what, arr in (
-        ("GPU spec: block_ids", gpu_ids),
-        ("GPU spec: group_sizes", sizes),
-        ("GPU spec: block_indices", indices),
-        ("CPU spec: block_ids", cpu_ids),
-    ):
-        if arr.size and int(arr.min()) < 0:
-            i = int(np.argmax(arr < 0))
-            raise InvalidArgumentError(f"{what}[{i}] must be non-negative, got {int(arr[i])}")
-    f = geom.factors
-    n_slots = slots_per_group(sizes, indices, f)
-    if int(n_slots.sum()) != cpu_ids.size:
-        raise InvalidArgumentError(
-            f"CPU spec has {cpu_ids.size} slot ids, the GPU spec needs {int(n_slots.sum())} "
-            f"(per group {n_slots.tolist()} for group_sizes={sizes.tolist()}, "
-            f"block_indices={indices.tolist()}, block_size_factors={f.tolist()})"
+
+
+class JobMapper:
+    """Checks jobs and writes their job tables, for one worker's groups and host pool.
+
+    Args:
+        geometry: the groups' and pool's geometry.
+        unit: host offsets are written in units of this many bytes (must divide the slot size
+            and every group's record size).
+
+    Everything fixed for the worker's lifetime (offsets in units, per-group limits, the marks
+    used to find duplicate destinations) is resolved here; a job costs a few numpy calls.
+    """
+
+    def __init__(self, geometry: GroupGeometry, unit: int = 1) -> None:
+        g = geometry
+        if g.slot_bytes % unit or np.any(g.record_bytes % unit):
+            raise InvalidArgumentError(f"unit {unit} must divide the slot size and every record size")
+        self.geometry = g
+        self.unit = unit
+        self._groups = g.num_groups
+        self._slot_units = g.slot_bytes // unit
+        self._rec_units = g.record_bytes // unit
+        # one group with pages: the common case, mapped without the per-group arrays
+        self._single = self._groups == 1 and int(g.record_bytes[0]) > 0
+        self._f0 = int(g.factors[0])
+        self._rec0 = int(g.record_bytes[0])
+        self._rec0_units = int(self._rec_units[0])
+        self._blocks0 = int(g.num_gpu_blocks[0])
+        # duplicate destinations: write i at each destination, read back; a mismatch is a repeat
+        self._slot_marks = np.zeros(g.num_slots, dtype=np.int64)
+        self._block_base = np.cumsum(g.num_gpu_blocks) - g.num_gpu_blocks
+        self._block_marks = np.zeros(int(g.num_gpu_blocks.sum()), dtype=np.int64)
+        self._seq = np.arange(1024, dtype=np.int64)
+
+    def _arange(self, stop: int) -> np.ndarray:
+        if stop > self._seq.size:
+            self._seq = np.arange(max(stop, 2 * self._seq.size), dtype=np.int64)
+        return self._seq[:stop]
+
+    @staticmethod
+    def _repeats(marks: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> bool:
+        marks[dst] = seq
+        return bool((marks[dst] != seq).any())
+
+    def map(
+        self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool, out: np.ndarray
+    ) -> tuple[int, int]:
+        """Check a job and write its rows into ``out[:n]`` (``int64[>= n, 3]``, n = the GPU spec's
+        blocks in groups with pages). Returns ``(rows written, bytes the job moves)``.
+
+        ``store``: GPU -> CPU (destinations = host slots, must be distinct), else CPU -> GPU
+        (destinations = GPU blocks, distinct per group).
+
+        Raises:
+            InvalidTypeError: a spec of the wrong class.
+            InvalidArgumentError: group count, slot count, slot or block id out of range,
+                duplicate destinations. Raised before any row is written.
+        """
+        _check_types(gpu_spec, cpu_spec)
+        if not self._single:
+            return self._map_groups(gpu_spec, cpu_spec, store, out)
+        ids, slots = gpu_spec.block_ids, cpu_spec.block_ids
+        n = ids.size
+        if gpu_spec.group_sizes.size != 1 or (index := int(gpu_spec.block_indices[0])) < 0:
+            self._reject(gpu_spec, cpu_spec, store)
+        f = self._f0
+        skip = index % f
+        if slots.size != ((skip + n + f - 1) // f if n else 0):
+            self._reject(gpu_spec, cpu_spec, store)
+        if n == 0:
+            return 0, 0
+        # negative ids are huge as uint64: one reduction checks both ends of each range
+        if slots.view(np.uint64).max() >= self.geometry.num_slots or ids.view(np.uint64).max() >= self._blocks0:
+            self._reject(gpu_spec, cpu_spec, store)
+        if store:
+            if slots.size > 1 and self._repeats(self._slot_marks, slots, self._arange(slots.size)):
+                self._reject(gpu_spec, cpu_spec, store)
+        elif n > 1 and self._repeats(self._block_marks, ids, self._arange(n)):
+            self._reject(gpu_spec, cpu_spec, store)
+        rows = out[:n]
+        rows[:, 0] = ids
+        rows[:, 1] = 0
+        if f == 1:
+            np.multiply(slots, self._slot_units, out=rows[:, 2])
+        else:
+            q = self._arange(skip + n)[skip:]
+            rows[:, 2] = slots[q // f] * self._slot_units + (q % f) * self._rec0_units
+        return n, n * self._rec0
+
+    def _map_groups(
+        self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool, out: np.ndarray
+    ) -> tuple[int, int]:
+        """Several groups, or a group without pages: checked in the explaining order, then mapped."""
+        self._explain(gpu_spec, cpu_spec, store)
+        g = self.geometry
+        sizes, indices = gpu_spec.group_sizes, gpu_spec.block_indices
+        gpu_ids, cpu_ids = gpu_spec.block_ids, cpu_spec.block_ids
+        n = gpu_ids.size
+        if n == 0:
+            return 0, 0
+        f = g.factors
+        n_slots = slots_per_group(sizes, indices, f)
+        grp = np.repeat(np.arange(self._groups, dtype=np.int64), sizes)
+        j = self._arange(n) - (np.cumsum(sizes) - sizes)[grp]
+        q = (indices % f)[grp] + j
+        fg = f[grp]
+        slot = cpu_ids[(np.cumsum(n_slots) - n_slots)[grp] + q // fg]
+        rec = self._rec_units[grp]
+        offsets = slot * self._slot_units + (q % fg) * rec
+        keep = rec > 0
+        m = int(keep.sum())
+        rows = out[:m]
+        rows[:, 0] = gpu_ids[keep]
+        rows[:, 1] = grp[keep]
+        rows[:, 2] = offsets[keep]
+        return m, int(g.record_bytes[grp[keep]].sum())
+
+    def arrays(self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool) -> JobArrays:
+        """:meth:`map` into a new table, as the per-block arrays :class:`JobArrays`."""
+        table = np.empty((gpu_spec.block_ids.size, JOB_TABLE_COLUMNS), dtype=np.int64)
+        n, nbytes = self.map(gpu_spec, cpu_spec, store, table)
+        return self.to_arrays(table[:n], nbytes)
+
+    def to_arrays(self, rows: np.ndarray, nbytes: int) -> JobArrays:
+        """Rows this mapper wrote (``nbytes`` moved) as :class:`JobArrays` (host offsets in bytes):
+        what a backend without a bound kernel takes."""
+        groups = rows[:, 1].astype(np.int32)
+        return JobArrays(
+            block_ids=rows[:, 0].copy(),
+            group_ids=groups,
+            host_offsets=rows[:, 2] * self.unit,
+            record_bytes=self.geometry.record_bytes[groups],
+            transfer_size=nbytes,
         )
-    if cpu_ids.size and int(cpu_ids.max()) >= geom.num_slots:
-        bad = int(cpu_ids[np.argmax(cpu_ids >= geom.num_slots)])
-        raise InvalidArgumentError(f"CPU spec: slot id {bad} out of range (num_cpu_blocks={geom.num_slots})")
-    if store and cpu_ids.size > 1 and np.unique(cpu_ids).size != cpu_ids.size:
-        raise InvalidArgumentError(f"CPU spec: a store names the same slot twice ({cpu_ids.tolist()})")
 
-    n = gpu_ids.size
-    grp = np.repeat(np.arange(G, dtype=np.int64), sizes)
-    starts = np.cumsum(sizes) - sizes
-    j = np.arange(n, dtype=np.int64) - starts[grp]
-    q = (indices % f)[grp] + j
-    fg = f[grp]
-    cpu_starts = np.cumsum(n_slots) - n_slots
-    slot = cpu_ids[cpu_starts[grp] + q // fg] if n else np.zeros(0, dtype=np.int64)
-    rec = geom.record_bytes[grp]
-    host_offsets = slot * geom.slot_bytes + (q % fg) * rec
+    def _reject(self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool) -> None:
+        """Raise the error that :meth:`_explain` finds for a job the fast checks refused."""
+        self._explain(gpu_spec, cpu_spec, store)
+        raise InvalidArgumentError("job refused by the worker's checks")  # a fast check without its explanation
 
-    keep = rec > 0
-    if not keep.all():
-        grp, gpu_ids, host_offsets, rec = grp[keep], gpu_ids[keep], host_offsets[keep], rec[keep]
-    if gpu_ids.size:
-        limit = geom.num_gpu_blocks[grp]
-        out = gpu_ids >= limit
-        if out.any():
-            i = int(np.argmax(out))
+    def _explain(self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool) -> None:
+        """Every check in order, raising the first that fails (the fast path's checks only tell
+        *that* a job is bad)."""
+        g = self.geometry
+        G = self._groups
+        sizes, indices = gpu_spec.group_sizes, gpu_spec.block_indices
+        if sizes.size != G:
+            raise InvalidArgumentError(f"GPU spec: group_sizes has {sizes.size} entries, the KV cache has {G} groups")
+        gpu_ids, cpu_ids = gpu_spec.block_ids, cpu_spec.block_ids
+        for what, arr in (
+            ("GPU spec: block_ids", gpu_ids),
+            ("GPU spec: group_sizes", sizes),
+            ("GPU spec: block_indices", indices),
+            ("CPU spec: block_ids", cpu_ids),
+        ):
+            if arr.size and int(arr.min()) < 0:
+                i = int(np.argmax(arr < 0))
+                raise InvalidArgumentError(f"{what}[{i}] must be non-negative, got {int(arr[i])}")
+        f = g.factors
+        n_slots = slots_per_group(sizes, indices, f)
+        if int(n_slots.sum()) != cpu_ids.size:
             raise InvalidArgumentError(
-                f"GPU spec: block id {int(gpu_ids[i])} of group {int(grp[i])} out of range "
-                f"(the group has {int(limit[i])} GPU blocks)"
+                f"CPU spec has {cpu_ids.size} slot ids, the GPU spec needs {int(n_slots.sum())} "
+                f"(per group {n_slots.tolist()} for group_sizes={sizes.tolist()}, "
+                f"block_indices={indices.tolist()}, block_size_factors={f.tolist()})"
             )
-        if not store and gpu_ids.size > 1:
-            combined = gpu_ids * max(G, 1) + grp
-            if np.unique(combined).size != combined.size:
-                raise InvalidArgumentError("GPU spec: a load writes the same GPU block of a group twice")
-    return JobArrays(
-        block_ids=np.ascontiguousarray(gpu_ids, dtype=np.int64),
-        group_ids=grp.astype(np.int32),
-        host_offsets=np.ascontiguousarray(host_offsets, dtype=np.int64),
-        record_bytes=rec,
-        transfer_size=int(rec.sum()),
-    )
+        if cpu_ids.size and int(cpu_ids.max()) >= g.num_slots:
+            bad = int(cpu_ids[np.argmax(cpu_ids >= g.num_slots)])
+            raise InvalidArgumentError(f"CPU spec: slot id {bad} out of range (num_cpu_blocks={g.num_slots})")
+        if store and cpu_ids.size > 1 and np.unique(cpu_ids).size != cpu_ids.size:
+            raise InvalidArgumentError(f"CPU spec: a store names the same slot twice ({cpu_ids.tolist()})")
+        grp = np.repeat(np.arange(G, dtype=np.int64), sizes)
+        keep = g.record_bytes[grp] > 0
+        grp, ids = grp[keep], gpu_ids[keep]
+        if ids.size:
+            limit = g.num_gpu_blocks[grp]
+            over = ids >= limit
+            if over.any():
+                i = int(np.argmax(over))
+                raise InvalidArgumentError(
+                    f"GPU spec: block id {int(ids[i])} of group {int(grp[i])} out of range "
+                    f"(the group has {int(limit[i])} GPU blocks)"
+                )
+            if not store and ids.size > 1:
+                combined = self._block_base[grp] + ids
+                if np.unique(combined).size != combined.size:
+                    raise InvalidArgumentError("GPU spec: a load writes the same GPU block of a group twice")

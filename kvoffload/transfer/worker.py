@@ -57,9 +57,11 @@ from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.paths import DataPath
 from kvoffload.transfer import worker_args
-from kvoffload.transfer.cuda_jobs import CudaJobs
+from kvoffload.transfer.cuda_jobs import CudaJobs, JobEntry
 from kvoffload.transfer.host_pool import HostPool
-from kvoffload.transfer.job_mapping import GroupGeometry, JobArrays, map_job
+from kvoffload.transfer.job_batch import JobBatch
+from kvoffload.transfer.job_mapping import GroupGeometry, JobArrays, JobMapper
+from kvoffload.transfer.job_tables import JobTable, JobTables
 from kvoffload.transfer.result import LOAD, STORE, TransferResult
 
 logger = logging.getLogger(__name__)
@@ -90,6 +92,11 @@ class TransferWorker:
             engines + a GPU staging ring) or ``"dma"`` (copy engines only: no SM used, for
             engines that cannot spare any). See :mod:`kvoffload.kernels.paths`.
         staging_bytes: size of the GPU staging ring (default: the per-GPU config).
+        merge: jobs of one direction submitted one after another go out in ONE launch, at the
+            next :meth:`get_finished` (the engine's completion poll), :meth:`wait`,
+            :meth:`flush`, :meth:`shutdown` or job of the other direction, whichever comes
+            first; each job is still reported on its own. Saves host time per job; a job starts
+            at that point instead of at its submit. Expedited loads are never merged.
         host_memory: put the host pool in this shared mapping (see :class:`HostPool`'s
             ``memory``), e.g. vLLM's shared offload region that the scheduler process maps too.
         host_offset: where in ``host_memory`` the pool starts, in bytes.
@@ -123,6 +130,7 @@ class TransferWorker:
         host_memory: Any = None,
         host_offset: int = 0,
         slot_stride: int | None = None,
+        merge: bool = False,
     ) -> None:
         if not isinstance(table, KVCacheTable):
             raise InvalidTypeError(f"table must be a KVCacheTable, got {type(table).__name__}")
@@ -130,6 +138,7 @@ class TransferWorker:
         if len(table.groups) == 0:
             raise InvalidArgumentError("table has no KV-cache group")
         factors = worker_args.block_size_factors(table, block_size_factors)
+        self.merge = check_bool(merge, "merge")
         if max_programs is not None:
             max_programs = check_int(max_programs, "max_programs", 1)
         config = launch_config(table.device)
@@ -159,41 +168,59 @@ class TransferWorker:
         )
         self.paths = DataPath(self.backend, table, path, config=config)
         self.host_pool = HostPool(num_slots, slot_bytes, device=self.device, memory=host_memory, offset=host_offset)
-        self._jobs = CudaJobs(self.device) if self._cuda else None
+        self._jobs = CudaJobs(self.device, self._release) if self._cuda else None
         # every host offset is slot * slot_bytes + k * record_bytes_g: one alignment for all jobs
         host_bits = self.host_pool.buffer.data_ptr() | slot_bytes | int(np.bitwise_or.reduce(record_bytes))
         stream_ctx = torch.cuda.stream(self._jobs.stream) if self._jobs is not None else contextlib.nullcontext()
         with stream_ctx:
             self.backend.prepare(table, host_bits & -host_bits)  # device tables + both directions compiled
+            # the kernel bound to the pool: a job costs its table and one launch (the kernels need a pinned pool)
+            self.kernel = (
+                self.backend.bind(table, self.host_pool.buffer, host_bits & -host_bits)
+                if self.host_pool.pinned or not self._cuda
+                else None
+            )
+        self._mapper = JobMapper(self.geometry, self.kernel.unit if self.kernel is not None else 1)
+        self._tables = JobTables(pinned=self._cuda and self.kernel is not None)
+        self._direct_below = {store: self.paths.direct_below(store) for store in (True, False)}
+        self._batch: JobBatch | None = None
+        self._unreported: set[int] = set()  # accepted, result not returned by get_finished yet
         self._finished: list[TransferResult] = []
         self._closed = False
         logger.info(
-            "transfer worker: %d slots x %d bytes (%s), backend %s, factors %s, device %s, data path %s",
+            "transfer worker: %d slots x %d bytes (%s), backend %s (%s), factors %s, device %s, data path %s%s",
             num_slots,
             slot_bytes,
             "pinned" if self.host_pool.pinned else "pageable",
             type(self.backend).__name__,
+            f"bound kernel, {self.kernel.entry} entry" if self.kernel is not None else "pack/unpack",
             factors,
             self.device,
             self.paths.describe(),
+            ", jobs of a direction merged until the next poll" if self.merge else "",
         )
 
+    def _release(self, keep: Any) -> None:
+        """What a reported CUDA launch kept alive: a job table goes back to the pool."""
+        if isinstance(keep, JobTable):
+            self._tables.give(keep)
+
     # ------------------------------------------------------------------ submit
-    def _parse(self, job_id: object, spec: object) -> tuple[int, JobArrays, bool]:
+    def _parse(self, job_id: object, spec: object) -> tuple[int, GPULoadStoreSpec, CPULoadStoreSpec, bool]:
         jid = check_int(job_id, "job_id")
-        if (self._jobs is not None and jid in self._jobs) or any(r.job_id == jid for r in self._finished):
+        if jid in self._unreported:
             raise InvalidArgumentError(f"job_id {jid} is already in flight or not reported yet")
         if not isinstance(spec, (tuple, list)) or len(spec) != 2:
             raise InvalidTypeError(f"spec must be a (src_spec, dst_spec) pair, got {type(spec).__name__}")
         src, dst = spec
+        if isinstance(src, GPULoadStoreSpec) and isinstance(dst, CPULoadStoreSpec):
+            return jid, src, dst, True
+        if isinstance(src, CPULoadStoreSpec) and isinstance(dst, GPULoadStoreSpec):
+            return jid, dst, src, False
         if not isinstance(src, LoadStoreSpec) or not isinstance(dst, LoadStoreSpec):
             raise InvalidTypeError(
                 f"spec must hold two LoadStoreSpecs, got ({type(src).__name__}, {type(dst).__name__})"
             )
-        if isinstance(src, GPULoadStoreSpec) and isinstance(dst, CPULoadStoreSpec):
-            return jid, map_job(src, dst, self.geometry, store=True), True
-        if isinstance(src, CPULoadStoreSpec) and isinstance(dst, GPULoadStoreSpec):
-            return jid, map_job(dst, src, self.geometry, store=False), False
         raise InvalidTypeError(
             "spec must be (GPULoadStoreSpec, CPULoadStoreSpec) for a store or (CPULoadStoreSpec, "
             f"GPULoadStoreSpec) for a load, got ({type(src).__name__}, {type(dst).__name__})"
@@ -214,7 +241,8 @@ class TransferWorker:
                 far), or a sequence of them. None (default): the calling thread's current stream
                 of the cache's device. Must be None without CUDA.
             expedited: a load that must not queue behind earlier transfers (see the module
-                docstring); it runs on the worker's second stream. Only for loads.
+                docstring); it runs on the worker's second stream, and is never merged. Only for
+                loads.
 
         Returns:
             True: the job was accepted and exactly one :class:`TransferResult` will be reported
@@ -224,63 +252,140 @@ class TransferWorker:
         Raises:
             InvalidTypeError / InvalidArgumentError: bad id, specs (wrong pair of types,
                 lengths that disagree, slot or block ids out of range, duplicate destinations)
-                or ``after``. Raised before anything is moved.
+                or ``after``. Raised before anything is enqueued.
             StreamCaptureError: called while the current CUDA stream captures a CUDA graph.
         """
         if self._closed:
             logger.error("transfer_async(job %r) after shutdown: not submitted", job_id)
             return False
         check_not_capturing(self.device, "TransferWorker.transfer_async")
-        producers = worker_args.producer_events(after, self._cuda)
-        expedited = check_bool(expedited, "expedited")
-        jid, arrays, store = self._parse(job_id, spec)
+        producers = [] if after is None else worker_args.producer_events(after, self._cuda)
+        if expedited is not False:
+            expedited = check_bool(expedited, "expedited")
+        jid, gpu, cpu, store = self._parse(job_id, spec)
         if expedited and store:
             raise InvalidArgumentError(f"job {jid}: only loads can be expedited, got a store")
         kind = STORE if store else LOAD
-        if len(arrays) == 0:
-            self._finished.append(TransferResult(jid, True, 0, 0.0, kind))
+        if self.kernel is None:
+            arrays = self._mapper.arrays(gpu, cpu, store)
+            self._unreported.add(jid)
+            self._submit_arrays(jid, kind, arrays, store, producers, expedited)
             return True
-        if self._jobs is None:
-            self._run_sync(jid, arrays, store, kind)
-        elif failed := self._jobs.submit(jid, arrays, kind, producers, expedited, partial(self._launch, arrays, store)):
-            self._finished.append(failed)
+        merge = self.merge and not expedited
+        batch = self._batch if merge else None
+        if batch is not None and (batch.store != store or batch.rows + gpu.block_ids.size > batch.table.capacity):
+            self.flush()
+            batch = None
+        table = batch.table if batch is not None else self._tables.take(gpu.block_ids.size)
+        first = batch.rows if batch is not None else 0
+        try:
+            n, nbytes = self._mapper.map(gpu, cpu, store, table.rows[first:])
+        except Exception:
+            if batch is None:
+                self._tables.give(table)
+            raise
+        self._unreported.add(jid)
+        if n == 0 or nbytes >= self._direct_below[store]:  # nothing to move, or a job for the configured path
+            arrays = self._mapper.to_arrays(table.rows[first : first + n], nbytes)
+            if batch is None:
+                self._tables.give(table)
+            self._submit_arrays(jid, kind, arrays, store, producers, expedited)
+            return True
+        if merge:
+            if batch is None:
+                batch = self._batch = JobBatch(store, table)
+            batch.add((jid, kind, nbytes), n, producers, self.device if self._cuda else None)
+            return True
+        if not expedited:
+            self.flush()
+        self._submit_table([(jid, kind, nbytes)], table, n, store, producers, expedited)
         return True
 
-    def _launch(self, arrays: JobArrays, store: bool) -> None:
-        if self._cuda and not self.host_pool.pinned:  # the kernels cannot reach it: the checked entry refuses
-            fn = self.paths.pack if store else self.paths.unpack
-            fn(self.host_pool.buffer, arrays.block_ids, arrays.group_ids, arrays.host_offsets)
-            return
-        # map_job checked the job (this worker's one check): the kernels take it as it is
-        job = CopyJob(
-            self.table,
-            self.host_pool.buffer,
-            arrays.block_ids,
-            arrays.group_ids.astype(np.int64),
-            arrays.host_offsets,
-            arrays.record_bytes,
-            arrays.transfer_size,
-        )
-        self.paths.run(job, store)
+    def flush(self) -> None:
+        """Launch the merged jobs now (``merge=True``) instead of at the next :meth:`get_finished`,
+        :meth:`wait`, :meth:`shutdown` or job of the other direction. No-op when none wait."""
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            self._submit_table(batch.jobs, batch.table, batch.rows, batch.store, batch.producers, False)
 
-    def _run_sync(self, jid: int, arrays: JobArrays, store: bool, kind: tuple[str, str]) -> None:
+    def _submit_table(
+        self, jobs: list[JobEntry], table: JobTable, n: int, store: bool, producers: list[Any], expedited: bool
+    ) -> None:
+        """One launch of the bound kernel over ``table``'s first ``n`` rows, for ``jobs``."""
+        kernel = self.kernel
+        assert kernel is not None
+        if self._jobs is not None:
+            launch = partial(kernel.launch, table.rows, table.address, n, store)
+            self._finished += self._jobs.submit(jobs, producers, expedited, launch, keep=table)
+            return
         t0 = time.perf_counter()
         try:
-            self._launch(arrays, store)
+            kernel.launch(table.rows, table.address, n, store)
+            ok = True
+        except Exception:
+            logger.exception("transfer jobs %s failed", [j[0] for j in jobs])
+            ok = False
+        finally:
+            self._tables.give(table)
+        seconds = time.perf_counter() - t0
+        total = sum(nbytes for _, _, nbytes in jobs) or 1
+        self._finished += [
+            TransferResult(jid, ok, nbytes if ok else 0, seconds * nbytes / total if ok else 0.0, kind)
+            for jid, kind, nbytes in jobs
+        ]
+
+    def _submit_arrays(
+        self, jid: int, kind: tuple[str, str], arrays: JobArrays, store: bool, producers: list[Any], expedited: bool
+    ) -> None:
+        """One job through :class:`DataPath` (a backend without a bound kernel, or the job's path
+        is not the direct one)."""
+        if len(arrays) == 0:
+            self._finished.append(TransferResult(jid, True, 0, 0.0, kind))
+            return
+        if not expedited:
+            self.flush()
+        if self._jobs is not None:
+            launch = partial(self._launch_arrays, arrays, store)
+            self._finished += self._jobs.submit([(jid, kind, arrays.transfer_size)], producers, expedited, launch, arrays)
+            return
+        t0 = time.perf_counter()
+        try:
+            self._launch_arrays(arrays, store)
         except Exception:
             logger.exception("transfer job %d (%s->%s) failed", jid, *kind)
             self._finished.append(TransferResult(jid, False, 0, 0.0, kind))
             return
         self._finished.append(TransferResult(jid, True, arrays.transfer_size, time.perf_counter() - t0, kind))
 
+    def _launch_arrays(self, arrays: JobArrays, store: bool, stream: Any = None) -> None:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            if self._cuda and not self.host_pool.pinned:  # the kernels cannot reach it: the checked entry refuses
+                fn = self.paths.pack if store else self.paths.unpack
+                fn(self.host_pool.buffer, arrays.block_ids, arrays.group_ids, arrays.host_offsets)
+                return
+            # the mapper checked the job (this worker's one check): the kernels take it as it is
+            job = CopyJob(
+                self.table,
+                self.host_pool.buffer,
+                arrays.block_ids,
+                arrays.group_ids.astype(np.int64),
+                arrays.host_offsets,
+                arrays.record_bytes,
+                arrays.transfer_size,
+            )
+            self.paths.run(job, store)
+
     def get_finished(self) -> list[TransferResult]:
         """Results of the jobs that finished since the last call, each job reported exactly once.
 
         Never blocks: CUDA jobs are polled with ``event.query()``.
         """
+        self.flush()
         out, self._finished = self._finished, []
         if self._jobs is not None:
             out += self._jobs.finished()
+        for r in out:
+            self._unreported.discard(r.job_id)
         return out
 
     def wait(self, job_ids: Collection[int]) -> None:
@@ -295,13 +400,14 @@ class TransferWorker:
         if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Collection):
             raise InvalidTypeError(f"job_ids must be a collection of ints, got {type(job_ids).__name__}")
         ids = [check_int(j, f"job_ids[{i}]") for i, j in enumerate(job_ids)]
+        self.flush()
         if self._jobs is not None:
             self._jobs.wait(ids)
 
     @property
     def num_in_flight(self) -> int:
         """Jobs submitted and not yet reported (including finished-but-unreported ones)."""
-        return (len(self._jobs) if self._jobs is not None else 0) + len(self._finished)
+        return len(self._unreported)
 
     def shutdown(self) -> None:
         """Wait for every in-flight job, then free the host pool. Idempotent.
@@ -311,6 +417,7 @@ class TransferWorker:
         """
         if self._closed:
             return
+        self.flush()
         self._closed = True
         if self._jobs is not None:
             self._jobs.drain()

@@ -1,4 +1,4 @@
-"""map_job: the spec -> per-block arrays mapping, against a plain-Python reference."""
+"""JobMapper: the spec -> job table mapping, against a plain-Python reference."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import pytest
 
 from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.transfer.job_mapping import GroupGeometry, map_job, slots_per_group
+from kvoffload.transfer.job_mapping import GroupGeometry, JobArrays, JobMapper, slots_per_group
+
+
+def map_job(gpu: GPULoadStoreSpec, cpu: CPULoadStoreSpec, geom: GroupGeometry, store: bool) -> JobArrays:
+    return JobMapper(geom).arrays(gpu, cpu, store)
 
 
 def _geom(record_bytes, num_blocks, factors, num_slots=50) -> GroupGeometry:

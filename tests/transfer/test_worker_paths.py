@@ -110,10 +110,11 @@ def test_submit_path_never_waits_for_the_device(monkeypatch: pytest.MonkeyPatch,
     # pretend the cache is on CUDA from here on: the worker and its data path take their CUDA branches
     w._cuda = True
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: _FakeStream(log))
-    w._jobs = CudaJobs(w.device)
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: _FakeEvent(log, enable_timing))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    w._jobs = CudaJobs(torch.device("cuda", 0))
     w.paths._cuda = True
     w.paths._copy_stream = _FakeStream(log)
-    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: _FakeEvent(log, enable_timing))
     monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream(log))
     monkeypatch.setattr(torch.cuda, "stream", lambda s: _Ctx())
@@ -138,7 +139,7 @@ def test_submit_path_never_waits_for_the_device(monkeypatch: pytest.MonkeyPatch,
         monkeypatch.setattr(
             torch.Tensor, name, _raiser(f"Tensor.{name} (a device sync on CUDA tensors)"), raising=False
         )
-    monkeypatch.setattr(w._jobs, "_complete", lambda job: None)  # completion is polled later, not here
+    monkeypatch.setattr(w._jobs, "_complete", lambda *a: None)  # completion is polled later, not here
     # capture check: the real one would call is_current_stream_capturing on a CUDA device only
     monkeypatch.setattr("kvoffload.transfer.worker.check_not_capturing", lambda dev, what: log.append("capture-check"))
 
@@ -146,7 +147,7 @@ def test_submit_path_never_waits_for_the_device(monkeypatch: pytest.MonkeyPatch,
     load = (CPULoadStoreSpec([0, 1, 2, 3, 4, 5]), GPULoadStoreSpec([6, 7, 5, 3, 1, 0, 4], [3, 2, 2]))
     assert w.transfer_async(1, store) and w.transfer_async(2, load)
     monkeypatch.undo()
-    assert len(w._jobs) == 2 and not w._finished and all(j.ok for j in w._jobs._inflight.values())
+    assert len(w._jobs) == 2 and not w._finished and all(j.ok for j in w._jobs._launches.values())
     assert log.count("capture-check") == 2 and "stream.wait_event" in log  # ordered after the engine's stream
     assert all(nb for nb, _ in copies), "a blocking copy on the submit path"
     assert set(table.cache) == cache_keys, "device tables built at submit time"
