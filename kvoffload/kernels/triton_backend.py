@@ -28,7 +28,7 @@ from kvoffload.kernels.config import LaunchConfig, launch_config
 from kvoffload.kernels.device import upload
 from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.layout import KVCacheTable
-from kvoffload.kernels.triton_launch import ENTRIES, TritonBoundKernel
+from kvoffload.kernels.triton_launch import ENTRIES, Pointer, TritonBoundKernel, compile_variant
 from kvoffload.kernels.triton_support import INTERPRETER_LOCK, interpreter_problem, kernels, triton_module
 
 logger = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class TritonBackend(KernelBackend):
 
     def prepare(self, table: KVCacheTable, host_alignment: int = 1) -> None:
         """Build the device tables for jobs at ``host_alignment`` and, on CUDA, compile the kernel
-        for both directions and both buffer kinds (host pool, GPU staging) with an empty launch."""
+        for both directions and both buffer kinds (host pool, GPU staging), without a launch."""
         if not any(g.views for g in table.groups):
             return
         unit = _pow2_alignment(table.alignment | host_alignment)
@@ -184,13 +184,15 @@ class TritonBackend(KernelBackend):
         if table.device.type != "cuda":
             return
         geo = tile_geometry(tables.max_page_bytes, unit, self.config(table.device))
+        word = getattr(torch, word_type(unit)[0])
+        tail = (table.max_views, tables.max_page_bytes // unit)
         with torch.cuda.device(table.device):
-            job = torch.zeros(3, dtype=torch.int64, device=table.device)
-            staging = torch.empty(16 * unit, dtype=torch.uint8, device=table.device)
-            host = torch.empty(16 * unit, dtype=torch.uint8, pin_memory=True)
-            for buf in (host, staging):
+            for on_host in (True, False):
+                # the buffer's address: 16-byte aligned, as the pool and the staging segments are
+                pointers = (Pointer(tables.anchor.data_ptr(), word), Pointer(256, word), tables.views, tables.groups)
+                consts = {"BUF_ON_HOST": on_host, "VEC": geo.vec, "PAGES": geo.pages, "CHUNK": geo.chunk}
                 for to_buf in (True, False):
-                    self._launch(table, tables, buf, job, 0, to_buf, unit, geo, grid=1)
+                    compile_variant(pointers, tail, to_buf, consts, geo.num_warps)
 
     def bind(self, table: KVCacheTable, host: torch.Tensor, host_alignment: int = 1) -> TritonBoundKernel | None:
         """The kernel bound to ``table`` and ``host`` (see :class:`~kvoffload.kernels.triton_launch.

@@ -31,7 +31,7 @@ from kvoffload.kernels.triton_support import INTERPRETER_LOCK, kernels, triton_m
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TritonBoundKernel", "COMPILED_ENTRY_VERSIONS", "ENTRIES", "compiled_entry_supported"]
+__all__ = ["TritonBoundKernel", "COMPILED_ENTRY_VERSIONS", "ENTRIES", "compiled_entry_supported", "compile_variant", "Pointer"]
 
 #: Triton versions (major, minor) whose compiled-kernel launcher takes ``run(grid_x, grid_y,
 #: grid_z, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``
@@ -43,9 +43,9 @@ ENTRIES = ("auto", "compiled", "plain")
 _logged: set[str] = set()
 
 
-class _Pointer:
+class Pointer:
     """A pointer argument as Triton's binder reads it (like its ``MockTensor``): an address and a
-    torch element type. Lets the plain entry and the compile take addresses, not tensors."""
+    torch element type. Lets the plain entry and compiles take addresses, not tensors."""
 
     __slots__ = ("_address", "dtype")
 
@@ -55,6 +55,23 @@ class _Pointer:
 
     def data_ptr(self) -> int:
         return self._address
+
+
+def compile_variant(
+    pointers: tuple[Any, ...], tail: tuple[int, int], to_buf: bool, consts: dict[str, Any], num_warps: int
+) -> Any:
+    """One variant of the copy kernel compiled for the current CUDA device without launching it
+    (Triton's own cache answers a variant compiled before), its module loaded: the compiled kernel.
+
+    ``pointers``: the cache, buffer, views and groups pointer arguments (tensors or addresses as
+    :class:`Pointer`); the job table is taken 16-byte aligned, as every launch passes it.
+    ``tail``: ``(max_views, max_page)``; ``consts``: the constexprs but ``TO_BUF``.
+    """
+    jit, _ = kernels()
+    table = Pointer(16, torch.int64)
+    kernel = jit.warmup(*pointers, table, 1 << 20, *tail, TO_BUF=to_buf, **consts, num_warps=num_warps, grid=(1,))
+    _ = kernel.run  # loads the module and builds the launcher now, not at the first job
+    return kernel
 
 
 def compiled_entry_supported() -> str | None:
@@ -68,8 +85,9 @@ def compiled_entry_supported() -> str | None:
         return f"triton {triton.__version__}: its compiled-kernel launcher is not one this entry knows"
     from triton import knobs  # noqa: PLC0415 - lazy, as triton itself
 
-    if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
-        return "a Triton launch hook is set (a profiler): its hooks need the public launch"
+    for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):  # a HookChain with hooks, or a hook
+            return "a Triton launch hook is set (a profiler): its hooks need the public launch"
     return None
 
 
@@ -141,33 +159,20 @@ class TritonBoundKernel(BoundKernel):
         else:
             _log_once("triton kernels launch through the compiled kernel's launcher")
         self._ptrs = (
-            _Pointer(anchor.data_ptr(), word_dtype),
-            _Pointer(host.data_ptr(), word_dtype),
-            _Pointer(views.data_ptr(), torch.int64),
-            _Pointer(groups.data_ptr(), torch.int64),
+            Pointer(anchor.data_ptr(), word_dtype),
+            Pointer(host.data_ptr(), word_dtype),
+            Pointer(views.data_ptr(), torch.int64),
+            Pointer(groups.data_ptr(), torch.int64),
         )
         self._num_warps = num_warps
         self._handles: dict[Any, int] = {}
-        # compile both directions now (no launch); the compiled entry keeps its launcher per direction
+        # both directions compiled now; the compiled entry keeps each one's launcher
         self._compiled: dict[bool, tuple[Any, ...]] = {}
-        jit, _ = kernels()
+        fixed = tuple(p.data_ptr() for p in self._ptrs)
         for to_host in (True, False):
-            # a 16-byte aligned table address: what every launch passes (the table pool guarantees it)
-            kernel = jit.warmup(
-                *self._ptrs,
-                _Pointer(16, torch.int64),
-                1 << 20,
-                *self._tail,
-                TO_BUF=to_host,
-                **self._consts,
-                num_warps=num_warps,
-                grid=(1,),
-            )
-            if self.entry == "compiled":
-                run = kernel.run  # loads the module and builds the launcher now
-                fixed = tuple(p.data_ptr() for p in self._ptrs)
-                consts = (to_host, True, vec, pages, chunk)
-                self._compiled[to_host] = (run, kernel.function, kernel.packed_metadata, fixed, consts)
+            kernel = compile_variant(self._ptrs, self._tail, to_host, self._consts, num_warps)
+            consts = (to_host, True, vec, pages, chunk)
+            self._compiled[to_host] = (kernel.run, kernel.function, kernel.packed_metadata, fixed, consts)
 
     def _grid(self, n: int) -> int:
         return min(self._programs, -(-(n * self._max_views) // self._pages))
@@ -184,7 +189,7 @@ class TritonBoundKernel(BoundKernel):
             return
         if self.entry == "plain":
             jit, _ = kernels()
-            args = (*self._ptrs, _Pointer(address, torch.int64), n, *self._tail)
+            args = (*self._ptrs, Pointer(address, torch.int64), n, *self._tail)
             if stream is None:
                 jit[(grid,)](*args, TO_BUF=to_host, **self._consts, num_warps=self._num_warps)
             else:
