@@ -2,8 +2,6 @@
 
 * :func:`upload` -- a host numpy array onto ``device``: through pinned memory and a non-blocking
   copy on the current stream on CUDA (pageable memory would make the copy synchronous).
-* :func:`pinned_empty` -- page-locked host bytes the GPU reads directly (job tables).
-* :func:`device_empty` -- bytes in the device's memory (the staging ring).
 * :func:`check_not_capturing` -- a typed error instead of a broken CUDA graph when called while
   the current stream is being captured.
 
@@ -17,7 +15,7 @@ import torch
 
 from kvoffload.errors import StreamCaptureError
 
-__all__ = ["upload", "pinned_empty", "device_empty", "check_not_capturing"]
+__all__ = ["upload", "check_not_capturing"]
 
 
 def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -26,17 +24,6 @@ def upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t if device.type == "cpu" else t.to(device)
-
-
-def pinned_empty(nbytes: int) -> torch.Tensor:
-    """``nbytes`` uninitialised bytes of pinned host memory (a ``torch.uint8`` CPU tensor whose
-    address the GPU can use directly: unified virtual addressing), 16-byte aligned."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-
-def device_empty(nbytes: int, device: torch.device) -> torch.Tensor:
-    """``nbytes`` uninitialised bytes on ``device`` (a ``torch.uint8`` tensor)."""
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def check_not_capturing(device: torch.device, what: str) -> None:

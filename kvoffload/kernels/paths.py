@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.kernels import device as device_ops
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import PATH_NAMES, LaunchConfig, launch_config
 from kvoffload.kernels.copy_engine import (
@@ -239,7 +238,7 @@ class DataPath:
         seg = max(c.staging_bytes // c.staging_segments, max_record)
         seg = -(-seg // _SEGMENT_ALIGN) * _SEGMENT_ALIGN
         self._segment_bytes = seg
-        self._staging = device_ops.device_empty(seg * c.staging_segments, self.device)
+        self._staging = torch.empty(seg * c.staging_segments, dtype=torch.uint8, device=self.device)
         self._seg_free = [None] * c.staging_segments
         if self._cuda:
             self._copy_stream = torch.cuda.Stream(self.device, priority=-1)

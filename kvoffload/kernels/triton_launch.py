@@ -165,7 +165,7 @@ class TritonBoundKernel(BoundKernel):
             Pointer(groups.data_ptr(), torch.int64),
         )
         self._num_warps = num_warps
-        self._handles: dict[Any, int] = {}
+        self._handles: dict[int, tuple[Any, int]] = {}
         # both directions compiled now; the compiled entry keeps each one's launcher
         self._compiled: dict[bool, tuple[Any, ...]] = {}
         fixed = tuple(p.data_ptr() for p in self._ptrs)
@@ -174,16 +174,16 @@ class TritonBoundKernel(BoundKernel):
             consts = (to_host, True, vec, pages, chunk)
             self._compiled[to_host] = (kernel.run, kernel.function, kernel.packed_metadata, fixed, consts)
 
-    def _grid(self, n: int) -> int:
-        return min(self._programs, -(-(n * self._max_views) // self._pages))
-
     def launch(self, table: np.ndarray, address: int, n: int, to_host: bool, stream: Any = None) -> None:
-        grid = self._grid(n)
+        grid = min(self._programs, -(-(n * self._max_views) // self._pages))
         if self.entry == "compiled":
             if stream is None:
                 handle = int(torch.cuda.current_stream(self._device).cuda_stream)
-            elif (handle := self._handles.get(stream)) is None:  # type: ignore[assignment]
-                handle = self._handles[stream] = int(stream.cuda_stream)
+            else:  # by identity: the worker's streams live as long as it does (held here too)
+                cached = self._handles.get(id(stream))
+                if cached is None:
+                    cached = self._handles[id(stream)] = (stream, int(stream.cuda_stream))
+                handle = cached[1]
             run, function, packed, fixed, consts = self._compiled[to_host]
             run(grid, 1, 1, handle, function, packed, None, None, None, *fixed, address, n, *self._tail, *consts)
             return

@@ -5,9 +5,9 @@ into CUDA with a no-op that records it:
 
 * ``torch.cuda``'s streams, events, current stream/device, graph-capture query, ``cudart()``
   (host registration) and device properties (an sm_90 GPU named ``"kvoffload fake GPU"``);
-* kvoffload's device allocations (:func:`~kvoffload.kernels.device.upload`,
-  :func:`~kvoffload.kernels.device.pinned_empty`, :func:`~kvoffload.kernels.device.device_empty`),
-  which return CPU tensors;
+* device and pinned allocations: ``torch.empty``/``torch.zeros`` on the CUDA device or with
+  ``pin_memory=True``, and kvoffload's :func:`~kvoffload.kernels.device.upload`, return plain
+  CPU tensors;
 * Triton's active driver: kernels are compiled for real (Triton's compiler and the ptxas in its
   wheel, for an sm_90 target), their modules are "loaded" as dummy handles, and a launch runs
   the real Python side of Triton (the binder, specialisation and cache lookup of
@@ -186,8 +186,15 @@ def _upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 
-def _pinned_empty(nbytes: int) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8)
+def _on_cpu(alloc: Any) -> Any:
+    """``alloc`` (``torch.empty``/``torch.zeros``) with the CUDA device and pinning dropped."""
+
+    def wrapped(*size: Any, device: Any = None, pin_memory: bool = False, **kw: Any) -> torch.Tensor:
+        if device is not None and torch.device(device).type != "cuda":
+            kw["device"] = device
+        return alloc(*size, **kw)
+
+    return wrapped
 
 
 @contextlib.contextmanager
@@ -217,8 +224,8 @@ def fake_cuda() -> Iterator[FakeCuda]:
         (cuda, "synchronize", lambda device=None: None),
         (cuda, "cudart", lambda: _Cudart(fake)),
         (cuda, "get_device_properties", lambda device=None: _Properties()),
-        (device, "pinned_empty", _pinned_empty),
-        (device, "device_empty", lambda nbytes, dev: torch.empty(nbytes, dtype=torch.uint8)),
+        (torch, "empty", _on_cpu(torch.empty)),
+        (torch, "zeros", _on_cpu(torch.zeros)),
     ]
     # upload, where it was imported by name too (the kernels' device tables)
     original_upload = device.upload

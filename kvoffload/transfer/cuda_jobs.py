@@ -34,12 +34,13 @@ JobEntry = tuple[int, tuple[str, str], int]
 
 
 class _Launch:
-    """A launch between submit and report. ``keep``: what must outlive it (handed to ``release``)."""
+    """A launch between submit and report: ``table`` goes to ``release`` once it is reported,
+    ``keep`` (what else the device reads) is only held until then."""
 
-    __slots__ = ("jobs", "start", "end", "ok", "keep")
+    __slots__ = ("jobs", "start", "end", "ok", "table", "keep")
 
-    def __init__(self, jobs: list[JobEntry], start: Any, end: Any, ok: bool, keep: Any) -> None:
-        self.jobs, self.start, self.end, self.ok, self.keep = jobs, start, end, ok, keep
+    def __init__(self, jobs: list[JobEntry], start: Any, end: Any, ok: bool, table: Any, keep: Any) -> None:
+        self.jobs, self.start, self.end, self.ok, self.table, self.keep = jobs, start, end, ok, table, keep
 
 
 class CudaJobs:
@@ -47,8 +48,7 @@ class CudaJobs:
 
     Args:
         device: the KV cache's CUDA device.
-        release: called with a launch's ``keep`` once the launch is reported (e.g. to reuse its
-            job table); None: nothing to release.
+        release: called with a launch's ``table`` once the launch is reported (to reuse it).
 
     Attributes:
         stream: the stream jobs run on, in submission order.
@@ -56,7 +56,7 @@ class CudaJobs:
             behind the jobs submitted before them.
     """
 
-    def __init__(self, device: torch.device, release: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, device: torch.device, release: Callable[[Any], None] = lambda table: None) -> None:
         self.device = device
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self.stream: Any = torch.cuda.Stream(device=device, priority=STREAM_PRIORITY)
@@ -75,22 +75,20 @@ class CudaJobs:
         """Jobs in flight."""
         return len(self._job_launch)
 
-    def _event(self) -> Any:
-        return self._timing.pop() if self._timing else torch.cuda.Event(enable_timing=True)
-
     def submit(
         self,
         jobs: list[JobEntry],
         producers: list[Any],
         expedited: bool,
         launch: Callable[[Any], None],
+        table: Any = None,
         keep: Any = None,
     ) -> list[TransferResult]:
         """Enqueue ``launch(stream)`` for ``jobs`` after ``producers`` (events or streams; none:
-        the current stream). Returns failed results if CUDA itself failed at submit (``keep`` is
-        then released at once), else an empty list: the jobs are in flight."""
+        the current stream). ``table``: released once the launch is reported; ``keep``: held until
+        then. Returns failed results if CUDA itself failed at submit (``table`` is then released
+        at once), else an empty list: the jobs are in flight."""
         stream = self.expedited_stream if expedited else self.stream
-        ok = True
         try:
             if torch.cuda.current_device() != self._index:
                 with torch.cuda.device(self._index):
@@ -99,10 +97,10 @@ class CudaJobs:
                 start, end, ok = self._enqueue(jobs, producers, stream, launch)
         except Exception:  # CUDA itself failed (e.g. a sticky error): report at once
             logger.exception("transfer jobs %s: CUDA error at submit", [j[0] for j in jobs])
-            if self._release is not None and keep is not None:
-                self._release(keep)
+            if table is not None:
+                self._release(table)
             return [TransferResult(jid, False, 0, 0.0, kind) for jid, kind, _ in jobs]
-        entry = _Launch(jobs, start, end, ok, keep)
+        entry = _Launch(jobs, start, end, ok, table, keep)
         self._launches[self._next] = entry
         self._next += 1
         for jid, _, _ in jobs:
@@ -113,13 +111,18 @@ class CudaJobs:
         self, jobs: list[JobEntry], producers: list[Any], stream: Any, launch: Callable[[Any], None]
     ) -> tuple[Any, Any, bool]:
         ready = self._ready
-        for p in producers or (torch.cuda.current_stream(self.device),):
+        if not producers:
+            ready.record(torch.cuda.current_stream(self.device))
+            stream.wait_event(ready)
+        for p in producers:
             if isinstance(p, torch.cuda.Stream):
                 ready.record(p)
                 stream.wait_event(ready)
             else:
                 stream.wait_event(p)
-        start, end = self._event(), self._event()
+        timing = self._timing
+        start = timing.pop() if timing else torch.cuda.Event(enable_timing=True)
+        end = timing.pop() if timing else torch.cuda.Event(enable_timing=True)
         start.record(stream)
         ok = True
         try:
@@ -179,11 +182,16 @@ class CudaJobs:
             except Exception:
                 logger.exception("transfer jobs %s: CUDA error at completion", [j[0] for j in entry.jobs])
                 entry.ok = False
+        jobs = entry.jobs
+        if not entry.ok:
+            out += [TransferResult(jid, False, 0, 0.0, kind) for jid, kind, _ in jobs]
+        elif len(jobs) == 1:
+            jid, kind, nbytes = jobs[0]
+            out.append(TransferResult(jid, True, nbytes, seconds, kind))
+        else:
+            total = sum(nbytes for _, _, nbytes in jobs) or 1
+            out += [TransferResult(jid, True, nbytes, seconds * nbytes / total, kind) for jid, kind, nbytes in jobs]
         if entry.ok:
             self._timing += (entry.start, entry.end)
-            total = sum(nbytes for _, _, nbytes in entry.jobs) or 1
-            out += [TransferResult(jid, True, nbytes, seconds * nbytes / total, kind) for jid, kind, nbytes in entry.jobs]
-        else:
-            out += [TransferResult(jid, False, 0, 0.0, kind) for jid, kind, _ in entry.jobs]
-        if self._release is not None and entry.keep is not None:
-            self._release(entry.keep)
+        if entry.table is not None:
+            self._release(entry.table)

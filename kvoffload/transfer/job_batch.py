@@ -1,49 +1,51 @@
 """Jobs of one direction waiting to go out in one launch (the transfer worker's ``merge`` mode).
 
-A :class:`JobBatch` owns one job table; each job appends its rows after the previous job's, so the
-batch's rows are one job of the kernel. What each job must wait for is kept as events: a job
-submitted without ``after`` waits for the work enqueued on the current stream *at its submit*,
-so the batch re-records one event per stream at each submit (a later point of the same stream
-covers every earlier one) and the launch waits on those events.
+A :class:`JobBatch` keeps each checked job's arrays (:data:`~kvoffload.transfer.job_mapping.
+MappedJob`); at the launch they are written into one job table, one after another, so the batch
+is one job of the kernel. What each job must wait for is kept as events: a job submitted without
+``after`` waits for the work enqueued on the current stream *at its submit*, so the batch
+re-records one event per stream at each submit (a later point of the same stream covers every
+earlier one) and the launch waits on those events.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvoffload.transfer.cuda_jobs import JobEntry
-from kvoffload.transfer.job_tables import JobTable
+from kvoffload.transfer.job_mapping import MappedJob
 
 __all__ = ["JobBatch"]
 
 
 class JobBatch:
-    """Jobs of one direction (``store``) in ``table``'s first ``rows`` rows, launched together.
+    """Jobs of one direction (``store``), launched together.
 
     Attributes:
         store: the direction of every job in it.
-        table: the job table the rows are written to.
-        rows: rows written so far (the next job's rows start here).
-        jobs: the batch's jobs, in submit order.
+        rows: the job table rows of all its jobs.
+        jobs: the batch's jobs, in submit order; ``mapped``: their arrays, in the same order.
         producers: what the launch waits for: events, one per stream named by default.
     """
 
-    def __init__(self, store: bool, table: JobTable) -> None:
+    def __init__(self, store: bool) -> None:
         self.store = store
-        self.table = table
         self.rows = 0
         self.jobs: list[JobEntry] = []
+        self.mapped: list[MappedJob] = []
         self.producers: list[Any] = []
         self._by_stream: dict[Any, Any] = {}
 
-    def add(self, entry: JobEntry, rows: int, producers: list[Any], device: torch.device | None) -> None:
-        """Append a job whose ``rows`` rows were written after the batch's; ``producers`` as
-        ``transfer_async``'s ``after`` (events or streams; empty: the current stream of
-        ``device``; ``device`` None: no CUDA, nothing to wait for)."""
+    def add(self, entry: JobEntry, job: MappedJob, producers: list[Any], device: torch.device | None) -> None:
+        """Append a checked job; ``producers`` as ``transfer_async``'s ``after`` (events or
+        streams; empty: the current stream of ``device``; ``device`` None: no CUDA, nothing to
+        wait for)."""
         self.jobs.append(entry)
-        self.rows += rows
+        self.mapped.append(job)
+        self.rows += job[0].size
         if device is None:
             return
         for p in producers or (torch.cuda.current_stream(device),):
@@ -55,3 +57,24 @@ class JobBatch:
                 event = self._by_stream[p] = torch.cuda.Event()
                 self.producers.append(event)
             event.record(p)
+
+    def split(self, k: int) -> JobBatch:
+        """Keep the first ``k`` jobs; return a batch of the others (same producers: waiting for
+        more is safe)."""
+        rest = JobBatch(self.store)
+        rest.jobs, self.jobs = self.jobs[k:], self.jobs[:k]
+        rest.mapped, self.mapped = self.mapped[k:], self.mapped[:k]
+        rest.rows = sum(m[0].size for m in rest.mapped)
+        self.rows -= rest.rows
+        rest.producers = self.producers
+        return rest
+
+    def write(self, rows: np.ndarray) -> None:
+        """Every job's rows into ``rows`` (``int64[self.rows, 3]``), in submit order."""
+        mapped = self.mapped
+        np.concatenate([m[0] for m in mapped], out=rows[:, 0])
+        if all(m[1] is None for m in mapped):
+            rows[:, 1] = 0
+        else:
+            np.concatenate([np.zeros(m[0].size, np.int64) if m[1] is None else m[1] for m in mapped], out=rows[:, 1])
+        np.concatenate([m[2] for m in mapped], out=rows[:, 2])

@@ -1,8 +1,9 @@
 """Turn a (GPU spec, CPU spec) pair into the job table one kernel launch consumes.
 
-Pure numpy, no torch: the transfer worker's :class:`JobMapper` checks each job once and writes its
-rows ``(GPU block id, group id, host offset in units)`` (the kernels' job table, see
-:data:`~kvoffload.kernels.backend.JOB_TABLE_COLUMNS`) straight into the table the launch reads.
+Pure numpy, no torch: the transfer worker's :class:`JobMapper` checks each job once and maps it to
+the rows ``(GPU block id, group id, host offset in units)`` of the kernels' job table (see
+:data:`~kvoffload.kernels.backend.JOB_TABLE_COLUMNS`), which it writes into the table a launch
+reads.
 
 Mapping (the scheduler builds specs this way)::
 
@@ -28,9 +29,28 @@ import numpy as np
 
 from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
-from kvoffload.kernels.backend import JOB_TABLE_COLUMNS
 
-__all__ = ["JobArrays", "GroupGeometry", "JobMapper", "slots_per_group"]
+__all__ = ["JobArrays", "GroupGeometry", "JobMapper", "MappedJob", "slots_per_group"]
+
+#: A checked job as :meth:`JobMapper.map` returns it: ``(block_ids, group_ids or None (all group
+#: 0), host offsets in units, destinations, bytes moved)``, the arrays ``int64`` and one entry per
+#: row of the job table (blocks of groups without pages left out). ``destinations`` name what the
+#: job writes: its slots (a store) or its GPU blocks, offset per group (a load).
+MappedJob = tuple[np.ndarray, "np.ndarray | None", np.ndarray, np.ndarray, int]
+
+_U64 = np.dtype(np.uint64)
+
+
+# argmax and one item: a third of a ufunc reduction's cost on the small arrays of a job
+def _largest(ids: np.ndarray) -> int:
+    """The largest of ``ids`` (non-empty ``int64``) read as ``uint64``: negatives are huge."""
+    u = ids.view(_U64)
+    return int(u[u.argmax()])
+
+
+def _first_true(flags: np.ndarray) -> bool:
+    """Whether any of ``flags`` (non-empty ``bool``) is set."""
+    return bool(flags[flags.argmax()])
 
 
 @dataclass(frozen=True)
@@ -115,6 +135,7 @@ class JobMapper:
         self._rec_units = g.record_bytes // unit
         # one group with pages: the common case, mapped without the per-group arrays
         self._single = self._groups == 1 and int(g.record_bytes[0]) > 0
+        self._num_slots = g.num_slots
         self._f0 = int(g.factors[0])
         self._rec0 = int(g.record_bytes[0])
         self._rec0_units = int(self._rec_units[0])
@@ -130,28 +151,19 @@ class JobMapper:
             self._seq = np.arange(max(stop, 2 * self._seq.size), dtype=np.int64)
         return self._seq[:stop]
 
-    @staticmethod
-    def _repeats(marks: np.ndarray, dst: np.ndarray, seq: np.ndarray) -> bool:
-        marks[dst] = seq
-        return bool((marks[dst] != seq).any())
-
-    def map(
-        self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool, out: np.ndarray
-    ) -> tuple[int, int]:
-        """Check a job and write its rows into ``out[:n]`` (``int64[>= n, 3]``, n = the GPU spec's
-        blocks in groups with pages). Returns ``(rows written, bytes the job moves)``.
+    def map(self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool) -> MappedJob:
+        """Check a job (specs of these classes: the caller checked) and map it to its rows (see
+        :data:`MappedJob`).
 
         ``store``: GPU -> CPU (destinations = host slots, must be distinct), else CPU -> GPU
         (destinations = GPU blocks, distinct per group).
 
         Raises:
-            InvalidTypeError: a spec of the wrong class.
             InvalidArgumentError: group count, slot count, slot or block id out of range,
-                duplicate destinations. Raised before any row is written.
+                duplicate destinations.
         """
-        _check_types(gpu_spec, cpu_spec)
         if not self._single:
-            return self._map_groups(gpu_spec, cpu_spec, store, out)
+            return self._map_groups(gpu_spec, cpu_spec, store)
         ids, slots = gpu_spec.block_ids, cpu_spec.block_ids
         n = ids.size
         if gpu_spec.group_sizes.size != 1 or (index := int(gpu_spec.block_indices[0])) < 0:
@@ -161,68 +173,89 @@ class JobMapper:
         if slots.size != ((skip + n + f - 1) // f if n else 0):
             self._reject(gpu_spec, cpu_spec, store)
         if n == 0:
-            return 0, 0
-        # negative ids are huge as uint64: one reduction checks both ends of each range
-        if slots.view(np.uint64).max() >= self.geometry.num_slots or ids.view(np.uint64).max() >= self._blocks0:
+            return ids, None, ids, slots, 0
+        # negative ids are huge as uint64: the largest checks both ends of each range
+        if _largest(slots) >= self._num_slots or _largest(ids) >= self._blocks0:
             self._reject(gpu_spec, cpu_spec, store)
-        if store:
-            if slots.size > 1 and self._repeats(self._slot_marks, slots, self._arange(slots.size)):
-                self._reject(gpu_spec, cpu_spec, store)
-        elif n > 1 and self._repeats(self._block_marks, ids, self._arange(n)):
+        dst = slots if store else ids
+        if dst.size > 1 and self._repeats(self._slot_marks if store else self._block_marks, dst):
             self._reject(gpu_spec, cpu_spec, store)
-        rows = out[:n]
-        rows[:, 0] = ids
-        rows[:, 1] = 0
         if f == 1:
-            np.multiply(slots, self._slot_units, out=rows[:, 2])
+            offsets = slots * self._slot_units
         else:
             q = self._arange(skip + n)[skip:]
-            rows[:, 2] = slots[q // f] * self._slot_units + (q % f) * self._rec0_units
-        return n, n * self._rec0
+            offsets = slots[q // f] * self._slot_units + (q % f) * self._rec0_units
+        return ids, None, offsets, dst, n * self._rec0
 
-    def _map_groups(
-        self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool, out: np.ndarray
-    ) -> tuple[int, int]:
+    def _repeats(self, marks: np.ndarray, dst: np.ndarray) -> bool:
+        """Whether ``dst`` names an entry twice (write each position at its entry, read back)."""
+        seq = self._arange(dst.size)
+        marks[dst] = seq
+        return _first_true(marks[dst] != seq)
+
+    def conflict(self, dsts: list[np.ndarray], store: bool) -> int | None:
+        """The first job of ``dsts`` (destinations of jobs of one direction, as :meth:`map` returns
+        them) that names a destination an earlier one names, or None: such jobs cannot share a
+        launch (the order of their writes would be undefined)."""
+        if len(dsts) < 2:
+            return None
+        marks = self._slot_marks if store else self._block_marks
+        d = np.concatenate(dsts)
+        seq = self._arange(d.size)
+        marks[d] = seq
+        if not _first_true(marks[d] != seq):
+            return None
+        # a job names each destination once (checked by map): any later naming is another job's
+        _, first = np.unique(d, return_index=True)
+        later = np.ones(d.size, dtype=bool)
+        later[first] = False
+        ends = np.cumsum([x.size for x in dsts])
+        return int(np.searchsorted(ends, int(np.argmax(later)), side="right"))
+
+    def _map_groups(self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool) -> MappedJob:
         """Several groups, or a group without pages: checked in the explaining order, then mapped."""
         self._explain(gpu_spec, cpu_spec, store)
         g = self.geometry
         sizes, indices = gpu_spec.group_sizes, gpu_spec.block_indices
         gpu_ids, cpu_ids = gpu_spec.block_ids, cpu_spec.block_ids
         n = gpu_ids.size
-        if n == 0:
-            return 0, 0
         f = g.factors
         n_slots = slots_per_group(sizes, indices, f)
         grp = np.repeat(np.arange(self._groups, dtype=np.int64), sizes)
         j = self._arange(n) - (np.cumsum(sizes) - sizes)[grp]
         q = (indices % f)[grp] + j
         fg = f[grp]
-        slot = cpu_ids[(np.cumsum(n_slots) - n_slots)[grp] + q // fg]
+        slot = cpu_ids[(np.cumsum(n_slots) - n_slots)[grp] + q // fg] if n else cpu_ids[:0]
         rec = self._rec_units[grp]
-        offsets = slot * self._slot_units + (q % fg) * rec
         keep = rec > 0
-        m = int(keep.sum())
-        rows = out[:m]
-        rows[:, 0] = gpu_ids[keep]
-        rows[:, 1] = grp[keep]
-        rows[:, 2] = offsets[keep]
-        return m, int(g.record_bytes[grp[keep]].sum())
+        ids, grp = gpu_ids[keep], grp[keep]
+        offsets = (slot * self._slot_units + (q % fg) * rec)[keep]
+        dst = cpu_ids if store else self._block_base[grp] + ids
+        return ids, grp, offsets, dst, int(g.record_bytes[grp].sum())
+
+    @staticmethod
+    def write(rows: np.ndarray, job: MappedJob) -> None:
+        """A mapped job's rows into ``rows`` (``int64[n, 3]``, n = its rows)."""
+        ids, groups, offsets, _, _ = job
+        rows[:, 0] = ids
+        rows[:, 1] = 0 if groups is None else groups
+        rows[:, 2] = offsets
 
     def arrays(self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool) -> JobArrays:
-        """:meth:`map` into a new table, as the per-block arrays :class:`JobArrays`."""
-        table = np.empty((gpu_spec.block_ids.size, JOB_TABLE_COLUMNS), dtype=np.int64)
-        n, nbytes = self.map(gpu_spec, cpu_spec, store, table)
-        return self.to_arrays(table[:n], nbytes)
+        """:meth:`map` as the per-block arrays :class:`JobArrays` (the spec classes checked too)."""
+        _check_types(gpu_spec, cpu_spec)
+        return self.to_arrays(self.map(gpu_spec, cpu_spec, store))
 
-    def to_arrays(self, rows: np.ndarray, nbytes: int) -> JobArrays:
-        """Rows this mapper wrote (``nbytes`` moved) as :class:`JobArrays` (host offsets in bytes):
-        what a backend without a bound kernel takes."""
-        groups = rows[:, 1].astype(np.int32)
+    def to_arrays(self, job: MappedJob) -> JobArrays:
+        """A mapped job as :class:`JobArrays` (host offsets in bytes): what a backend without a
+        bound kernel takes."""
+        ids, groups, offsets, _, nbytes = job
+        groups32 = np.zeros(ids.size, dtype=np.int32) if groups is None else groups.astype(np.int32)
         return JobArrays(
-            block_ids=rows[:, 0].copy(),
-            group_ids=groups,
-            host_offsets=rows[:, 2] * self.unit,
-            record_bytes=self.geometry.record_bytes[groups],
+            block_ids=np.ascontiguousarray(ids, dtype=np.int64),
+            group_ids=groups32,
+            host_offsets=offsets * self.unit,
+            record_bytes=self.geometry.record_bytes[groups32],
             transfer_size=nbytes,
         )
 

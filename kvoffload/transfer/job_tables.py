@@ -9,12 +9,9 @@ table is allocated only when more are in flight, or a bigger one is needed, than
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
-from kvoffload.kernels import device as device_ops
 from kvoffload.kernels.backend import JOB_TABLE_COLUMNS
 
 __all__ = ["JobTable", "JobTables"]
@@ -52,7 +49,7 @@ class JobTables:
 
     def _allocate(self, capacity: int) -> JobTable:
         nbytes = capacity * _ROW_BYTES
-        memory: Any = device_ops.pinned_empty(nbytes) if self._pinned else torch.empty(nbytes, dtype=torch.uint8)
+        memory = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self._pinned)
         table = JobTable(memory, capacity)
         if table.address % 16:  # the kernels are compiled for 16-byte aligned table addresses
             raise RuntimeError(f"job table at 0x{table.address:x} is not 16-byte aligned")

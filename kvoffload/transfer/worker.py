@@ -168,7 +168,8 @@ class TransferWorker:
         )
         self.paths = DataPath(self.backend, table, path, config=config)
         self.host_pool = HostPool(num_slots, slot_bytes, device=self.device, memory=host_memory, offset=host_offset)
-        self._jobs = CudaJobs(self.device, self._release) if self._cuda else None
+        self._tables = JobTables(pinned=self._cuda and self.host_pool.pinned)
+        self._jobs = CudaJobs(self.device, self._tables.give) if self._cuda else None
         # every host offset is slot * slot_bytes + k * record_bytes_g: one alignment for all jobs
         host_bits = self.host_pool.buffer.data_ptr() | slot_bytes | int(np.bitwise_or.reduce(record_bytes))
         stream_ctx = torch.cuda.stream(self._jobs.stream) if self._jobs is not None else contextlib.nullcontext()
@@ -181,7 +182,6 @@ class TransferWorker:
                 else None
             )
         self._mapper = JobMapper(self.geometry, self.kernel.unit if self.kernel is not None else 1)
-        self._tables = JobTables(pinned=self._cuda and self.kernel is not None)
         self._direct_below = {store: self.paths.direct_below(store) for store in (True, False)}
         self._batch: JobBatch | None = None
         self._unreported: set[int] = set()  # accepted, result not returned by get_finished yet
@@ -199,11 +199,6 @@ class TransferWorker:
             self.paths.describe(),
             ", jobs of a direction merged until the next poll" if self.merge else "",
         )
-
-    def _release(self, keep: Any) -> None:
-        """What a reported CUDA launch kept alive: a job table goes back to the pool."""
-        if isinstance(keep, JobTable):
-            self._tables.give(keep)
 
     # ------------------------------------------------------------------ submit
     def _parse(self, job_id: object, spec: object) -> tuple[int, GPULoadStoreSpec, CPULoadStoreSpec, bool]:
@@ -266,47 +261,43 @@ class TransferWorker:
         if expedited and store:
             raise InvalidArgumentError(f"job {jid}: only loads can be expedited, got a store")
         kind = STORE if store else LOAD
-        if self.kernel is None:
-            arrays = self._mapper.arrays(gpu, cpu, store)
-            self._unreported.add(jid)
-            self._submit_arrays(jid, kind, arrays, store, producers, expedited)
+        job = self._mapper.map(gpu, cpu, store)
+        self._unreported.add(jid)
+        nbytes = job[4]
+        if self.kernel is None or nbytes == 0 or nbytes >= self._direct_below[store]:
+            # no bound kernel, nothing to move, or a job for the configured path: through DataPath
+            self._submit_arrays(jid, kind, self._mapper.to_arrays(job), store, producers, expedited)
             return True
-        merge = self.merge and not expedited
-        batch = self._batch if merge else None
-        if batch is not None and (batch.store != store or batch.rows + gpu.block_ids.size > batch.table.capacity):
+        entry = (jid, kind, nbytes)
+        if not self.merge or expedited:
+            if self._batch is not None and not expedited:
+                self.flush()
+            n = job[0].size
+            table = self._tables.take(n)
+            self._mapper.write(table.rows[:n], job)
+            self._submit_table([entry], table, n, store, producers, expedited)
+            return True
+        batch = self._batch
+        if batch is not None and batch.store != store:
             self.flush()
             batch = None
-        table = batch.table if batch is not None else self._tables.take(gpu.block_ids.size)
-        first = batch.rows if batch is not None else 0
-        try:
-            n, nbytes = self._mapper.map(gpu, cpu, store, table.rows[first:])
-        except Exception:
-            if batch is None:
-                self._tables.give(table)
-            raise
-        self._unreported.add(jid)
-        if n == 0 or nbytes >= self._direct_below[store]:  # nothing to move, or a job for the configured path
-            arrays = self._mapper.to_arrays(table.rows[first : first + n], nbytes)
-            if batch is None:
-                self._tables.give(table)
-            self._submit_arrays(jid, kind, arrays, store, producers, expedited)
-            return True
-        if merge:
-            if batch is None:
-                batch = self._batch = JobBatch(store, table)
-            batch.add((jid, kind, nbytes), n, producers, self.device if self._cuda else None)
-            return True
-        if not expedited:
-            self.flush()
-        self._submit_table([(jid, kind, nbytes)], table, n, store, producers, expedited)
+        if batch is None:
+            batch = self._batch = JobBatch(store)
+        batch.add(entry, job, producers, self.device if self._cuda else None)
         return True
 
     def flush(self) -> None:
         """Launch the merged jobs now (``merge=True``) instead of at the next :meth:`get_finished`,
         :meth:`wait`, :meth:`shutdown` or job of the other direction. No-op when none wait."""
         batch, self._batch = self._batch, None
-        if batch is not None:
-            self._submit_table(batch.jobs, batch.table, batch.rows, batch.store, batch.producers, False)
+        while batch is not None:
+            # jobs that write the same destination cannot share a launch: split before the second
+            k = self._mapper.conflict([m[3] for m in batch.mapped], batch.store)
+            rest = batch.split(k) if k is not None else None
+            table = self._tables.take(batch.rows)
+            batch.write(table.rows[: batch.rows])
+            self._submit_table(batch.jobs, table, batch.rows, batch.store, batch.producers, False)
+            batch = rest
 
     def _submit_table(
         self, jobs: list[JobEntry], table: JobTable, n: int, store: bool, producers: list[Any], expedited: bool
@@ -316,7 +307,7 @@ class TransferWorker:
         assert kernel is not None
         if self._jobs is not None:
             launch = partial(kernel.launch, table.rows, table.address, n, store)
-            self._finished += self._jobs.submit(jobs, producers, expedited, launch, keep=table)
+            self._finished += self._jobs.submit(jobs, producers, expedited, launch, table=table)
             return
         t0 = time.perf_counter()
         try:
@@ -346,7 +337,8 @@ class TransferWorker:
             self.flush()
         if self._jobs is not None:
             launch = partial(self._launch_arrays, arrays, store)
-            self._finished += self._jobs.submit([(jid, kind, arrays.transfer_size)], producers, expedited, launch, arrays)
+            entry = (jid, kind, arrays.transfer_size)
+            self._finished += self._jobs.submit([entry], producers, expedited, launch, keep=arrays)
             return
         t0 = time.perf_counter()
         try:
