@@ -13,13 +13,16 @@ driver's own work (``cuLaunchKernel``, ``cudaEventRecord``...), which a GPU run 
 Cases: a Llama-8B-like flash-attn cache (32 layers, K and V: 64 pages of 4 KiB per block), jobs
 of 1 / 16 / 64 blocks = 64 / 1,024 / 4,096 pages at random blocks and slots (no two jobs of a
 step naming the same one), stores and loads. A *step* submits 16 jobs of one direction, then polls once (what an engine does per
-step); per job = step time / 16, median over steps. ``single``: one launch per job (the default);
+step); per job = step time / 16, median over steps. ``--path direct`` (default): every job on the
+direct path, the one whose host work this measures (``auto``: as the fake sm_90 GPU's config
+picks, which differs between the trees for loads). ``single``: one launch per job (the default);
 ``merged``: ``TransferWorker(merge=True)``, the step's jobs in one launch. Calls per job: every
 function call cProfile sees over 4 steps, / jobs (deterministic).
 
 ``--baseline REV`` (default ``418d42d``, the commit before the bound kernel): the same cases on
-the code at ``REV``, checked out into a temporary git worktree and run in its own process beside
-this tree's; the table gives both and their ratio. Writes section ``host_path`` of
+the code at ``REV``, checked out into a temporary git worktree and run in its own process,
+alternating with this tree's (``--reps`` runs of each, medians); the table gives both and their
+ratio. Writes section ``host_path`` of
 ``bench/results/<machine>.json``.
 """
 
@@ -75,7 +78,7 @@ def _step_specs(rng: Any, blocks: int, store: bool, num_blocks: int, num_slots: 
     return out
 
 
-def measure(steps: int) -> dict[str, Any]:
+def measure(steps: int, path: str) -> dict[str, Any]:
     """Every case on the kvoffload that ``import kvoffload`` finds; one dict per case."""
     import numpy as np
     import torch
@@ -95,7 +98,7 @@ def measure(steps: int) -> dict[str, Any]:
         table = fc.as_cuda_table(KVCacheTable.from_tensors([layers], "flash_attn"))
         for mode in modes:
             extra = {"merge": True} if mode == "merged" else {}
-            worker = TransferWorker(table, num_slots, backend="triton", **extra)
+            worker = TransferWorker(table, num_slots, backend="triton", path=path, **extra)
             entry = getattr(getattr(worker, "kernel", None), "entry", "plain (JITFunction)")
             next_id = 0
             for pages in PAGES:
@@ -156,10 +159,10 @@ def measure(steps: int) -> dict[str, Any]:
     return {"rows": rows, "triton": triton.__version__, "torch": torch.__version__, "numpy": np.__version__}
 
 
-def _run(tree: Path, steps: int) -> dict[str, Any]:
+def _run(tree: Path, steps: int, path: str) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(tree), KVOFFLOAD_HOST_PATH_CHILD="1")
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", "--steps", str(steps)],
+        [sys.executable, str(Path(__file__).resolve()), "--child", "--steps", str(steps), "--path", path],
         env=env,
         check=True,
         capture_output=True,
@@ -169,6 +172,18 @@ def _run(tree: Path, steps: int) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per case, the median over runs of the timings (the call counts are the same in every run)."""
+    out = dict(runs[0])
+    out["rows"] = []
+    for i, row in enumerate(runs[0]["rows"]):
+        merged = dict(row)
+        for key in ("us_per_job", "submit_us"):
+            merged[key] = round(statistics.median(r["rows"][i][key] for r in runs), 2)
+        out["rows"].append(merged)
+    return out
+
+
 def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
@@ -176,24 +191,34 @@ def _git(*args: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision to compare with ('' for none)")
-    ap.add_argument("--steps", type=int, default=200, help="timed steps per case")
+    ap.add_argument("--steps", type=int, default=200, help="timed steps per case and run")
+    ap.add_argument("--reps", type=int, default=3, help="runs of each tree, alternated; medians")
+    ap.add_argument("--path", default="direct", help="the workers' data path (auto: as the sm_90 config picks)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(measure(args.steps)))
+        print(json.dumps(measure(args.steps, args.path)))
         return
     head = _git("rev-parse", "--short", "HEAD")
-    results = {"this": _run(ROOT, args.steps)}
-    if args.baseline:
-        with tempfile.TemporaryDirectory() as tmp:
-            base = Path(tmp) / "baseline"
+    runs: dict[str, list[dict[str, Any]]] = {"this": [], "baseline": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "baseline"
+        if args.baseline:
             _git("worktree", "add", "--detach", str(base), args.baseline)
-            try:
-                results["baseline"] = _run(base, args.steps)
-            finally:
+        try:
+            for _ in range(args.reps):  # alternated, so that a drift of the machine hits both
+                runs["this"].append(_run(ROOT, args.steps, args.path))
+                if args.baseline:
+                    runs["baseline"].append(_run(base, args.steps, args.path))
+        finally:
+            if args.baseline:
                 _git("worktree", "remove", "--force", str(base))
-    print(f"host work per transfer job under fake CUDA ({head} vs {args.baseline or '-'}), median of {args.steps} steps")
+    results = {name: _median_runs(r) for name, r in runs.items() if r}
+    print(
+        f"host work per transfer job under fake CUDA ({head} vs {args.baseline or '-'}), "
+        f"median of {args.steps} steps, median of {args.reps} alternated runs"
+    )
     print(f"{'pages':>6} {'dir':>5} {'mode':>7} {'us/job':>8} {'base':>8} {'ratio':>6} {'calls/job':>9} {'base':>7}")
     base_rows = {(r["pages"], r["direction"]): r for r in results.get("baseline", {}).get("rows", [])}
     table = []
@@ -216,7 +241,9 @@ def main() -> None:
         {
             "what": "µs and cProfile-counted calls per transfer job (submit + completion poll), CUDA faked; "
             "a step = 16 jobs then get_finished()",
-            "command": f"python bench/bench_host_path.py --baseline {args.baseline} --steps {args.steps}",
+            "command": f"python bench/bench_host_path.py --baseline {args.baseline} --steps {args.steps} "
+            f"--reps {args.reps} --path {args.path}",
+            "path": args.path,
             "baseline_revision": args.baseline,
             "revision": head,
             "versions": {k: {x: v[x] for x in ("triton", "torch", "numpy")} for k, v in results.items()},

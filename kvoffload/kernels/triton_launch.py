@@ -165,7 +165,8 @@ class TritonBoundKernel(BoundKernel):
             Pointer(groups.data_ptr(), torch.int64),
         )
         self._num_warps = num_warps
-        self._handles: dict[int, tuple[Any, int]] = {}
+        self._stream: Any = None
+        self._handle = 0
         # both directions compiled now; the compiled entry keeps each one's launcher
         self._compiled: dict[bool, tuple[Any, ...]] = {}
         fixed = tuple(p.data_ptr() for p in self._ptrs)
@@ -175,15 +176,16 @@ class TritonBoundKernel(BoundKernel):
             self._compiled[to_host] = (kernel.run, kernel.function, kernel.packed_metadata, fixed, consts)
 
     def launch(self, table: np.ndarray, address: int, n: int, to_host: bool, stream: Any = None) -> None:
-        grid = min(self._programs, -(-(n * self._max_views) // self._pages))
+        tiles = -(-(n * self._max_views) // self._pages)
+        grid = tiles if tiles < self._programs else self._programs
         if self.entry == "compiled":
             if stream is None:
                 handle = int(torch.cuda.current_stream(self._device).cuda_stream)
-            else:  # by identity: the worker's streams live as long as it does (held here too)
-                cached = self._handles.get(id(stream))
-                if cached is None:
-                    cached = self._handles[id(stream)] = (stream, int(stream.cuda_stream))
-                handle = cached[1]
+            elif stream is self._stream:  # the last stream named: a launcher's streams rarely change
+                handle = self._handle
+            else:
+                self._stream, handle = stream, int(stream.cuda_stream)
+                self._handle = handle
             run, function, packed, fixed, consts = self._compiled[to_host]
             run(grid, 1, 1, handle, function, packed, None, None, None, *fixed, address, n, *self._tail, *consts)
             return

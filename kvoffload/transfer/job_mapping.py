@@ -41,18 +41,6 @@ MappedJob = tuple[np.ndarray, "np.ndarray | None", np.ndarray, np.ndarray, int]
 _U64 = np.dtype(np.uint64)
 
 
-# argmax and one item: a third of a ufunc reduction's cost on the small arrays of a job
-def _largest(ids: np.ndarray) -> int:
-    """The largest of ``ids`` (non-empty ``int64``) read as ``uint64``: negatives are huge."""
-    u = ids.view(_U64)
-    return int(u[u.argmax()])
-
-
-def _first_true(flags: np.ndarray) -> bool:
-    """Whether any of ``flags`` (non-empty ``bool``) is set."""
-    return bool(flags[flags.argmax()])
-
-
 @dataclass(frozen=True)
 class GroupGeometry:
     """What the mapping needs to know about the KV-cache groups and the host pool.
@@ -144,7 +132,8 @@ class JobMapper:
         self._slot_marks = np.zeros(g.num_slots, dtype=np.int64)
         self._block_base = np.cumsum(g.num_gpu_blocks) - g.num_gpu_blocks
         self._block_marks = np.zeros(int(g.num_gpu_blocks.sum()), dtype=np.int64)
-        self._seq = np.arange(1024, dtype=np.int64)
+        # positions for the repeat check: a job naming more entries than exist repeats one
+        self._seq = np.arange(max(g.num_slots, self._block_marks.size), dtype=np.int64)
 
     def _arange(self, stop: int) -> np.ndarray:
         if stop > self._seq.size:
@@ -174,24 +163,28 @@ class JobMapper:
             self._reject(gpu_spec, cpu_spec, store)
         if n == 0:
             return ids, None, ids, slots, 0
-        # negative ids are huge as uint64: the largest checks both ends of each range
-        if _largest(slots) >= self._num_slots or _largest(ids) >= self._blocks0:
+        # negative ids are huge as uint64, so the largest checks both ends of a range (argmax and
+        # one item: a third of a ufunc reduction's cost on a job's small arrays)
+        us, ui = slots.view(_U64), ids.view(_U64)
+        if us[us.argmax()] >= self._num_slots or ui[ui.argmax()] >= self._blocks0:
             self._reject(gpu_spec, cpu_spec, store)
         dst = slots if store else ids
-        if dst.size > 1 and self._repeats(self._slot_marks if store else self._block_marks, dst):
-            self._reject(gpu_spec, cpu_spec, store)
+        m = dst.size
+        if m > 1:  # a repeat: write each position at its entry, read back, a mismatch
+            if m > self._seq.size:  # more entries than there are ids
+                self._reject(gpu_spec, cpu_spec, store)
+            seq = self._seq[:m]
+            marks = self._slot_marks if store else self._block_marks
+            marks[dst] = seq
+            ne = marks[dst] != seq
+            if ne[ne.argmax()]:
+                self._reject(gpu_spec, cpu_spec, store)
         if f == 1:
             offsets = slots * self._slot_units
         else:
             q = self._arange(skip + n)[skip:]
             offsets = slots[q // f] * self._slot_units + (q % f) * self._rec0_units
         return ids, None, offsets, dst, n * self._rec0
-
-    def _repeats(self, marks: np.ndarray, dst: np.ndarray) -> bool:
-        """Whether ``dst`` names an entry twice (write each position at its entry, read back)."""
-        seq = self._arange(dst.size)
-        marks[dst] = seq
-        return _first_true(marks[dst] != seq)
 
     def conflict(self, dsts: list[np.ndarray], store: bool) -> int | None:
         """The first job of ``dsts`` (destinations of jobs of one direction, as :meth:`map` returns
@@ -203,7 +196,8 @@ class JobMapper:
         d = np.concatenate(dsts)
         seq = self._arange(d.size)
         marks[d] = seq
-        if not _first_true(marks[d] != seq):
+        ne = marks[d] != seq
+        if not ne[ne.argmax()]:
             return None
         # a job names each destination once (checked by map): any later naming is another job's
         _, first = np.unique(d, return_index=True)

@@ -68,6 +68,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["TransferResult", "TransferWorker", "STORE", "LOAD"]
 
+#: (type of spec[0], type of spec[1]) -> store (True) or load (False)
+_DIRECTIONS = {(GPULoadStoreSpec, CPULoadStoreSpec): True, (CPULoadStoreSpec, GPULoadStoreSpec): False}
+
 
 class TransferWorker:
     """Moves jobs between the KV cache described by ``table`` and a pinned host pool.
@@ -208,6 +211,9 @@ class TransferWorker:
         if not isinstance(spec, (tuple, list)) or len(spec) != 2:
             raise InvalidTypeError(f"spec must be a (src_spec, dst_spec) pair, got {type(spec).__name__}")
         src, dst = spec
+        store = _DIRECTIONS.get((type(src), type(dst)))  # the spec classes themselves: one lookup
+        if store is not None:
+            return (jid, src, dst, True) if store else (jid, dst, src, False)
         if isinstance(src, GPULoadStoreSpec) and isinstance(dst, CPULoadStoreSpec):
             return jid, src, dst, True
         if isinstance(src, CPULoadStoreSpec) and isinstance(dst, GPULoadStoreSpec):
