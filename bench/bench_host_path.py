@@ -10,14 +10,14 @@ the host does per job** (checks, job table, launch entry, events as Python calls
 driver's own work (``cuLaunchKernel``, ``cudaEventRecord``...), which a GPU run adds
 (``make gpu-check`` measures the whole host time there).
 
-Cases: a Llama-8B-like flash-attn cache (32 layers, K and V: 64 pages of 4 KiB per block), jobs
-of 1 / 16 / 64 blocks = 64 / 1,024 / 4,096 pages at random blocks and slots (no two jobs of a
-step naming the same one), stores and loads. A *step* submits 16 jobs of one direction, then polls once (what an engine does per
-step); per job = step time / 16, median over steps. ``--path direct`` (default): every job on the
-direct path, the one whose host work this measures (``auto``: as the fake sm_90 GPU's config
-picks, which differs between the trees for loads). ``single``: one launch per job (the default);
-``merged``: ``TransferWorker(merge=True)``, the step's jobs in one launch. Calls per job: every
-function call cProfile sees over 4 steps, / jobs (deterministic).
+Cases: a Llama-8B-like flash-attn cache (32 layers, K and V: 64 pages of 4 KiB per block), jobs of 1
+/ 16 / 64 blocks = 64 / 1,024 / 4,096 pages at random blocks and slots (no two jobs of a step naming
+the same one), stores and loads. A *step* submits 16 jobs of one direction, then polls once (what an
+engine does per step); per job = step time / 16, median over steps. ``--path direct`` (default):
+every job on the direct path, the one whose host work this measures (``auto``: as the fake sm_90
+GPU's config picks, which differs between the trees for loads). ``single``: one launch per job (the
+default); ``merged``: ``TransferWorker(merge=True)``, the step's jobs in one launch. Calls per job:
+every function call cProfile sees over 4 steps, / jobs (deterministic).
 
 ``--baseline REV`` (default ``418d42d``, the commit before the bound kernel): the same cases on
 the code at ``REV``, checked out into a temporary git worktree and run in its own process,
@@ -78,6 +78,55 @@ def _step_specs(rng: Any, blocks: int, store: bool, num_blocks: int, num_slots: 
     return out
 
 
+def _step(worker: Any, specs: list[list[Any]], first: int, timings: list[float] | None = None) -> int:
+    """Submit one step's jobs (ids from ``first``), poll once; returns the next id."""
+    jobs = specs[(first // JOBS_PER_STEP) % len(specs)]
+    for k, spec in enumerate(jobs):
+        if timings is None:
+            worker.transfer_async(first + k, spec)
+        else:
+            t0 = time.perf_counter()
+            worker.transfer_async(first + k, spec)
+            timings.append(time.perf_counter() - t0)
+    done = worker.get_finished()
+    assert len(done) == JOBS_PER_STEP and all(r.success for r in done)
+    return first + JOBS_PER_STEP
+
+
+def _case(worker: Any, fake: Any, specs: list[list[Any]], steps: int, next_id: int) -> tuple[dict[str, Any], int]:
+    """One case's figures (see the module docstring) and the next job id."""
+    for _ in range(5):
+        next_id = _step(worker, specs, next_id)
+    launches = len(fake.launches)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(4):
+        next_id = _step(worker, specs, next_id)
+    prof.disable()
+    calls = pstats.Stats(prof).total_calls / (4 * JOBS_PER_STEP)  # type: ignore[attr-defined]
+    launches_per_step = (len(fake.launches) - launches) / 4
+    gc.collect()
+    gc.disable()
+    per_job: list[float] = []
+    submit: list[float] = []
+    try:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            next_id = _step(worker, specs, next_id)
+            per_job.append((time.perf_counter() - t0) / JOBS_PER_STEP)
+        for _ in range(max(1, steps // 4)):
+            next_id = _step(worker, specs, next_id, submit)
+    finally:
+        gc.enable()
+    case = {
+        "us_per_job": round(statistics.median(per_job) * 1e6, 2),
+        "submit_us": round(statistics.median(submit) * 1e6, 2),
+        "calls_per_job": round(calls, 2),
+        "launches_per_step": launches_per_step,
+    }
+    return case, next_id
+
+
 def measure(steps: int, path: str) -> dict[str, Any]:
     """Every case on the kvoffload that ``import kvoffload`` finds; one dict per case."""
     import numpy as np
@@ -104,53 +153,15 @@ def measure(steps: int, path: str) -> dict[str, Any]:
             for pages in PAGES:
                 for store in (True, False):
                     blocks = pages // VIEWS
-                    steps_specs = [_step_specs(rng, blocks, store, num_blocks, num_slots) for _ in range(4)]
-
-                    def step(first: int, timings: list[float] | None = None) -> int:
-                        jobs = steps_specs[(first // JOBS_PER_STEP) % len(steps_specs)]
-                        for k, spec in enumerate(jobs):
-                            if timings is None:
-                                worker.transfer_async(first + k, spec)
-                            else:
-                                t0 = time.perf_counter()
-                                worker.transfer_async(first + k, spec)
-                                timings.append(time.perf_counter() - t0)
-                        done = worker.get_finished()
-                        assert len(done) == JOBS_PER_STEP and all(r.success for r in done)
-                        return first + JOBS_PER_STEP
-
-                    for _ in range(5):
-                        next_id = step(next_id)
-                    launches = len(fake.launches)
-                    prof = cProfile.Profile()
-                    prof.enable()
-                    for _ in range(4):
-                        next_id = step(next_id)
-                    prof.disable()
-                    calls = pstats.Stats(prof).total_calls / (4 * JOBS_PER_STEP)  # type: ignore[attr-defined]
-                    launches_per_step = (len(fake.launches) - launches) / 4
-                    gc.collect()
-                    gc.disable()
-                    per_job, submit = [], []
-                    try:
-                        for _ in range(steps):
-                            t0 = time.perf_counter()
-                            next_id = step(next_id)
-                            per_job.append((time.perf_counter() - t0) / JOBS_PER_STEP)
-                        for _ in range(max(1, steps // 4)):
-                            next_id = step(next_id, submit)
-                    finally:
-                        gc.enable()
+                    specs = [_step_specs(rng, blocks, store, num_blocks, num_slots) for _ in range(4)]
+                    case, next_id = _case(worker, fake, specs, steps, next_id)
                     rows.append(
                         {
                             "pages": pages,
                             "direction": "store" if store else "load",
                             "mode": mode,
                             "entry": entry,
-                            "us_per_job": round(statistics.median(per_job) * 1e6, 2),
-                            "submit_us": round(statistics.median(submit) * 1e6, 2),
-                            "calls_per_job": round(calls, 2),
-                            "launches_per_step": launches_per_step,
+                            **case,
                         }
                     )
             worker.shutdown()

@@ -31,7 +31,14 @@ from kvoffload.kernels.triton_support import INTERPRETER_LOCK, kernels, triton_m
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TritonBoundKernel", "COMPILED_ENTRY_VERSIONS", "ENTRIES", "compiled_entry_supported", "compile_variant", "Pointer"]
+__all__ = [
+    "TritonBoundKernel",
+    "COMPILED_ENTRY_VERSIONS",
+    "ENTRIES",
+    "compiled_entry_supported",
+    "compile_variant",
+    "Pointer",
+]
 
 #: Triton versions (major, minor) whose compiled-kernel launcher takes ``run(grid_x, grid_y,
 #: grid_z, stream, function, packed_metadata, launch_metadata, enter_hook, exit_hook, *args)``

@@ -1,18 +1,17 @@
 """Jobs of one direction waiting to go out in one launch (the transfer worker's ``merge`` mode).
 
-A :class:`JobBatch` keeps each checked job's arrays (:data:`~kvoffload.transfer.job_mapping.
-MappedJob`); at the launch they are written into one job table, one after another, so the batch
-is one job of the kernel. What each job must wait for is kept as events: a job submitted without
-``after`` waits for the work enqueued on the current stream *at its submit*, so the batch
-re-records one event per stream at each submit (a later point of the same stream covers every
-earlier one) and the launch waits on those events.
-"""
+A :class:`JobBatch` keeps each checked job's arrays (:class:`~kvoffload.transfer.job_mapping.
+MappedJob`); at the launch they are written into one job table, one after another
+(:meth:`~kvoffload.transfer.job_mapping.JobMapper.write`), so the batch is one job of the kernel.
+What each job must wait for is kept as events: a job submitted without ``after`` waits for the work
+enqueued on the current stream *at its submit*, so the batch re-records one event per stream at each
+submit (a later point of the same stream covers every earlier one) and the launch waits on those
+events."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from kvoffload.transfer.cuda_jobs import JobEntry
@@ -45,7 +44,7 @@ class JobBatch:
         wait for)."""
         self.jobs.append(entry)
         self.mapped.append(job)
-        self.rows += job[0].size
+        self.rows += job.ids.size
         if device is None:
             return
         for p in producers or (torch.cuda.current_stream(device),):
@@ -64,17 +63,7 @@ class JobBatch:
         rest = JobBatch(self.store)
         rest.jobs, self.jobs = self.jobs[k:], self.jobs[:k]
         rest.mapped, self.mapped = self.mapped[k:], self.mapped[:k]
-        rest.rows = sum(m[0].size for m in rest.mapped)
+        rest.rows = sum(m.ids.size for m in rest.mapped)
         self.rows -= rest.rows
         rest.producers = self.producers
         return rest
-
-    def write(self, rows: np.ndarray) -> None:
-        """Every job's rows into ``rows`` (``int64[self.rows, 3]``), in submit order."""
-        mapped = self.mapped
-        np.concatenate([m[0] for m in mapped], out=rows[:, 0])
-        if all(m[1] is None for m in mapped):
-            rows[:, 1] = 0
-        else:
-            np.concatenate([np.zeros(m[0].size, np.int64) if m[1] is None else m[1] for m in mapped], out=rows[:, 1])
-        np.concatenate([m[2] for m in mapped], out=rows[:, 2])

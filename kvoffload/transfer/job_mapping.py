@@ -24,6 +24,7 @@ blocks are neither range-checked nor moved.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,11 +33,27 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["JobArrays", "GroupGeometry", "JobMapper", "MappedJob", "slots_per_group"]
 
-#: A checked job as :meth:`JobMapper.map` returns it: ``(block_ids, group_ids or None (all group
-#: 0), host offsets in units, destinations, bytes moved)``, the arrays ``int64`` and one entry per
-#: row of the job table (blocks of groups without pages left out). ``destinations`` name what the
-#: job writes: its slots (a store) or its GPU blocks, offset per group (a load).
-MappedJob = tuple[np.ndarray, "np.ndarray | None", np.ndarray, np.ndarray, int]
+
+class MappedJob(NamedTuple):
+    """A checked job as :meth:`JobMapper.map` returns it: one entry per row of its job table
+    (blocks of groups without pages left out), arrays ``int64``.
+
+    Attributes:
+        ids: GPU block ids.
+        groups: group ids, None when all are group 0.
+        slots: the host slot of each row; ``offsets``: each row's host offset in units, None when
+            it is ``slots * (slot bytes / unit)`` (one group, one GPU block per slot).
+        dst: what the job writes: its slots (a store) or its GPU blocks, offset per group (a load).
+        nbytes: bytes moved.
+    """
+
+    ids: np.ndarray
+    groups: np.ndarray | None
+    slots: np.ndarray
+    offsets: np.ndarray | None
+    dst: np.ndarray
+    nbytes: int
+
 
 _U64 = np.dtype(np.uint64)
 
@@ -162,7 +179,7 @@ class JobMapper:
         if slots.size != ((skip + n + f - 1) // f if n else 0):
             self._reject(gpu_spec, cpu_spec, store)
         if n == 0:
-            return ids, None, ids, slots, 0
+            return MappedJob(ids, None, slots, None, slots, 0)
         # negative ids are huge as uint64, so the largest checks both ends of a range (argmax and
         # one item: a third of a ufunc reduction's cost on a job's small arrays)
         us, ui = slots.view(_U64), ids.view(_U64)
@@ -180,11 +197,10 @@ class JobMapper:
             if ne[ne.argmax()]:
                 self._reject(gpu_spec, cpu_spec, store)
         if f == 1:
-            offsets = slots * self._slot_units
-        else:
-            q = self._arange(skip + n)[skip:]
-            offsets = slots[q // f] * self._slot_units + (q % f) * self._rec0_units
-        return ids, None, offsets, dst, n * self._rec0
+            return MappedJob(ids, None, slots, None, dst, n * self._rec0)
+        q = self._arange(skip + n)[skip:]
+        offsets = slots[q // f] * self._slot_units + (q % f) * self._rec0_units
+        return MappedJob(ids, None, slots, offsets, dst, n * self._rec0)
 
     def conflict(self, dsts: list[np.ndarray], store: bool) -> int | None:
         """The first job of ``dsts`` (destinations of jobs of one direction, as :meth:`map` returns
@@ -225,15 +241,33 @@ class JobMapper:
         ids, grp = gpu_ids[keep], grp[keep]
         offsets = (slot * self._slot_units + (q % fg) * rec)[keep]
         dst = cpu_ids if store else self._block_base[grp] + ids
-        return ids, grp, offsets, dst, int(g.record_bytes[grp].sum())
+        return MappedJob(ids, grp, slot[keep], offsets, dst, int(g.record_bytes[grp].sum()))
 
-    @staticmethod
-    def write(rows: np.ndarray, job: MappedJob) -> None:
-        """A mapped job's rows into ``rows`` (``int64[n, 3]``, n = its rows)."""
-        ids, groups, offsets, _, _ = job
-        rows[:, 0] = ids
-        rows[:, 1] = 0 if groups is None else groups
-        rows[:, 2] = offsets
+    def write(self, rows: np.ndarray, jobs: list[MappedJob]) -> None:
+        """The rows of ``jobs``, one job after another, into ``rows`` (``int64[total rows, 3]``)."""
+        if len(jobs) == 1:
+            ids, groups, slots, offsets, _, _ = jobs[0]
+            rows[:, 0] = ids
+            rows[:, 1] = 0 if groups is None else groups
+            if offsets is None:
+                np.multiply(slots, self._slot_units, out=rows[:, 2])
+            else:
+                rows[:, 2] = offsets
+            return
+        np.concatenate([j.ids for j in jobs], out=rows[:, 0])
+        if all(j.groups is None for j in jobs):
+            rows[:, 1] = 0
+        else:
+            np.concatenate(
+                [np.zeros(j.ids.size, np.int64) if j.groups is None else j.groups for j in jobs], out=rows[:, 1]
+            )
+        if all(j.offsets is None for j in jobs):
+            column = rows[:, 2]
+            np.concatenate([j.slots for j in jobs], out=column)
+            np.multiply(column, self._slot_units, out=column)
+        else:
+            parts = [j.slots * self._slot_units if j.offsets is None else j.offsets for j in jobs]
+            np.concatenate(parts, out=rows[:, 2])
 
     def arrays(self, gpu_spec: GPULoadStoreSpec, cpu_spec: CPULoadStoreSpec, store: bool) -> JobArrays:
         """:meth:`map` as the per-block arrays :class:`JobArrays` (the spec classes checked too)."""
@@ -243,12 +277,13 @@ class JobMapper:
     def to_arrays(self, job: MappedJob) -> JobArrays:
         """A mapped job as :class:`JobArrays` (host offsets in bytes): what a backend without a
         bound kernel takes."""
-        ids, groups, offsets, _, nbytes = job
+        ids, groups, slots, offsets, _, nbytes = job
         groups32 = np.zeros(ids.size, dtype=np.int32) if groups is None else groups.astype(np.int32)
+        units = slots * self._slot_units if offsets is None else offsets
         return JobArrays(
             block_ids=np.ascontiguousarray(ids, dtype=np.int64),
             group_ids=groups32,
-            host_offsets=offsets * self.unit,
+            host_offsets=units * self.unit,
             record_bytes=self.geometry.record_bytes[groups32],
             transfer_size=nbytes,
         )

@@ -69,7 +69,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["TransferResult", "TransferWorker", "STORE", "LOAD"]
 
 #: (type of spec[0], type of spec[1]) -> store (True) or load (False)
-_DIRECTIONS = {(GPULoadStoreSpec, CPULoadStoreSpec): True, (CPULoadStoreSpec, GPULoadStoreSpec): False}
+_DIRECTIONS: dict[tuple[type, type], bool] = {
+    (GPULoadStoreSpec, CPULoadStoreSpec): True,
+    (CPULoadStoreSpec, GPULoadStoreSpec): False,
+}
 
 
 class TransferWorker:
@@ -269,7 +272,7 @@ class TransferWorker:
         kind = STORE if store else LOAD
         job = self._mapper.map(gpu, cpu, store)
         self._unreported.add(jid)
-        nbytes = job[4]
+        nbytes = job.nbytes
         if self.kernel is None or nbytes == 0 or nbytes >= self._direct_below[store]:
             # no bound kernel, nothing to move, or a job for the configured path: through DataPath
             self._submit_arrays(jid, kind, self._mapper.to_arrays(job), store, producers, expedited)
@@ -278,9 +281,9 @@ class TransferWorker:
         if not self.merge or expedited:
             if self._batch is not None and not expedited:
                 self.flush()
-            n = job[0].size
+            n = job.ids.size
             table = self._tables.take(n)
-            self._mapper.write(table.rows[:n], job)
+            self._mapper.write(table.rows[:n], [job])
             self._submit_table([entry], table, n, store, producers, expedited)
             return True
         batch = self._batch
@@ -298,10 +301,10 @@ class TransferWorker:
         batch, self._batch = self._batch, None
         while batch is not None:
             # jobs that write the same destination cannot share a launch: split before the second
-            k = self._mapper.conflict([m[3] for m in batch.mapped], batch.store)
+            k = self._mapper.conflict([m.dst for m in batch.mapped], batch.store)
             rest = batch.split(k) if k is not None else None
             table = self._tables.take(batch.rows)
-            batch.write(table.rows[: batch.rows])
+            self._mapper.write(table.rows[: batch.rows], batch.mapped)
             self._submit_table(batch.jobs, table, batch.rows, batch.store, batch.producers, False)
             batch = rest
 
