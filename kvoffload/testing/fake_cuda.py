@@ -125,14 +125,16 @@ class _Properties:
 
 
 class _Launcher:
-    """Triton's C launcher, reduced to recording the call (same arguments on Triton 3.6-3.9)."""
+    """Triton's C launcher, reduced to recording the call (same arguments on Triton 3.6-3.9) in
+    the innermost :func:`fake_cuda` block's record (Triton keeps compiled kernels, and so their
+    launchers, across blocks)."""
 
-    def __init__(self, fake: FakeCuda, src: Any, metadata: Any) -> None:
-        self._fake = fake
+    def __init__(self, src: Any, metadata: Any) -> None:
+        pass
 
     def __call__(self, gx: int, gy: int, gz: int, stream: Any, function: Any, *rest: Any) -> None:
         # rest: packed metadata, launch metadata, enter hook, exit hook, then the kernel's arguments
-        self._fake.launches.append(((gx, gy, gz), tuple(rest[4:])))
+        _active.launches.append(((gx, gy, gz), tuple(rest[4:])))
 
 
 class _Utils:
@@ -157,7 +159,7 @@ class _Driver:
         from triton.backends.compiler import GPUTarget  # noqa: PLC0415 - lazy, as triton itself
 
         self.utils = _Utils(fake)
-        self.launcher_cls = functools.partial(_Launcher, fake)
+        self.launcher_cls = _Launcher
         self._target = GPUTarget("cuda", _CAPABILITY[0] * 10 + _CAPABILITY[1], 32)
 
     def is_active(self) -> bool:

@@ -105,7 +105,12 @@ def _unregister(ptrs: list[int]) -> None:
     """Unregister every registration start in ``ptrs`` (idempotent: empties the list)."""
     if not ptrs:
         return
-    cudart = torch.cuda.cudart()
+    try:
+        cudart = torch.cuda.cudart()
+    except Exception as exc:  # noqa: BLE001 - the runtime is gone (interpreter exit): nothing to undo
+        logger.warning("host pool: cannot unregister %d registration(s): %s", len(ptrs), exc)
+        ptrs.clear()
+        return
     while ptrs:
         ptr = ptrs.pop()
         rc = cudart.cudaHostUnregister(ptr)
