@@ -9,8 +9,8 @@ with its own timeout; all output goes to DIR (8 files at most):
 ``smoke.log``      pinned pool, both directions compiled, one store + one load per data path, verified
 ``gpu-tests.log``  the ``gpu``-marked test tier and the conformance suite on ``cuda``
 ``bench.log``      stdout of the three benchmark runs and of ``probe_job_overhead.py --profile`` (a
-                   small job's host time, pipelined, alone and kernel-only, and where the host time
-                   goes)
+                   small job's host time per job, single and merged, the kernel alone, and where
+                   the host time goes)
 ``bench-quick.json``  quick transfer benchmark at 16 and at 64 programs (sections ``p16``, ``p64``):
                    at 64 programs vs 16, a ratio that grows says "too few bytes in flight", one that
                    does not says "host-read ceiling"
@@ -154,21 +154,21 @@ def _key_ratios(path: Path, section: str) -> str:
 
 
 def _job_overhead(log: Path) -> str:
-    """The host time of one small job (1,024 pages, 16 programs) beside the contiguous copy, from
-    ``probe_job_overhead.py``'s JSON lines in ``log``."""
+    """A ~1k-page job of 4 KiB pages (16 programs): the host's µs per job, single and merged, the
+    kernel alone and the contiguous copy P, from ``probe_job_overhead.py``'s JSON lines in ``log``."""
     rows = []
     try:
         for line in log.read_text().splitlines():
             if line.startswith("{"):
                 row = json.loads(line)
-                if row.get("pages") == 1024 and row.get("programs") == 16:
+                if (row.get("page_bytes"), row.get("pages"), row.get("programs")) == (4096, 1024, 16):
                     rows.append(row)
     except (OSError, ValueError):
         pass
     if not rows:
         return "job overhead: no results"
-    return "job overhead (1k pages, host / P us): " + " ".join(
-        f"{r['direction']}={r['host']:.0f}/{r['P']:.0f}" for r in rows
+    return "1k-page 4 KiB job, host/merged/kernel/P us: " + " ".join(
+        f"{r['direction']}={r['host']:.0f}/{r['host_merged']:.0f}/{r['kernel']:.0f}/{r['P']:.0f}" for r in rows
     )
 
 
@@ -251,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         step(
             "job overhead",
-            [py, str(ROOT / "bench" / "probe_job_overhead.py"), "--profile"],
+            [py, str(ROOT / "bench" / "probe_job_overhead.py"), "--programs", "16,64", "--profile"],
             "bench.log",
-            60,
+            90,
         )
         step(
             "bench full",

@@ -1,124 +1,155 @@
-"""Where does a small transfer job's time go? Host enqueue, pipelined and isolated GPU time, kernel alone.
+"""Where does a small transfer job's time go on a GPU? The host's submit, the kernel alone, the link.
 
-``python bench/probe_job_overhead.py`` (CUDA machine, ~1 minute): bench_transfer's Llama-8B-like
-cache at 4 KiB pages, jobs of 1,024 and 4,096 pages at random blocks and slots of a 2 GiB pinned
-pool, the direct path at 16, 32, 64 and 132 programs. Per case, medians in microseconds:
+``python bench/probe_job_overhead.py [--programs 16,32,64,132] [--profile]`` (CUDA machine, about
+a minute): bench_transfer's Llama-8B-like cache at 4 KiB and 32 KiB pages, jobs of 1,024 and
+4,096 pages at random blocks and slots, submitted through :class:`TransferWorker` (the engine's
+path: checks, job table, bound kernel, events) on the direct path. Per case, medians in µs:
 
-* ``host``: the wall time of one ``DataPath.pack``/``unpack`` call (enqueue only, no sync);
-* ``piped``: per job, 50 jobs enqueued back to back between two CUDA events (host work overlaps
-  the GPU's);
-* ``alone``: one job between two CUDA events, synchronised before and after (host enqueue work
-  the GPU waits for counts), as ``bench_transfer`` times a job;
-* ``kernel``: the same, but only the kernel launch of a job checked beforehand (no checks, no
-  path choice);
-* ``P``: one contiguous ``cudaMemcpyAsync`` of the same bytes, alone.
+* ``host``: wall time of one ``transfer_async`` (the host's work per job, driver calls included);
+* ``host_merged``: per job, 16 jobs submitted with ``merge=True`` and flushed, / 16;
+* ``kernel``: the kernel alone -- the worker's own timing events around a launch that was already
+  enqueued when the GPU reached them (its stream held by a spin kernel while the host submits),
+  so no host work is inside;
+* ``alone``: the worker's events for a job submitted to an idle stream (the launch's own latency
+  inside);
+* ``P``: one contiguous ``cudaMemcpyAsync`` of the same bytes; ``kernel_vs_P`` = P / kernel.
 
-One JSON line per case. ``--profile``: then the top 25 functions (own time) of 200 host calls of
-the 1,024-page pack at 16 programs, under cProfile.
+One JSON line per case (``entry``: how the bound kernel launches). ``--profile``: then the 25
+functions with the most own time over 200 submits of the 1,024-page 4 KiB store, under cProfile.
 """
 
 from __future__ import annotations
 
+import argparse
 import cProfile
-import functools
 import json
 import pstats
 import runpy
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from kvoffload.kernels.job import validate_job
-from kvoffload.kernels.paths import DataPath
-from kvoffload.transfer.host_pool import HostPool
+from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
+from kvoffload.transfer.worker import TransferWorker
 from kvoffload.transfer.worker_args import resolve_backend
 
+_SPIN_CYCLES = 2_000_000  # ~1 ms at 2 GHz: longer than the host's submit
 
-def _alone(fn: Callable[[], object], reps: int) -> float:
-    times = []
-    for _ in range(reps):
+
+def _specs(rng: Any, blocks: int, num_blocks: int, num_slots: int, store: bool) -> Any:
+    gpu = GPULoadStoreSpec(rng.permutation(num_blocks)[:blocks])
+    cpu = CPULoadStoreSpec(rng.permutation(num_slots)[:blocks])
+    return (gpu, cpu) if store else (cpu, gpu)
+
+
+def _timed(w: TransferWorker, jid: int, spec: Any, hold: bool) -> float:
+    """The worker's own timing (µs) of one job; ``hold``: its stream held by a spin kernel first."""
+    torch.cuda.synchronize()
+    if hold:
+        with torch.cuda.stream(w._jobs.stream):  # type: ignore[union-attr]
+            torch.cuda._sleep(_SPIN_CYCLES)
+    w.transfer_async(jid, spec)  # after the current stream, idle here: the spin alone holds the worker's
+    w.wait([jid])
+    (res,) = w.get_finished()
+    assert res.success
+    return res.transfer_time * 1e6
+
+
+def _case(w: TransferWorker, merged: TransferWorker, specs: list[Any], nbytes: int) -> dict[str, float]:
+    host, host_merged, kernel, alone = [], [], [], []
+    jid = 0
+    for spec in specs[:5]:  # warm-up
+        jid += 1
+        w.transfer_async(jid, spec)
+    torch.cuda.synchronize()
+    w.get_finished()
+    for i in range(30):
         torch.cuda.synchronize()
+        jid += 1
+        t0 = time.perf_counter()
+        w.transfer_async(jid, specs[i % len(specs)])
+        host.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        w.get_finished()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for k in range(16):
+            merged.transfer_async(1000 * i + k, specs[(i + k) % len(specs)])
+        merged.flush()
+        host_merged.append((time.perf_counter() - t0) * 1e6 / 16)
+        torch.cuda.synchronize()
+        merged.get_finished()
+        jid += 1
+        kernel.append(_timed(w, jid, specs[i % len(specs)], hold=True))
+        jid += 1
+        alone.append(_timed(w, jid, specs[i % len(specs)], hold=False))
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=w.device)
+    src = w.host_pool.buffer[:nbytes]
+    peak = []
+    for _ in range(30):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
         a.record()
-        fn()
+        dst.copy_(src, non_blocking=True)
         b.record()
         torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
-
-
-def _profile(op: Callable[[], object]) -> None:
-    """The host path of ``op`` under cProfile: the 25 functions with the most own time."""
-    prof = cProfile.Profile()
-    for _ in range(200):
-        prof.enable()
-        op()
-        prof.disable()
-        torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        peak.append(a.elapsed_time(b) * 1e3)
+    out = {
+        "host": statistics.median(host),
+        "host_merged": statistics.median(host_merged),
+        "kernel": statistics.median(kernel),
+        "alone": statistics.median(alone),
+        "P": statistics.median(peak),
+    }
+    out = {k: round(v, 1) for k, v in out.items()}
+    out["kernel_vs_P"] = round(out["P"] / out["kernel"], 3)
+    return out
 
 
 def main() -> None:
-    profile = "--profile" in sys.argv[1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--programs", default="16", help="grid caps to try, comma-separated")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
     sys.argv = ["bench_transfer"]
     m = runpy.run_path(str(Path(__file__).with_name("bench_transfer.py")))
     dev = torch.device("cuda", 0)
     shape = m["SHAPES"][0]
-    bs = shape.block_size_for(4096)
-    table = m["_make_table"](shape, bs, 2 * (16384 // shape.num_views), dev)
-    group = table.groups[0]
-    pool = HostPool(1, 2 << 30, device=dev, pin=True)
-    host = pool.buffer
     rng = np.random.default_rng(7)
-    for pages in (1024, 4096):
-        blocks = pages // shape.num_views
-        b, g, o = m["_job"](rng, group.num_blocks, blocks, group.record_bytes, host.numel())
-        nbytes = blocks * group.record_bytes
-        contiguous = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        for programs in (16, 32, 64, 132):
-            dp = DataPath(resolve_backend("triton", dev, programs), table, "direct")
-            for to_host in (True, False):
-                op = dp.pack if to_host else dp.unpack
-                job = validate_job(table, host, b, g, o, to_host=to_host)
-                for _ in range(5):
-                    op(host, b, g, o)
-                torch.cuda.synchronize()
-                host_us = []
-                for _ in range(50):
-                    t0 = time.perf_counter()
-                    op(host, b, g, o)
-                    host_us.append((time.perf_counter() - t0) * 1e6)
-                    torch.cuda.synchronize()
-                torch.cuda.synchronize()
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                for _ in range(50):
-                    op(host, b, g, o)
-                e1.record()
-                torch.cuda.synchronize()
-                piped = e0.elapsed_time(e1) * 1e3 / 50
-                alone = _alone(functools.partial(op, host, b, g, o), 30)
-                kernel = _alone(functools.partial(dp.backend._copy, job, to_host), 30)
-                dst, src = (host[:nbytes], contiguous) if to_host else (contiguous, host[:nbytes])
-                peak = _alone(functools.partial(dst.copy_, src, non_blocking=True), 30)
-                row = {
-                    "pages": pages,
-                    "programs": programs,
-                    "direction": "pack" if to_host else "unpack",
-                    "host": round(statistics.median(host_us), 1),
-                    "piped": round(piped, 1),
-                    "alone": round(alone, 1),
-                    "kernel": round(kernel, 1),
-                    "P": round(peak, 1),
-                }
-                print(json.dumps(row), flush=True)
-                if profile and pages == 1024 and programs == 16 and to_host:
-                    _profile(functools.partial(op, host, b, g, o))
+    for page in (4096, 32768):
+        bs = shape.block_size_for(page)
+        num_blocks = 2 * 4096 // shape.num_views
+        table = m["_make_table"](shape, bs, num_blocks, dev)
+        num_slots = num_blocks
+        for programs in (int(p) for p in args.programs.split(",")):
+            backend = resolve_backend("triton", dev, programs)
+            w = TransferWorker(table, num_slots, backend=backend, path="direct")
+            merged = TransferWorker(table, num_slots, backend=backend, path="direct", merge=True)
+            for pages in (1024, 4096):
+                blocks = pages // shape.num_views
+                for store in (True, False):
+                    specs = [_specs(rng, blocks, num_blocks, num_slots, store) for _ in range(8)]
+                    row = {"page_bytes": page, "pages": pages, "programs": programs}
+                    row["direction"] = "pack" if store else "unpack"
+                    row["entry"] = w.kernel.entry if w.kernel is not None else "none"
+                    row.update(_case(w, merged, specs, blocks * table.groups[0].record_bytes))
+                    print(json.dumps(row), flush=True)
+                    if args.profile and page == 4096 and pages == 1024 and store and programs == 16:
+                        prof = cProfile.Profile()
+                        for i in range(200):
+                            prof.enable()
+                            w.transfer_async(10**6 + i, specs[i % len(specs)])
+                            prof.disable()
+                            torch.cuda.synchronize()
+                            w.get_finished()
+                        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+            w.shutdown()
+            merged.shutdown()
 
 
 if __name__ == "__main__":

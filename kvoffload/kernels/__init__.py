@@ -8,12 +8,15 @@ ids, not keys. Importing this package does not import triton (backends load lazi
   block_size, dim]`` or :class:`GenericLayout`) canonicalised into byte views per group.
 * :class:`KernelBackend` -- ``pack`` (GPU pages -> packed host records) and ``unpack`` (reverse),
   one launch per job; :func:`get_backend` picks ``triton``/``torch``/``page_loop``/``module:Class``
-  (env ``KVOFFLOAD_BACKEND``).
+  (env ``KVOFFLOAD_BACKEND``). A backend may also :meth:`~KernelBackend.bind` its kernel to one
+  cache and host buffer (a :class:`BoundKernel`): launches on job tables the caller writes, the
+  transfer worker's per-job path.
 * :class:`DataPath` -- per job, the ``direct`` path (the kernel reads/writes the pinned pool), the
   ``staged`` path (copy engines + a bounded GPU staging ring + the kernel inside GPU memory) or the
   copy-engine-only ``dma`` path, chosen from the per-GPU config (``configs/*.json``).
 """
 
+from kvoffload.kernels.backend import JOB_TABLE_COLUMNS, BoundKernel
 from kvoffload.kernels.layout import GenericLayout, GroupTable, KVCacheTable, LayoutSpec, PageView
 from kvoffload.kernels.paths import DataPath
 from kvoffload.kernels.registry import (
@@ -33,6 +36,8 @@ __all__ = [
     "PageView",
     "GroupTable",
     "KernelBackend",
+    "BoundKernel",
+    "JOB_TABLE_COLUMNS",
     "DataPath",
     "get_backend",
     "register_backend",

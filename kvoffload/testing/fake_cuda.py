@@ -24,7 +24,6 @@ the GPU tests' job. Used by the host-path benchmark (``bench/bench_host_path.py`
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field

@@ -19,18 +19,15 @@ from typing import Any
 
 import torch
 
-from kvoffload.transfer.result import TransferResult
+from kvoffload.transfer.result import JobEntry, TransferResult, launch_results
 
-__all__ = ["CudaJobs", "STREAM_PRIORITY", "JobEntry"]
+__all__ = ["CudaJobs", "STREAM_PRIORITY"]
 
 logger = logging.getLogger(__name__)
 
 #: Priority of the worker's CUDA streams (lower is higher; CUDA clamps to the device's range): KV
 #: transfers are latency-critical for the requests waiting on them.
 STREAM_PRIORITY = -1
-
-#: One job of a launch: ``(job id, (src medium, dst medium), bytes)``.
-JobEntry = tuple[int, tuple[str, str], int]
 
 
 class _Launch:
@@ -99,7 +96,7 @@ class CudaJobs:
             logger.exception("transfer jobs %s: CUDA error at submit", [j[0] for j in jobs])
             if table is not None:
                 self._release(table)
-            return [TransferResult(jid, False, 0, 0.0, kind) for jid, kind, _ in jobs]
+            return launch_results(jobs, False, 0.0)
         entry = _Launch(jobs, start, end, ok, table, keep)
         self._launches[self._next] = entry
         self._next += 1
@@ -182,15 +179,7 @@ class CudaJobs:
             except Exception:
                 logger.exception("transfer jobs %s: CUDA error at completion", [j[0] for j in entry.jobs])
                 entry.ok = False
-        jobs = entry.jobs
-        if not entry.ok:
-            out += [TransferResult(jid, False, 0, 0.0, kind) for jid, kind, _ in jobs]
-        elif len(jobs) == 1:
-            jid, kind, nbytes = jobs[0]
-            out.append(TransferResult(jid, True, nbytes, seconds, kind))
-        else:
-            total = sum(nbytes for _, _, nbytes in jobs) or 1
-            out += [TransferResult(jid, True, nbytes, seconds * nbytes / total, kind) for jid, kind, nbytes in jobs]
+        out += launch_results(entry.jobs, entry.ok, seconds)
         if entry.ok:
             self._timing += (entry.start, entry.end)
         if entry.table is not None:

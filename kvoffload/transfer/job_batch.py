@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from kvoffload.transfer.cuda_jobs import JobEntry
 from kvoffload.transfer.job_mapping import MappedJob
+from kvoffload.transfer.result import JobEntry
 
 __all__ = ["JobBatch"]
 

@@ -1,10 +1,10 @@
-"""What the transfer worker reports per job, and the two kinds of job."""
+"""What the transfer worker reports per job, the two kinds of job, and a launch's jobs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TransferResult", "STORE", "LOAD"]
+__all__ = ["TransferResult", "STORE", "LOAD", "JobEntry", "launch_results"]
 
 #: ``transfer_type`` of a store (GPU -> CPU) and of a load (CPU -> GPU).
 STORE: tuple[str, str] = ("GPU", "CPU")
@@ -28,3 +28,19 @@ class TransferResult:
     transfer_size: int
     transfer_time: float
     transfer_type: tuple[str, str]
+
+
+#: One job of a launch: ``(job id, transfer_type, bytes)``.
+JobEntry = tuple[int, tuple[str, str], int]
+
+
+def launch_results(jobs: list[JobEntry], ok: bool, seconds: float) -> list[TransferResult]:
+    """One result per job of a launch that took ``seconds`` (shared by bytes) or failed (``ok``
+    False: every job failed)."""
+    if not ok:
+        return [TransferResult(jid, False, 0, 0.0, kind) for jid, kind, _ in jobs]
+    if len(jobs) == 1:
+        jid, kind, nbytes = jobs[0]
+        return [TransferResult(jid, True, nbytes, seconds, kind)]
+    total = sum(nbytes for _, _, nbytes in jobs) or 1
+    return [TransferResult(jid, True, nbytes, seconds * nbytes / total, kind) for jid, kind, nbytes in jobs]

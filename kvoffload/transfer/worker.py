@@ -1,8 +1,15 @@
 """The transfer worker: moves offloaded blocks between the GPU KV cache and the host pool.
 
 One :class:`TransferWorker` per engine worker (GPU). The scheduler side hands it jobs as spec
-pairs; each job becomes ONE ``backend.pack`` (store, GPU -> CPU) or ``backend.unpack`` (load,
-CPU -> GPU) launch covering every layer of every KV-cache group of the job.
+pairs; each job becomes ONE launch (store, GPU -> CPU, or load, CPU -> GPU) covering every layer
+of every KV-cache group of the job. Per job the host does only what changes: one check of the
+ids (:class:`~kvoffload.transfer.job_mapping.JobMapper`), the job's rows written into a reused
+pinned job table, one launch of the kernel the backend bound to the pool at construction
+(:meth:`KernelBackend.bind <kvoffload.kernels.backend.KernelBackend.bind>`), two events. A
+backend without a bound kernel, or a job the per-GPU config sends to another data path, goes
+through ``backend.pack``/``unpack`` (:class:`~kvoffload.kernels.paths.DataPath`). With
+``merge=True`` the jobs of one direction submitted until the next completion poll share one
+launch.
 
 How a job maps blocks to host bytes is documented in :mod:`kvoffload.transfer.job_mapping`::
 
@@ -19,13 +26,16 @@ Ordering and completion on CUDA:
   worker stream; no host sync). Stores therefore read the KV cache only once the forward pass that
   wrote it is done; loads overwrite GPU blocks only once earlier kernels that might still read them
   are done. Submitting while the current stream captures a CUDA graph raises StreamCaptureError.
-* jobs run in submission order (one stream), so a load never overtakes an earlier store --
+* jobs run in submission order (one stream; merged jobs too: a job of the other direction, or
+  one naming a destination a merged job names, starts a new launch), so a load never overtakes
+  an earlier store --
   except **expedited** loads (``transfer_async(..., expedited=True)``, vLLM 0.33's loads that the
   engine waits for within the step), which run on a second stream of the same priority and so do
   not queue behind the transfers submitted before them. The caller guarantees what vLLM's
   scheduler does: an expedited load reads host slots whose stores have completed and writes GPU
   blocks that no unfinished store reads.
-* completion is an event per job, polled with ``event.query()`` in :meth:`get_finished`.
+* completion is an event per launch, polled with ``event.query()`` in :meth:`get_finished`; each
+  job of a launch is reported on its own.
 * **the engine must not read GPU blocks written by a load (nor reuse GPU blocks read by a store)
   before the job is reported by** :meth:`get_finished` **or waited for with** :meth:`wait`.
 
@@ -40,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any
 
@@ -48,7 +58,7 @@ import numpy as np
 import torch
 
 from kvoffload.checks import check_bool, check_int
-from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
+from kvoffload.core.base import LoadStoreSpec
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import launch_config
@@ -57,22 +67,16 @@ from kvoffload.kernels.job import CopyJob
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.paths import DataPath
 from kvoffload.transfer import worker_args
-from kvoffload.transfer.cuda_jobs import CudaJobs, JobEntry
+from kvoffload.transfer.cuda_jobs import CudaJobs
 from kvoffload.transfer.host_pool import HostPool
 from kvoffload.transfer.job_batch import JobBatch
 from kvoffload.transfer.job_mapping import GroupGeometry, JobArrays, JobMapper
 from kvoffload.transfer.job_tables import JobTable, JobTables
-from kvoffload.transfer.result import LOAD, STORE, TransferResult
+from kvoffload.transfer.result import LOAD, STORE, JobEntry, TransferResult, launch_results
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["TransferResult", "TransferWorker", "STORE", "LOAD"]
-
-#: (type of spec[0], type of spec[1]) -> store (True) or load (False)
-_DIRECTIONS: dict[tuple[type, type], bool] = {
-    (GPULoadStoreSpec, CPULoadStoreSpec): True,
-    (CPULoadStoreSpec, GPULoadStoreSpec): False,
-}
 
 
 class TransferWorker:
@@ -207,29 +211,6 @@ class TransferWorker:
         )
 
     # ------------------------------------------------------------------ submit
-    def _parse(self, job_id: object, spec: object) -> tuple[int, GPULoadStoreSpec, CPULoadStoreSpec, bool]:
-        jid = check_int(job_id, "job_id")
-        if jid in self._unreported:
-            raise InvalidArgumentError(f"job_id {jid} is already in flight or not reported yet")
-        if not isinstance(spec, (tuple, list)) or len(spec) != 2:
-            raise InvalidTypeError(f"spec must be a (src_spec, dst_spec) pair, got {type(spec).__name__}")
-        src, dst = spec
-        store = _DIRECTIONS.get((type(src), type(dst)))  # the spec classes themselves: one lookup
-        if store is not None:
-            return (jid, src, dst, True) if store else (jid, dst, src, False)
-        if isinstance(src, GPULoadStoreSpec) and isinstance(dst, CPULoadStoreSpec):
-            return jid, src, dst, True
-        if isinstance(src, CPULoadStoreSpec) and isinstance(dst, GPULoadStoreSpec):
-            return jid, dst, src, False
-        if not isinstance(src, LoadStoreSpec) or not isinstance(dst, LoadStoreSpec):
-            raise InvalidTypeError(
-                f"spec must hold two LoadStoreSpecs, got ({type(src).__name__}, {type(dst).__name__})"
-            )
-        raise InvalidTypeError(
-            "spec must be (GPULoadStoreSpec, CPULoadStoreSpec) for a store or (CPULoadStoreSpec, "
-            f"GPULoadStoreSpec) for a load, got ({type(src).__name__}, {type(dst).__name__})"
-        )
-
     def transfer_async(
         self, job_id: int, spec: tuple[LoadStoreSpec, LoadStoreSpec], *, after: Any = None, expedited: bool = False
     ) -> bool:
@@ -266,7 +247,7 @@ class TransferWorker:
         producers = [] if after is None else worker_args.producer_events(after, self._cuda)
         if expedited is not False:
             expedited = check_bool(expedited, "expedited")
-        jid, gpu, cpu, store = self._parse(job_id, spec)
+        jid, gpu, cpu, store = worker_args.job_spec(job_id, spec, self._unreported)
         if expedited and store:
             raise InvalidArgumentError(f"job {jid}: only loads can be expedited, got a store")
         kind = STORE if store else LOAD
@@ -312,27 +293,9 @@ class TransferWorker:
         self, jobs: list[JobEntry], table: JobTable, n: int, store: bool, producers: list[Any], expedited: bool
     ) -> None:
         """One launch of the bound kernel over ``table``'s first ``n`` rows, for ``jobs``."""
-        kernel = self.kernel
-        assert kernel is not None
-        if self._jobs is not None:
-            launch = partial(kernel.launch, table.rows, table.address, n, store)
-            self._finished += self._jobs.submit(jobs, producers, expedited, launch, table=table)
-            return
-        t0 = time.perf_counter()
-        try:
-            kernel.launch(table.rows, table.address, n, store)
-            ok = True
-        except Exception:
-            logger.exception("transfer jobs %s failed", [j[0] for j in jobs])
-            ok = False
-        finally:
-            self._tables.give(table)
-        seconds = time.perf_counter() - t0
-        total = sum(nbytes for _, _, nbytes in jobs) or 1
-        self._finished += [
-            TransferResult(jid, ok, nbytes if ok else 0, seconds * nbytes / total if ok else 0.0, kind)
-            for jid, kind, nbytes in jobs
-        ]
+        assert self.kernel is not None
+        launch = partial(self.kernel.launch, table.rows, table.address, n, store)
+        self._submit(jobs, launch, producers, expedited, table=table)
 
     def _submit_arrays(
         self, jid: int, kind: tuple[str, str], arrays: JobArrays, store: bool, producers: list[Any], expedited: bool
@@ -344,21 +307,35 @@ class TransferWorker:
             return
         if not expedited:
             self.flush()
+        launch = partial(self._launch_arrays, arrays, store)
+        self._submit([(jid, kind, arrays.transfer_size)], launch, producers, expedited, keep=arrays)
+
+    def _submit(
+        self,
+        jobs: list[JobEntry],
+        launch: Callable[[Any], None],
+        producers: list[Any],
+        expedited: bool,
+        table: JobTable | None = None,
+        keep: Any = None,
+    ) -> None:
+        """``launch(stream)`` for ``jobs``: on CUDA enqueued (reported when done), else run now."""
         if self._jobs is not None:
-            launch = partial(self._launch_arrays, arrays, store)
-            entry = (jid, kind, arrays.transfer_size)
-            self._finished += self._jobs.submit([entry], producers, expedited, launch, keep=arrays)
+            self._finished += self._jobs.submit(jobs, producers, expedited, launch, table, keep)
             return
         t0 = time.perf_counter()
         try:
-            self._launch_arrays(arrays, store)
+            launch(None)
+            ok = True
         except Exception:
-            logger.exception("transfer job %d (%s->%s) failed", jid, *kind)
-            self._finished.append(TransferResult(jid, False, 0, 0.0, kind))
-            return
-        self._finished.append(TransferResult(jid, True, arrays.transfer_size, time.perf_counter() - t0, kind))
+            logger.exception("transfer jobs %s failed", [j[0] for j in jobs])
+            ok = False
+        finally:
+            if table is not None:
+                self._tables.give(table)
+        self._finished += launch_results(jobs, ok, time.perf_counter() - t0)
 
-    def _launch_arrays(self, arrays: JobArrays, store: bool, stream: Any = None) -> None:
+    def _launch_arrays(self, arrays: JobArrays, store: bool, stream: Any) -> None:
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             if self._cuda and not self.host_pool.pinned:  # the kernels cannot reach it: the checked entry refuses
                 fn = self.paths.pack if store else self.paths.unpack

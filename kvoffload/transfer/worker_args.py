@@ -1,18 +1,19 @@
-"""Constructor checks of :class:`~kvoffload.transfer.worker.TransferWorker`: block size factors,
-backend choice and the engine's "KV is ready" signal. Everything here raises typed errors before
-the worker allocates anything."""
+"""Argument checks of :class:`~kvoffload.transfer.worker.TransferWorker`: block size factors,
+backend choice, the engine's "KV is ready" signal and a job's id and spec pair. Everything here
+raises typed errors before the worker allocates or enqueues anything."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from kvoffload.checks import check_int
+from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec, LoadStoreSpec
 from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.layout import KVCacheTable
@@ -20,7 +21,13 @@ from kvoffload.kernels.registry import get_backend
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["block_size_factors", "resolve_backend", "producer_events"]
+__all__ = ["block_size_factors", "resolve_backend", "producer_events", "job_spec"]
+
+#: (type of spec[0], type of spec[1]) -> store (True) or load (False)
+_DIRECTIONS: dict[tuple[type, type], bool] = {
+    (GPULoadStoreSpec, CPULoadStoreSpec): True,
+    (CPULoadStoreSpec, GPULoadStoreSpec): False,
+}
 
 
 def _group_factor(table: KVCacheTable, g: int, entry: Any) -> int:
@@ -101,3 +108,29 @@ def producer_events(after: Any, cuda: bool) -> list[Any]:
                 f"after[{i}] must be a torch.cuda.Event or torch.cuda.Stream, got {type(item).__name__}"
             )
     return items
+
+
+def job_spec(
+    job_id: object, spec: object, unreported: Collection[int]
+) -> tuple[int, GPULoadStoreSpec, CPULoadStoreSpec, bool]:
+    """``transfer_async``'s ``job_id`` and ``spec`` as ``(job id, GPU spec, CPU spec, store)``;
+    ``unreported``: the ids in use (accepted, result not returned yet)."""
+    jid = check_int(job_id, "job_id")
+    if jid in unreported:
+        raise InvalidArgumentError(f"job_id {jid} is already in flight or not reported yet")
+    if not isinstance(spec, (tuple, list)) or len(spec) != 2:
+        raise InvalidTypeError(f"spec must be a (src_spec, dst_spec) pair, got {type(spec).__name__}")
+    src, dst = spec
+    store = _DIRECTIONS.get((type(src), type(dst)))  # the spec classes themselves: one lookup
+    if store is not None:
+        return (jid, src, dst, True) if store else (jid, dst, src, False)
+    if isinstance(src, GPULoadStoreSpec) and isinstance(dst, CPULoadStoreSpec):
+        return jid, src, dst, True
+    if isinstance(src, CPULoadStoreSpec) and isinstance(dst, GPULoadStoreSpec):
+        return jid, dst, src, False
+    if not isinstance(src, LoadStoreSpec) or not isinstance(dst, LoadStoreSpec):
+        raise InvalidTypeError(f"spec must hold two LoadStoreSpecs, got ({type(src).__name__}, {type(dst).__name__})")
+    raise InvalidTypeError(
+        "spec must be (GPULoadStoreSpec, CPULoadStoreSpec) for a store or (CPULoadStoreSpec, "
+        f"GPULoadStoreSpec) for a load, got ({type(src).__name__}, {type(dst).__name__})"
+    )
