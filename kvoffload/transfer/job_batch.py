@@ -36,7 +36,7 @@ class JobBatch:
         self.jobs: list[JobEntry] = []
         self.mapped: list[MappedJob] = []
         self.producers: list[Any] = []
-        self._by_stream: dict[Any, Any] = {}
+        self._by_stream: dict[int, Any] = {}  # stream handle -> its event
 
     def add(self, entry: JobEntry, job: MappedJob, producers: list[Any], device: torch.device | None) -> None:
         """Append a checked job; ``producers`` as ``transfer_async``'s ``after`` (events or
@@ -51,9 +51,10 @@ class JobBatch:
             if not isinstance(p, torch.cuda.Stream):
                 self.producers.append(p)
                 continue
-            event = self._by_stream.get(p)
+            handle = p.cuda_stream  # an int: cheaper to hash than the stream object
+            event = self._by_stream.get(handle)
             if event is None:
-                event = self._by_stream[p] = torch.cuda.Event()
+                event = self._by_stream[handle] = torch.cuda.Event()
                 self.producers.append(event)
             event.record(p)
 
