@@ -146,6 +146,21 @@ def _gpu_vs_loop() -> str:
     return f"at least {int(min(summary[k]['min'] for k in ('pack_vs_loop_4_24k', 'unpack_vs_loop_4_24k')))}×"
 
 
+def _host_path_rows() -> list[dict[str, Any]]:
+    rows = _results("cpu-intel-r-xeon-r-processor.json")["host_path"]["results"]["rows"]
+    return [r for r in rows if r["mode"] == "single"]
+
+
+def _host_path_us() -> str:
+    us = [r["us_per_job"] for r in _host_path_rows()]
+    return f"{min(us):.0f}–{max(us):.0f} µs"
+
+
+def _host_path_ratio() -> str:
+    ratios = [r["ratio"] for r in _host_path_rows()]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
+
+
 #: the README's figures: what each is, and how to read it from its results file
 QUOTED: dict[str, Callable[[], str]] = {
     "kvoffload's manager / vLLM's per step, LRU, 256req-1e5": _vllm_manager_ratio,
@@ -160,6 +175,8 @@ QUOTED: dict[str, Callable[[], str]] = {
     "H100 best data path vs P, 32 KiB pages": _gpu_at(32),
     "H100 best data path vs P, ~1k-page jobs of 4 KiB pages": _gpu_at(4, 1024),
     "H100 data paths vs the per-page loop, 4-24 KiB": _gpu_vs_loop,
+    "host work per transfer job, CUDA faked": _host_path_us,
+    "host work per transfer job vs before": _host_path_ratio,
 }
 
 #: a measured-looking number: a ratio, a share, a time or a rate, or a share of the link peak P (a
