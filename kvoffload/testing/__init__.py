@@ -14,7 +14,8 @@ there). The same without the plugin, through environment variables (comma-separa
 With neither, every built-in backend is tested. ``module:Class`` must be importable (e.g. on
 ``PYTHONPATH``).
 
-What it checks (:mod:`~kvoffload.testing.test_conformance`): byte-exact ``pack``/``unpack`` for
+What it checks (:mod:`~kvoffload.testing.test_conformance`): byte-exact ``pack``/``unpack``, and
+the kernel the backend binds to a cache and host buffer if it does (``KernelBackend.bind``), for
 the flash-attn, flashinfer, MLA and generic (padded block stride) layouts, mixed layouts per group,
 fp16/bf16/fp8/fp32, random distinct block ids, a group without tensors, aliased tensors moved once,
 host records at 1..16-byte alignments; every host record equals the expected bytes, the source
@@ -41,5 +42,7 @@ Modules: :mod:`~kvoffload.testing.cases` (KV caches in every layout with indepen
 expected bytes), :mod:`~kvoffload.testing.checks` (byte-exact checks),
 :mod:`~kvoffload.testing.bad_inputs` (bad arguments and their errors),
 :mod:`~kvoffload.testing.plugin` (the command-line options), :mod:`~kvoffload.testing.tier_harness`
-(the stores of the tier suite), :mod:`~kvoffload.testing.tier_suite` (its harness choice and fixtures).
+(the stores of the tier suite), :mod:`~kvoffload.testing.tier_suite` (its harness choice and fixtures),
+:mod:`~kvoffload.testing.fake_cuda` (the transfer worker's CUDA submit path on a machine without a
+GPU: CUDA's calls faked, Triton's compiler real; for tests of the host's work per job).
 """

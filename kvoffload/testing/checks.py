@@ -4,7 +4,8 @@ Each check fills the destination with random sentinel bytes first and then verif
 byte, that exactly the mapped records/pages changed: every host record equals the expected
 packed bytes (pack), every mapped page equals its host record bytes (unpack), the source is
 unchanged, and every byte outside the written records/pages (gaps, padding, other blocks) kept
-its sentinel value. Failures raise ``AssertionError`` with the first differing position.
+its sentinel value. Failures raise ``AssertionError`` with the first differing position. A
+backend that binds its kernel (:meth:`KernelBackend.bind`) is checked through that entry as well.
 """
 
 from __future__ import annotations
@@ -12,13 +13,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import torch
 
+from kvoffload.kernels.backend import JOB_TABLE_COLUMNS
 from kvoffload.kernels.layout import KVCacheTable
 from kvoffload.kernels.registry import KernelBackend
 from kvoffload.testing.cases import Case, expected_record, page_locations
 
-__all__ = ["Job", "make_job", "make_host", "check_pack", "check_unpack", "assert_bytes_equal", "snapshot"]
+__all__ = [
+    "Job",
+    "make_job",
+    "make_host",
+    "check_pack",
+    "check_unpack",
+    "bound_move",
+    "assert_bytes_equal",
+    "snapshot",
+]
 
 
 @dataclass
@@ -96,8 +108,30 @@ def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) 
         )
 
 
-def check_pack(backend: KernelBackend, case: Case, job: Job, seed: int = 1) -> None:
-    """pack then verify every host byte and that the cache did not change."""
+def bound_move(backend: KernelBackend, table: KVCacheTable, host: torch.Tensor, job: Job, to_host: bool) -> bool:
+    """Move ``job`` through the backend's bound kernel (:meth:`KernelBackend.bind`) the way the
+    transfer worker does: its moving rows in a job table (pinned on CUDA), one launch. False when
+    the backend binds no kernel."""
+    bits = int(np.bitwise_or.reduce(job.host_offsets)) | 16
+    kernel = backend.bind(table, host, bits & -bits)
+    if kernel is None:
+        return False
+    moving = np.array([table.groups[g].record_bytes > 0 for g in job.group_ids.tolist()], dtype=bool)
+    n = int(moving.sum())
+    rows = torch.empty((max(n, 1), JOB_TABLE_COLUMNS), dtype=torch.int64, pin_memory=table.device.type == "cuda")
+    view = rows.numpy()
+    view[:n, 0] = job.block_ids[moving]
+    view[:n, 1] = job.group_ids[moving]
+    view[:n, 2] = job.host_offsets[moving] // kernel.unit
+    if n:
+        kernel.launch(view, rows.data_ptr(), n, to_host)
+    _sync(table.device)
+    return True
+
+
+def check_pack(backend: KernelBackend, case: Case, job: Job, seed: int = 1, bound: bool = False) -> None:
+    """pack (``bound``: through the backend's bound kernel, skipped without one) then verify every
+    host byte and that the cache did not change."""
     table = case.table()
     host = make_host(job.host_bytes, table.device, seed)
     expected = host.clone()
@@ -105,15 +139,19 @@ def check_pack(backend: KernelBackend, case: Case, job: Job, seed: int = 1) -> N
         rec = expected_record(case, g, b)
         expected[o : o + rec.numel()] = rec
     before = snapshot(case)
-    backend.pack(table, host, job.block_ids, job.group_ids, job.host_offsets)
+    if not bound:
+        backend.pack(table, host, job.block_ids, job.group_ids, job.host_offsets)
+    elif not bound_move(backend, table, host, job, to_host=True):
+        pytest.skip(f"backend {backend.name!r} binds no kernel")
     _sync(table.device)
     assert_bytes_equal(host, expected, f"{case.name}: host after pack")
     for i, (buf, old) in enumerate(zip(case.buffers, before, strict=True)):
         assert_bytes_equal(buf, old, f"{case.name}: cache buffer {i} after pack (source must not change)")
 
 
-def check_unpack(backend: KernelBackend, case: Case, job: Job, seed: int = 2) -> None:
-    """unpack random host records and verify every cache byte and that the host did not change."""
+def check_unpack(backend: KernelBackend, case: Case, job: Job, seed: int = 2, bound: bool = False) -> None:
+    """unpack random host records (``bound``: as :func:`check_pack`) and verify every cache byte
+    and that the host did not change."""
     table = case.table()
     host = make_host(job.host_bytes, table.device, seed)
     host_before = host.clone()
@@ -123,7 +161,10 @@ def check_unpack(backend: KernelBackend, case: Case, job: Job, seed: int = 2) ->
         for bi, start, nbytes in page_locations(case, g, b):
             expected[bi][start : start + nbytes] = host[pos : pos + nbytes]
             pos += nbytes
-    backend.unpack(table, host, job.block_ids, job.group_ids, job.host_offsets)
+    if not bound:
+        backend.unpack(table, host, job.block_ids, job.group_ids, job.host_offsets)
+    elif not bound_move(backend, table, host, job, to_host=False):
+        pytest.skip(f"backend {backend.name!r} binds no kernel")
     _sync(table.device)
     assert_bytes_equal(host, host_before, f"{case.name}: host after unpack (source must not change)")
     for i, (buf, exp) in enumerate(zip(case.buffers, expected, strict=True)):

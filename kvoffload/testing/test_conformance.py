@@ -72,6 +72,17 @@ def test_unpack_byte_exact(backend: KernelBackend, device: str, kind: str, dtype
     check_unpack(backend, case, make_job(case, case.table(), seed=2))
 
 
+@pytest.mark.parametrize(("base", "slot_pad"), [(16, 16), (2, 6)])
+@pytest.mark.parametrize("kind", case_names())
+def test_bound_kernel_byte_exact(backend: KernelBackend, device: str, kind: str, base: int, slot_pad: int) -> None:
+    """The backend's bound kernel (if it binds one) on job tables as the transfer worker writes
+    them, at 16- and 2-byte aligned records: the same bytes as pack/unpack."""
+    case = build_case(kind, "bf16", device, seed=29)
+    job = make_job(case, case.table(), seed=7, base=base, slot_pad=slot_pad)
+    check_pack(backend, case, job, bound=True)
+    check_unpack(backend, case, job, bound=True)
+
+
 @pytest.mark.parametrize("kind", case_names())
 def test_roundtrip(backend: KernelBackend, device: str, kind: str) -> None:
     src = build_case(kind, "bf16", device, seed=23)
