@@ -15,6 +15,7 @@ tiles of several pages per program iteration, warps sized so that each thread mo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -204,23 +205,25 @@ class TritonBackend(KernelBackend):
         tables = _device_tables(table, unit)
         cfg = self.config(table.device)
         geo = tile_geometry(tables.max_page_bytes, unit, cfg)
-        return TritonBoundKernel(
-            device=table.device,
-            anchor=tables.anchor,
-            host=host,
-            views=tables.views,
-            groups=tables.groups,
-            unit=unit,
-            word_dtype=getattr(torch, word_type(unit)[0]),
-            vec=geo.vec,
-            pages=geo.pages,
-            chunk=geo.chunk,
-            num_warps=geo.num_warps,
-            max_views=table.max_views,
-            max_page=tables.max_page_bytes // unit,
-            num_programs=cfg.num_programs,
-            entry=self._entry,
-        )
+        on_cuda = table.device.type == "cuda"
+        with torch.cuda.device(table.device) if on_cuda else contextlib.nullcontext():  # kernels load there
+            return TritonBoundKernel(
+                device=table.device,
+                anchor=tables.anchor,
+                host=host,
+                views=tables.views,
+                groups=tables.groups,
+                unit=unit,
+                word_dtype=getattr(torch, word_type(unit)[0]),
+                vec=geo.vec,
+                pages=geo.pages,
+                chunk=geo.chunk,
+                num_warps=geo.num_warps,
+                max_views=table.max_views,
+                max_page=tables.max_page_bytes // unit,
+                num_programs=cfg.num_programs,
+                entry=self._entry,
+            )
 
     def _copy(self, job: CopyJob, to_host: bool) -> None:
         table, buf = job.table, job.host

@@ -180,7 +180,13 @@ class TritonBoundKernel(BoundKernel):
         for to_host in (True, False):
             kernel = compile_variant(self._ptrs, self._tail, to_host, self._consts, num_warps)
             consts = (to_host, True, vec, pages, chunk)
-            self._compiled[to_host] = (kernel.run, kernel.function, kernel.packed_metadata, fixed, consts)
+            try:
+                self._compiled[to_host] = (kernel.run, kernel.function, kernel.packed_metadata, fixed, consts)
+            except AttributeError as exc:  # a compiled kernel without the pieces this entry calls
+                if entry == "compiled":
+                    raise InvalidArgumentError(f"entry='compiled' cannot be used: {exc}") from exc
+                self.entry = "plain"
+                _log_once("triton kernels launch through kernel[grid](...) (%s)", exc)
 
     def launch(self, table: np.ndarray, address: int, n: int, to_host: bool, stream: Any = None) -> None:
         tiles = -(-(n * self._max_views) // self._pages)

@@ -120,6 +120,8 @@ class TransferWorker:
         host_pool: the :class:`HostPool`, ``num_cpu_blocks`` slots of
             ``slot_bytes = max_g(factor_g * record_bytes_g)`` bytes (sized for the largest group).
         backend: the :class:`KernelBackend` in use.
+        kernel: the backend's kernel bound to the pool (:meth:`KernelBackend.bind`), or None:
+            every job then goes through ``backend.pack``/``unpack``.
         paths: the :class:`~kvoffload.kernels.paths.DataPath` choosing and running each job's path.
         factors: ``int64[G]`` block size factor per group.
 
