@@ -199,8 +199,9 @@ class JobMapper:
         if f == 1:
             return MappedJob(ids, None, slots, None, dst, n * self._rec0)
         q = self._arange(skip + n)[skip:]
-        offsets = slots[q // f] * self._slot_units + (q % f) * self._rec0_units
-        return MappedJob(ids, None, slots, offsets, dst, n * self._rec0)
+        row_slots = slots[q // f]
+        offsets = row_slots * self._slot_units + (q % f) * self._rec0_units
+        return MappedJob(ids, None, row_slots, offsets, dst, n * self._rec0)
 
     def conflict(self, dsts: list[np.ndarray], store: bool) -> int | None:
         """The first job of ``dsts`` (destinations of jobs of one direction, as :meth:`map` returns
