@@ -43,3 +43,20 @@ def test_manager_lookup_memory_and_hit_rate_steps(bench_manager: Any) -> None:
     assert mem and all(v > 0 for k, v in mem.items() if k.endswith("bytes_per_block"))
     rates = bench_manager.bench_hit_rate(n_requests=20, capacity=500)
     assert rates
+
+
+def test_host_path_bench_measures_this_tree() -> None:
+    """bench_host_path's measurement at 2 timed steps a case: every case ran through the compiled
+    entry, the merged mode in one launch a step; the call counts are what the bench reports."""
+    pytest.importorskip("triton")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from bench import bench_host_path
+
+    rows = bench_host_path.measure(steps=2, path="direct")["rows"]
+    assert {(r["pages"], r["direction"], r["mode"]) for r in rows} == {
+        (p, d, m) for p in bench_host_path.PAGES for d in ("store", "load") for m in ("single", "merged")
+    }
+    for r in rows:
+        assert r["entry"] == "compiled" and r["us_per_job"] > 0 and r["calls_per_job"] > 0
+        assert r["launches_per_step"] == (bench_host_path.JOBS_PER_STEP if r["mode"] == "single" else 1)
