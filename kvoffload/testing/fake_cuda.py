@@ -205,7 +205,8 @@ def fake_cuda() -> Iterator[FakeCuda]:
 
     import triton  # noqa: PLC0415 - lazy, as everywhere in kvoffload
 
-    from kvoffload.kernels import config, device  # noqa: PLC0415
+    # the modules that import upload by name, imported first so that theirs is patched (and restored)
+    from kvoffload.kernels import config, device, torch_ref, triton_backend  # noqa: F401, PLC0415
 
     global _active
     outer, fake = _active, FakeCuda()
