@@ -9,7 +9,8 @@ into CUDA with a no-op that records it:
   ``pin_memory=True``, and kvoffload's :func:`~kvoffload.kernels.device.upload`, return plain
   CPU tensors;
 * Triton's active driver: kernels are compiled for real (Triton's compiler and the ptxas in its
-  wheel, for an sm_90 target), their modules are "loaded" as dummy handles, and a launch runs
+  wheel, for an sm_90 target; kept in a kernel cache of the block's own, so that neither side
+  sees the other's), their modules are "loaded" as dummy handles, and a launch runs
   the real Python side of Triton (the binder, specialisation and cache lookup of
   ``kernel[grid](...)``, or nothing of it through the compiled entry) and stops at the C
   launcher, which only records the call.
@@ -23,6 +24,7 @@ the GPU tests' job. Used by the host-path benchmark (``bench/bench_host_path.py`
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections import Counter
 from collections.abc import Iterator
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 
 from kvoffload.kernels.layout import KVCacheTable
+from kvoffload.kernels.triton_support import kernels
 
 __all__ = ["FakeCuda", "fake_cuda", "as_cuda_table", "FAKE_DEVICE"]
 
@@ -241,9 +244,14 @@ def fake_cuda() -> Iterator[FakeCuda]:
     drivers = triton.runtime.driver
     previous = drivers._active  # None until first used: reset_active() would build the real one
     drivers.set_active(_Driver(fake))
+    # kernels compiled in the block (with fake launchers) stay in it, and real ones stay out of it
+    jit, _ = kernels()
+    real_caches = jit.device_caches
+    jit.device_caches = collections.defaultdict(jit.create_binder)
     try:
         yield fake
     finally:
+        jit.device_caches = real_caches
         drivers._active = previous
         for obj, attr, value in reversed(saved):
             setattr(obj, attr, value)
