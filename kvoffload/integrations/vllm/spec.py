@@ -1,34 +1,16 @@
 """``KVOffloadSpec``: vLLM's ``OffloadingSpec`` that puts kvoffload behind ``OffloadingConnector``.
 
-Keys read from ``kv_connector_extra_config`` (the same as vLLM's own CPU spec, plus one):
-
-* ``cpu_bytes_to_use`` (required): host memory for the pool, all workers together. The pool
-  holds ``cpu_bytes_to_use // (kv bytes of one block on one worker * blocks_per_chunk *
-  world_size)`` chunks per worker.
-* ``block_size``: tokens per offloaded chunk, a multiple of the GPU block size (vLLM derives
-  ``blocks_per_chunk`` from it; default: the GPU block size).
-* ``eviction_policy``: ``lru`` (default), ``arc``, ``s3fifo``, ``headstart``, a kvoffload ``module:Class`` cache
-  policy, or a vLLM ``CachePolicy``: a name registered with vLLM's ``CachePolicyFactory``, or a
-  class name in ``cache_policy_module_path`` (which may also hold a kvoffload policy class); see
-  :mod:`kvoffload.integrations.vllm.policy`.
-* ``store_threshold``: times a block must be offered for storing before it is stored (counted
-  per offer, as vLLM counts); below 2 (default 0) every block is stored.
-* ``max_tracker_size``: blocks the reuse counter remembers (default 64000).
-* ``offload_prompt_only``: read by vLLM's connector itself (default True).
-* ``kernel_backend``: kvoffload's data path, ``triton`` / ``torch`` / ``page_loop`` / ``module:Class``;
-  default: ``KVOFFLOAD_BACKEND`` or the device's default (Triton on CUDA).
-* ``canonical_layout`` (vLLM 0.33): not implemented; set, it is an ``InvalidArgumentError`` at start
-  (never accepted and ignored).
-* ``secondary_tiers``: tiers beneath the CPU pool, as in vLLM's ``TieringOffloadingSpec``: a list
-  of ``{"type": ..., ["module_path": ...], ...tier options}`` -- kvoffload's ``KVOffloadTier``
-  (any registered kvoffload tier by ``url``; aliases ``KVOffloadRedisTier`` / ``KVOffloadDiskTier``;
-  ``module_path`` ``kvoffload.integrations.vllm``) or vLLM's own ``fs``,
-  ``obj``, ``p2p``... (``backpressure``, per tier or top-level, as in vLLM). Checked at start: not
-  a list, or an unknown type, is an ``InvalidArgumentError`` (a ``ValueError``). With tiers, the
-  scheduler runs vLLM's own ``TieringOffloadingManager`` with kvoffload's manager as its primary
-  tier, and the pool is vLLM's shared offload region (``/dev/shm``), mapped by the scheduler
-  (where the tiers read and write it) and by every worker (where kvoffload's kernels move the
-  bytes); ``store_threshold`` >= 2 is then an error (as in vLLM's tiering spec).
+Keys of ``kv_connector_extra_config``: every one that kvoffload or vLLM reads is listed, with
+its value, default and meaning, in :data:`kvoffload.integrations.vllm.config_keys.KEYS` (the
+table of docs/vllm.md is written from it) and checked at start: an unknown key, a size that is
+not one, a missing ``cpu_bytes_to_use`` is an ``InvalidArgumentError`` naming the key (a typo
+names the closest known key). ``canonical_layout`` (vLLM 0.33) is not implemented: set, it is an
+error at start, never accepted and ignored. With ``secondary_tiers`` (kvoffload's
+``KVOffloadTier`` -- any registered kvoffload tier by ``url``; aliases ``KVOffloadRedisTier`` /
+``KVOffloadDiskTier`` -- or vLLM's own ``fs``, ``obj``, ``p2p``...), the scheduler runs vLLM's own
+``TieringOffloadingManager`` with kvoffload's manager as its primary tier, and the pool is vLLM's
+shared offload region (``/dev/shm``), mapped by the scheduler (where the tiers read and write it)
+and by every worker (where kvoffload's kernels move the bytes).
 
 ``KVOffloadSpec`` is registered as a virtual subclass of vLLM's ``CPUOffloadingSpec``
 (``ABC.register``: nothing is inherited). vLLM 0.32's Prometheus exporter feeds its deprecated
@@ -47,6 +29,7 @@ from vllm.v1.kv_offload.base import OffloadingManager, OffloadingSpec, Offloadin
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.integrations.vllm.config_keys import check_keys, parse_size
 from kvoffload.integrations.vllm.manager import KVOffloadManager
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
 from kvoffload.integrations.vllm.shared_region import RegionGeometry, WorkerRegion, region_geometry
@@ -103,9 +86,8 @@ class KVOffloadSpec(OffloadingSpec):
                 "per-layer host layout (KV shared across tensor-parallel sizes); its host records are laid out "
                 "per worker. Remove canonical_layout, or use vLLM's own CPU offloading for it."
             )
-        cpu_bytes = _int(extra, "cpu_bytes_to_use", 0)
-        if cpu_bytes <= 0:
-            raise InvalidArgumentError("kv_connector_extra_config['cpu_bytes_to_use'] must be a positive byte count")
+        check_keys(extra)
+        cpu_bytes = parse_size(extra.get("cpu_bytes_to_use"), "cpu_bytes_to_use")
         self.eviction_policy: str = extra.get("eviction_policy", "lru")
         self.cache_policy_module_path: str | None = extra.get("cache_policy_module_path")
         self.store_threshold = _int(extra, "store_threshold", 0)
