@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 bench bench-micro lint docs clean
+.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 test-wheel bench bench-micro lint docs clean
 
 install: $(STAMP)
 
@@ -96,6 +96,27 @@ bench-micro: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider bench/micro --benchmark-only \
 		--benchmark-columns=median,min,iqr,rounds --benchmark-json=$(MICRO_OUT) $(PYTEST_ARGS)
 
+# The package as a user installs it: `python -m build` makes the wheel and the sdist into dist/, the
+# wheel must hold the kernel configs and py.typed, and installed into a clean venv (TORCH_SPEC's
+# torch first, then the wheel and its dependencies) it imports and its console script runs, from
+# outside the checkout.
+WHEEL_VENV ?= .venv-wheel
+test-wheel: $(STAMP)
+	rm -rf dist $(WHEEL_VENV)
+	$(PY) -m pip install -q build
+	$(PY) -m build -q --outdir dist . > /dev/null
+	$(PY) -c "import sys, zipfile, glob; names = zipfile.ZipFile(glob.glob('dist/*.whl')[0]).namelist(); \
+		need = ['kvoffload/py.typed', 'kvoffload/kernels/configs/nvidia.json', 'kvoffload/kernels/configs/default.json']; \
+		missing = [n for n in need if n not in names]; print('wheel:', len(names), 'files'); sys.exit(f'missing {missing}' if missing else 0)"
+	ls dist/*.tar.gz
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(WHEEL_VENV)/bin/python -m pip install -q dist/*.whl
+	cd / && $(abspath $(WHEEL_VENV))/bin/python -c "import kvoffload, kvoffload.transfer.worker, kvoffload.kernels.config as c; \
+		assert kvoffload.__file__.startswith('$(abspath $(WHEEL_VENV))/lib/'), kvoffload.__file__; \
+		assert c.load_tables()['compute_capability']; print('installed:', kvoffload.__file__)"
+	cd / && $(abspath $(WHEEL_VENV))/bin/kvoffload info
+
 # ruff check + format check + mypy; installs the pinned tools of the `dev` extra into .venv first.
 $(LINT_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install -q -e ".[test,bench,dev]" $(EDITABLE)
@@ -119,4 +140,4 @@ docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick bench-micro.json site
+	rm -rf $(VENV) $(VLLM_VENV) $(WHEEL_VENV) dist .pytest_cache .hypothesis .benchmarks .mypy_cache .ruff_cache simulate-out bench-quick bench-micro.json site

