@@ -271,6 +271,12 @@ class Tier(ABC):
         """A snapshot of the tier's cumulative counters."""
         return self.counters.snapshot()
 
+    @property
+    def serving(self) -> bool:
+        """False while the tier backs off a store it could not reach (its calls then skip the
+        store: lookups miss, stores are dropped), True otherwise."""
+        return not self._health.is_down()
+
     def close(self) -> None:
         """Wait for submitted work, stop the threads and release connections (idempotent)."""
         if self._closed:

@@ -245,3 +245,27 @@ def test_reset_cache_drains_the_tier_jobs(tmp_path: Path) -> None:
         assert mgr.secondary_tiers[0].tier.contains(ks) == [True] * 5
     finally:
         mgr.shutdown()
+
+
+def test_tier_metrics_exist_from_the_first_report_and_serving_says_whether_the_store_answers(
+    own_redis: RedisServer,
+) -> None:
+    """Every kvoffload tier counter is in the first stats report, at zero before any traffic, so a
+    dashboard tells "no traffic" from "not configured"; the serving gauge is 1 on a store that
+    answers and 0 on one the tier could not reach (and backs off)."""
+    from kvoffload.integrations.vllm.tiers import TIER_METRICS, TIER_SERVING
+
+    up = roles.tiering_manager(redis_tier(own_redis.url))
+    down = roles.tiering_manager(redis_tier("redis://127.0.0.1:1"))
+    try:
+        first = up.secondary_tiers[0].get_stats().data["data"]
+        for name in TIER_METRICS:
+            assert list(first[name].values()) == [0], name
+        assert list(first[TIER_SERVING].values()) == [1]
+        assert set(up.secondary_tiers[0].get_stats().data["data"]) == {TIER_SERVING}  # counters once, then on change
+        roles.store(down, roles.keys(2, seed=11))
+        down.secondary_tiers[0].tier.drain()
+        assert list(down.secondary_tiers[0].get_stats().data["data"][TIER_SERVING].values()) == [0]
+    finally:
+        up.shutdown()
+        down.shutdown()

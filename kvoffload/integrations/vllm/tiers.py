@@ -55,6 +55,7 @@ from vllm.v1.kv_offload.base import (
     Medium,
     OffloadingCounterMetadata,
     OffloadingEvent,
+    OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
     ReqContext,
@@ -72,7 +73,10 @@ from kvoffload.tiers.registry import resolve_tier, tier_options
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KVOffloadTier", "KVOffloadRedisTier", "KVOffloadDiskTier", "TIER_METRICS"]
+__all__ = ["KVOffloadTier", "KVOffloadRedisTier", "KVOffloadDiskTier", "TIER_METRICS", "TIER_SERVING"]
+
+#: gauge per tier: 1 while it serves, 0 while it backs off an unreachable store
+TIER_SERVING = "vllm:kv_offload_kvoffload_tier_serving"
 
 #: metric name -> (TierStats field, documentation); counters labeled by ``tier``.
 TIER_METRICS: dict[str, tuple[str, str]] = {
@@ -185,6 +189,7 @@ class KVOffloadTier(SecondaryTierManager):
         self._label = (f"{tier_type}:{self.tier.name}",)
         self._open_jobs: set[int] = set()  # submitted, not yet reported
         self._reported = TierStats()
+        self._announced = False  # every counter reported once, at zero too
 
     def _tier_spec(self, where: str, options: dict[str, Any]) -> TierSpec:
         """The registry spec of this configuration, its keys popped from ``options``: ``url``
@@ -273,19 +278,28 @@ class KVOffloadTier(SecondaryTierManager):
     # ------------------------------------------------------------------ metrics
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, OffloadingMetricMetadata]:
-        return {
+        defs: dict[str, OffloadingMetricMetadata] = {
             name: OffloadingCounterMetadata(documentation=doc, labelnames=("tier",))
             for name, (_, doc) in TIER_METRICS.items()
         }
+        defs[TIER_SERVING] = OffloadingGaugeMetadata(
+            documentation="1 while a kvoffload tier serves, 0 while it backs off a store it could not reach.",
+            labelnames=("tier",),
+        )
+        return defs
 
     def get_stats(self) -> OffloadingConnectorStats:
+        """The counters' increments since the last call (every counter on the first call, zeros
+        included, so that a dashboard sees them from the first scrape) and the serving gauge."""
         now = self.tier.stats()
         before, self._reported = asdict(self._reported), now
+        first, self._announced = not self._announced, True
         stats = OffloadingConnectorStats()
         for name, (field, _) in TIER_METRICS.items():
             delta = getattr(now, field) - before[field]
-            if delta:
+            if delta or first:
                 stats.increase_counter(name, delta, labelvalues=self._label)
+        stats.set_gauge(TIER_SERVING, 1 if self.tier.serving else 0, labelvalues=self._label)
         return stats
 
     # vLLM 0.33: the tier's labels of ``vllm:kv_offload_config_info``
