@@ -2,13 +2,12 @@
 
 :data:`KEYS` is the one source: :func:`check_keys` validates a configuration against it when the
 spec starts (an unknown key is an error naming the closest known one; ``"strict_config": false``
-turns the unknown and the unapplied keys into one warning), :func:`parse_size` reads sizes with
+turns that into one warning), :func:`parse_size` reads sizes with
 units, and :func:`markdown_table` writes the table of docs/vllm.md (a test compares the two).
 
 The vLLM keys are those vLLM 0.32 and 0.33 read from this dict for the ``OffloadingConnector``
-(``vllm/v1/kv_offload`` and ``kv_connector/v1/offloading``); keys read only by vLLM's own
-``TieringOffloadingSpec``, which ``KVOffloadSpec`` replaces (``tier_poll_interval_s``), are known
-but refused as not applied.
+(``vllm/v1/kv_offload`` and ``kv_connector/v1/offloading``), and those of vLLM's own
+``TieringOffloadingSpec``, which ``KVOffloadSpec`` replaces and reads the same way.
 """
 
 from __future__ import annotations
@@ -34,15 +33,13 @@ WHERE = "kv_connector_extra_config"
 @dataclass(frozen=True)
 class ConfigKey:
     """One key: its name, the value it takes, its default as written in the docs, what reads it
-    (``kvoffload``, ``vLLM`` or both; ``applied=False``: known, but ``KVOffloadSpec`` does not apply
-    it) and what it means."""
+    (``kvoffload`` or ``vLLM``) and what it means."""
 
     name: str
     kind: str
     default: str
     read_by: str
     meaning: str
-    applied: bool = True
 
 
 KEYS: tuple[ConfigKey, ...] = (
@@ -121,7 +118,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "bool",
         "true",
         "kvoffload",
-        "false: an unknown or unapplied key is one warning at start instead of an error.",
+        "false: an unknown key is one warning at start instead of an error.",
     ),
     ConfigKey(
         "canonical_layout",
@@ -129,15 +126,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "false",
         "vLLM",
         "vLLM 0.33's canonical per-layer host layout, not implemented by kvoffload: an error when true.",
-        applied=False,
     ),
     ConfigKey(
         "tier_poll_interval_s",
         "float",
-        "—",
-        "vLLM",
-        "read only by vLLM 0.33's own `TieringOffloadingSpec`, which `KVOffloadSpec` replaces.",
-        applied=False,
+        "vLLM's",
+        "kvoffload",
+        "with `secondary_tiers`: the pause of vLLM 0.33's tier-polling thread, passed to vLLM's tiering "
+        "manager (an error on vLLM 0.32, which has no such thread).",
     ),
     ConfigKey(
         "sync_load_budget_bytes",
@@ -192,11 +188,11 @@ def parse_size(value: Any, name: str) -> int:
 
 
 def check_keys(extra: Mapping[str, Any]) -> None:
-    """Refuse a key of ``extra`` that nothing reads (naming the closest known key) or that
-    ``KVOffloadSpec`` does not apply; with ``"strict_config": false``, log one warning instead.
+    """Refuse a key of ``extra`` that nothing reads, naming the closest known key; with
+    ``"strict_config": false``, log one warning instead.
 
     Raises:
-        InvalidArgumentError: an unknown or unapplied key (strict).
+        InvalidArgumentError: an unknown key (strict).
         InvalidTypeError: ``strict_config`` not a bool.
     """
     strict = extra.get("strict_config", True)
@@ -209,8 +205,6 @@ def check_keys(extra: Mapping[str, Any]) -> None:
             close = difflib.get_close_matches(str(name), list(_BY_NAME), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             problems.append(f"unknown key {name!r}{hint}")
-        elif not key.applied and extra[name] not in (None, False) and name != "canonical_layout":
-            problems.append(f"{name!r} is not applied by kvoffload: {key.meaning}")
     if not problems:
         return
     text = f"{WHERE}: " + "; ".join(problems)
@@ -226,6 +220,5 @@ def markdown_table() -> str:
     """The table of docs/vllm.md: every key, its value, default, reader and meaning."""
     lines = ["| key | value | default | read by | meaning |", "|---|---|---|---|---|"]
     for k in KEYS:
-        meaning = k.meaning if k.applied else f"**not applied**: {k.meaning}"
-        lines.append(f"| `{k.name}` | {k.kind} | {k.default} | {k.read_by} | {meaning} |")
+        lines.append(f"| `{k.name}` | {k.kind} | {k.default} | {k.read_by} | {k.meaning} |")
     return "\n".join(lines)

@@ -33,7 +33,7 @@ from kvoffload.integrations.vllm.config_keys import check_keys, parse_size
 from kvoffload.integrations.vllm.manager import KVOffloadManager
 from kvoffload.integrations.vllm.policy import resolve_cache_policy
 from kvoffload.integrations.vllm.shared_region import RegionGeometry, WorkerRegion, region_geometry
-from kvoffload.integrations.vllm.tier_config import secondary_tier_configs, tier_classes
+from kvoffload.integrations.vllm.tier_config import secondary_tier_configs, tier_classes, tiering_manager_options
 from kvoffload.integrations.vllm.tier_namespace import KVOFFLOAD_LAYOUT
 from kvoffload.integrations.vllm.worker import KVOffloadWorker
 
@@ -95,6 +95,8 @@ class KVOffloadSpec(OffloadingSpec):
         self.kernel_backend: str | None = extra.get("kernel_backend") or None
         #: the checked ``secondary_tiers`` (empty: no tiers, a private pool in each worker)
         self.secondary_tier_configs = secondary_tier_configs(extra)
+        #: options of vLLM's tiering manager set in the config (with tiers)
+        self.tiering_options = tiering_manager_options(extra)
         #: how a host record is laid out (part of a tier's namespace)
         self.host_layout = KVOFFLOAD_LAYOUT
         world = max(1, int(config.parallel.world_size))

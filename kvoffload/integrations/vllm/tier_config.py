@@ -8,14 +8,16 @@ by field, as vLLM's ``TieringOffloadingSpec`` does.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
 
-from kvoffload.errors import InvalidArgumentError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["secondary_tier_configs", "tier_classes"]
+__all__ = ["secondary_tier_configs", "tier_classes", "tiering_manager_options"]
 
 
 def secondary_tier_configs(extra: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -56,3 +58,22 @@ def secondary_tier_configs(extra: Mapping[str, Any]) -> list[dict[str, Any]]:
 def tier_classes(configs: list[dict[str, Any]]) -> list[Any]:
     """The ``SecondaryTierManager`` class of each (already checked) configuration."""
     return [SecondaryTierFactory.get_tier_class(cfg) for cfg in configs]
+
+
+def tiering_manager_options(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The options of vLLM's ``TieringOffloadingManager`` that ``extra`` sets, as vLLM's own
+    tiering spec reads them: ``tier_poll_interval_s`` (vLLM 0.33's tier-polling thread).
+
+    Raises:
+        InvalidArgumentError: ``tier_poll_interval_s`` on a vLLM without that thread (0.32).
+        InvalidTypeError: ``tier_poll_interval_s`` not a number.
+    """
+    if "tier_poll_interval_s" not in extra:
+        return {}
+    where = "kv_connector_extra_config['tier_poll_interval_s']"
+    if "tier_poll_interval_s" not in inspect.signature(TieringOffloadingManager.__init__).parameters:
+        raise InvalidArgumentError(f"{where}: this vLLM's tiering manager has no tier-polling thread (vLLM 0.33 has)")
+    value = extra["tier_poll_interval_s"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidTypeError(f"{where} must be a number of seconds, got {value!r}")
+    return {"tier_poll_interval_s": float(value)}

@@ -68,7 +68,7 @@ def build_tiering_manager(spec: Any, geometry: RegionGeometry, options: dict[str
         view = primary.get_kv_memoryview()
         for cfg in spec.secondary_tier_configs:
             tiers.append(SecondaryTierFactory.create_secondary_tier(dict(cfg), view, spec))
-        manager = KVOffloadTieringManager(primary, tiers)
+        manager = KVOffloadTieringManager(primary, tiers, **spec.tiering_options)
     except Exception:
         for tier in tiers:
             try:
