@@ -139,3 +139,14 @@ def test_bad_flags_one_line_no_traceback(argv: list[str], needle: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("kvoffload: error:") and needle in lines[0], proc.stderr
     assert "requests finished" not in proc.stdout  # rejected before the run
     assert "secret" not in proc.stderr  # a tier URL's password is never printed
+
+
+def test_a_tier_that_cannot_work_stops_the_demo_at_start() -> None:
+    """A configuration error found by the tier's check at start (here a host name that does not
+    resolve): exit 2, one error line naming the tier without its password, no traceback."""
+    argv = ["demo", "--tier", "redis://u:secret@no-such-host.invalid:6379/0"]
+    proc = subprocess.run([sys.executable, "-m", "kvoffload", *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "secret" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("kvoffload: error:")]
+    assert len(errors) == 1 and "no-such-host.invalid" in errors[0] and "does not resolve" in errors[0]
+    assert "requests finished" not in proc.stdout

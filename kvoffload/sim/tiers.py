@@ -18,6 +18,7 @@ from kvoffload.cache.tiered_options import TieredOptions
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.sim.config import EngineConfig
 from kvoffload.tiers import Tier, TierNamespace, TierSpec, check_tier_spec, open_tier
+from kvoffload.tiers.health import check_at_start
 
 __all__ = ["engine_namespace", "check_tier_specs", "open_engine_tiers", "tiered_manager"]
 
@@ -63,15 +64,18 @@ def open_engine_tiers(
 ) -> list[Tier]:
     """Open one tier per spec (``redis://…``, ``disk:/path…``, any registered scheme or
     ``{"type", "module_path", …}``; see :func:`kvoffload.tiers.open_tier`)
-    over ``records`` (the host pool's ``(num_slots, slot_bytes)`` uint8 view). On an error the
-    tiers already opened are closed."""
+    over ``records`` (the host pool's ``(num_slots, slot_bytes)`` uint8 view), each checked as
+    :func:`~kvoffload.tiers.health.check_at_start` does (a store that does not answer starts
+    degraded). On an error the tiers already opened are closed."""
     if isinstance(records, torch.Tensor):
         records = records.numpy()
     ns = engine_namespace(cfg)
     tiers: list[Tier] = []
     try:
         for spec in specs:
-            tiers.append(open_tier(spec, records, ns, **(options or {})))
+            tier = open_tier(spec, records, ns, **(options or {}))
+            tiers.append(tier)
+            check_at_start(tier)  # a misconfigured store stops the start; one that is down starts degraded
     except BaseException:
         for t in tiers:
             t.close()

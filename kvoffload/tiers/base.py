@@ -267,6 +267,15 @@ class Tier(ABC):
         self._step.verdicts.forget(out)
         return out
 
+    def check_store(self) -> None:
+        """One round trip to the store, for a check at start: returns once it answers. Raises
+        InvalidArgumentError when the configuration is wrong (retrying will not help) and
+        :class:`~kvoffload.tiers.health.TierUnavailable` when the store does not answer."""
+        self._check_store()
+
+    def _check_store(self) -> None:  # noqa: B027 - optional hook
+        """The backend's start-up check (see :meth:`check_store`); by default nothing to check."""
+
     def stats(self) -> TierStats:
         """A snapshot of the tier's cumulative counters."""
         return self.counters.snapshot()

@@ -192,6 +192,22 @@ class DiskTier(Tier):
         self.index.add(fid, size, key)
         return True
 
+    def _check_store(self) -> None:
+        """Write, read back and remove a small file in the tier's directory."""
+        probe = os.path.join(self.root, f".kvoffload-check-{os.getpid()}")
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"kvoffload")
+            with open(probe, "rb") as f:
+                same = f.read() == b"kvoffload"
+            os.unlink(probe)
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"tier {self.name}: cannot write and read back a file in {self.root!r} ({exc.strerror})"
+            ) from None
+        if not same:
+            raise InvalidArgumentError(f"tier {self.name}: a file written in {self.root!r} read back different")
+
     def _probe(self, keys: list[bytes]) -> list[bool]:
         return [_file_id(k) in self.index or self._index_file(_file_id(k), self.value_path(k), k) for k in keys]
 

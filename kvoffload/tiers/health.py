@@ -1,12 +1,16 @@
-"""Reachability of a tier's store: exponential back-off after failures, one log line per outage."""
+"""Reachability of a tier's store: exponential back-off after failures, one log line per outage,
+and the check when an engine starts (:func:`check_at_start`)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from typing import Any
 
-__all__ = ["TierUnavailable", "Health"]
+from kvoffload.errors import InvalidArgumentError
+
+__all__ = ["TierUnavailable", "Health", "ON_UNAVAILABLE", "check_at_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -15,7 +19,8 @@ class TierUnavailable(Exception):
     """Raised by a backend when its store cannot be reached (refused, reset, timed out).
 
     Internal to :mod:`kvoffload.tiers`: the tier turns it into misses, dropped writes and failed
-    loads, and backs off; it never reaches the engine.
+    loads, and backs off; it reaches the engine only from :meth:`Tier.check_store`, the check at
+    start (see :func:`check_at_start`).
     """
 
 
@@ -65,3 +70,40 @@ class Health:
             self._outage_logged = False
         if recovered:
             logger.warning("tier %s reachable again", self._name)
+
+
+#: what a tier whose store does not answer at start does: start and serve degraded (lookups miss,
+#: writes drop, until the store answers), or refuse to start
+ON_UNAVAILABLE = ("start_degraded", "fail")
+
+
+def check_at_start(tier: Any, on_unavailable: str = "start_degraded") -> None:
+    """``tier.check_store()`` when an engine starts: a configuration error is raised (the tier
+    closed first); a store that does not answer is raised too with ``on_unavailable="fail"``,
+    else logged once and the tier starts degraded (it reconnects with back-off by itself).
+
+    The default starts: an engine should not depend on the order its stores come up in, and a
+    store that is down later is served the same way.
+
+    Raises:
+        InvalidArgumentError: a configuration error, an unknown ``on_unavailable``, or (``fail``)
+            a store that does not answer.
+    """
+    if on_unavailable not in ON_UNAVAILABLE:
+        raise InvalidArgumentError(f"on_unavailable must be one of {list(ON_UNAVAILABLE)}, got {on_unavailable!r}")
+    try:
+        tier.check_store()
+        return
+    except TierUnavailable as exc:
+        down = str(exc)  # only the text leaves the handler: its frames reference the tier
+    except BaseException:
+        tier.close()
+        raise
+    if on_unavailable == "fail":
+        tier.close()
+        raise InvalidArgumentError(f"{down} (does not answer at start; on_unavailable is 'fail')")
+    logger.warning(
+        "%s (does not answer at start): starting degraded, lookups miss and writes drop until it answers; "
+        "on_unavailable='fail' refuses to start instead",
+        down,
+    )

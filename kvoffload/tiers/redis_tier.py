@@ -29,6 +29,7 @@ from kvoffload.tiers.base import Tier
 from kvoffload.tiers.health import TierUnavailable
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
+from kvoffload.tiers.redis_check import check_nodes
 from kvoffload.tiers.redis_events import ClusterWatchers, KeyspaceWatcher
 from kvoffload.tiers.redis_io import HEAD_BYTES, Mismatch, Redirect, delete_if_head, exists, get_into, set_nx
 from kvoffload.tiers.redis_nodes import DOWN, RedisNodes, Unreached
@@ -185,6 +186,10 @@ class RedisTier(Tier):
         return self._prefix + key
 
     # ------------------------------------------------------------------ backend hooks
+    def _check_store(self) -> None:
+        c = self.config
+        check_nodes(self.name, c.nodes or [("unix", 0)], self._nodes.pool, c.scheme == "rediss", c.connect_timeout)
+
     def _probe(self, keys: list[bytes]) -> list[bool]:
         sk = [self._prefix + k for k in keys]
         replies = self._nodes.run(sk, lambda pool, idx, asking: exists(pool, [sk[i] for i in idx], asking))

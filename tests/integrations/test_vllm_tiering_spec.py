@@ -12,6 +12,7 @@ require_vllm()
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -21,6 +22,7 @@ import redis  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, ReqContext  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
+from kvoffload.errors import InvalidArgumentError  # noqa: E402
 from kvoffload.integrations.vllm import KVOffloadRedisTier  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer  # noqa: E402
 from tests.integrations import tier_roles as roles  # noqa: E402
@@ -269,3 +271,42 @@ def test_tier_metrics_exist_from_the_first_report_and_serving_says_whether_the_s
     finally:
         up.shutdown()
         down.shutdown()
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("redis://127.0.0.1:{port}/99", r"database.*DB index is out of range"),
+        ("redis://no-such-host.invalid:6379/0", r"does not resolve"),
+        ("rediss://127.0.0.1:{port}/0?connect_timeout=1", r"speaks plain TCP: use a redis:// URL"),
+        ("redis://nobody:wrong-pw@127.0.0.1:{port}/0", r"credentials refused"),
+    ],
+)
+def test_a_misconfigured_tier_stops_the_start_naming_it(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture, url: str, says: str
+) -> None:
+    """A configuration error will not heal by retrying: an error when vLLM builds the tier, naming
+    the tier (without secrets) and the server's reply, and nothing left behind (no cleanup
+    traceback of the shared region)."""
+    with caplog.at_level(logging.WARNING), pytest.raises(InvalidArgumentError, match=says) as info:
+        roles.tiering_manager(redis_tier(url.format(port=own_redis.port)))
+    assert "wrong-pw" not in str(info.value) and "secondary tier" in str(info.value)
+    assert not [r for r in caplog.records if "mmap" in r.getMessage() or r.exc_info]
+
+
+def test_a_store_that_does_not_answer_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    """By default the tier starts degraded (one warning) and serves once the store answers;
+    on_unavailable="fail" refuses to start; any other value is an error."""
+    down = redis_tier("redis://127.0.0.1:1/0")
+    with caplog.at_level(logging.WARNING):
+        m = roles.tiering_manager(down)
+    try:
+        said = [r.getMessage() for r in caplog.records if "does not answer at start" in r.getMessage()]
+        assert len(said) == 1 and "starting degraded" in said[0]
+    finally:
+        m.shutdown()
+    with pytest.raises(InvalidArgumentError, match="does not answer at start; on_unavailable is 'fail'"):
+        roles.tiering_manager({**down, "on_unavailable": "fail"})
+    with pytest.raises(InvalidArgumentError, match="on_unavailable must be one of"):
+        roles.tiering_manager({**down, "on_unavailable": "sometimes"})
+    assert not [r for r in caplog.records if "mmap" in r.getMessage()]

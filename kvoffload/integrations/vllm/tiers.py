@@ -43,6 +43,7 @@ See docs/vllm.md.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any, ClassVar
@@ -69,6 +70,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.integrations.vllm.manager import VLLM_LOOKUP
 from kvoffload.integrations.vllm.tier_namespace import namespace_from_offloading_spec
 from kvoffload.tiers import RedisTier, Tier, TierSpec, TierStats, check_tier_spec
+from kvoffload.tiers.health import ON_UNAVAILABLE, check_at_start
 from kvoffload.tiers.registry import resolve_tier, tier_options
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,8 @@ __all__ = ["KVOffloadTier", "KVOffloadRedisTier", "KVOffloadDiskTier", "TIER_MET
 
 #: gauge per tier: 1 while it serves, 0 while it backs off an unreachable store
 TIER_SERVING = "vllm:kv_offload_kvoffload_tier_serving"
+#: at most one "does not answer" line per tier in this many seconds while it is degraded
+DEGRADED_LOG_INTERVAL_S = 60.0
 
 #: metric name -> (TierStats field, documentation); counters labeled by ``tier``.
 TIER_METRICS: dict[str, tuple[str, str]] = {
@@ -162,6 +166,11 @@ class KVOffloadTier(SecondaryTierManager):
         # vLLM's scheduler must never wait on a tier: probes are answered by the next step's lookups
         options.setdefault("probe_wait", 0.0)
         where = f"secondary tier {tier_type!r}"
+        on_unavailable = options.pop("on_unavailable", "start_degraded")
+        if on_unavailable not in ON_UNAVAILABLE:
+            raise InvalidArgumentError(
+                f"{where}: on_unavailable must be one of {list(ON_UNAVAILABLE)}, got {on_unavailable!r}"
+            )
         spec = self._tier_spec(where, options)
         try:
             tier_cls, tier_kwargs = resolve_tier(spec, **options)
@@ -186,10 +195,17 @@ class KVOffloadTier(SecondaryTierManager):
         if self._events is not None and "removal_events" in tier_options(tier_cls):
             tier_kwargs.setdefault("removal_events", True)  # the store's own removals become events too
         self.tier: Tier = tier_cls(records, self.namespace, **tier_kwargs)
+        try:
+            check_at_start(self.tier, on_unavailable)
+        except InvalidArgumentError as exc:
+            self.tier.records = np.empty((0, 0), dtype=np.uint8)  # no view of the region outlives a failed start
+            del records
+            raise InvalidArgumentError(f"{where}: {exc}") from None
         self._label = (f"{tier_type}:{self.tier.name}",)
         self._open_jobs: set[int] = set()  # submitted, not yet reported
         self._reported = TierStats()
         self._announced = False  # every counter reported once, at zero too
+        self._degraded_logged = 0.0  # when the last "does not answer" line was logged
 
     def _tier_spec(self, where: str, options: dict[str, Any]) -> TierSpec:
         """The registry spec of this configuration, its keys popped from ``options``: ``url``
@@ -299,7 +315,15 @@ class KVOffloadTier(SecondaryTierManager):
             delta = getattr(now, field) - before[field]
             if delta or first:
                 stats.increase_counter(name, delta, labelvalues=self._label)
-        stats.set_gauge(TIER_SERVING, 1 if self.tier.serving else 0, labelvalues=self._label)
+        serving = self.tier.serving
+        stats.set_gauge(TIER_SERVING, 1 if serving else 0, labelvalues=self._label)
+        if not serving and time.monotonic() - self._degraded_logged >= DEGRADED_LOG_INTERVAL_S:
+            self._degraded_logged = time.monotonic()
+            logger.warning(
+                "tier %s does not answer: lookups miss, writes drop (%d dropped so far)",
+                self.tier.name,
+                now.dropped_writes,
+            )
         return stats
 
     # vLLM 0.33: the tier's labels of ``vllm:kv_offload_config_info``
