@@ -4,6 +4,7 @@ matters: an absent value is ``$-1`` in one, ``_`` in the other)."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -205,3 +206,20 @@ def test_dead_master_drops_its_keys_only_other_shards_serve(cluster_partial: Red
         st = t.stats()
         assert st.dropped_writes == sum(dropped) and st.blocks_written == n + n - sum(dropped)
         assert st.deleted_values == st.rejected_values == st.absent == st.redirected == 0
+
+
+def test_the_check_at_start_pings_every_configured_cluster_node(redis_cluster: RedisCluster3) -> None:
+    """Every node of the cluster URL answers the start-up check; a node that does not (a port with
+    no server, listed beside them) makes the store "does not answer", not a configuration error."""
+    from kvoffload.tiers.health import TierUnavailable
+
+    recs = make_records(4, 64, seed=5)
+    with RedisTier(recs, NS, redis_cluster.url) as t:
+        t.check_store()
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()
+    with RedisTier(recs, NS, f"{redis_cluster.url},127.0.0.1:{port}") as t:
+        with pytest.raises(TierUnavailable, match=f"node 127.0.0.1:{port}"):
+            t.check_store()
