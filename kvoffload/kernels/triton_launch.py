@@ -161,10 +161,6 @@ class TritonBoundKernel(BoundKernel):
         if entry == "compiled" and why is not None:
             raise InvalidArgumentError(f"entry='compiled' cannot be used: {why}")
         self.entry = "compiled" if why is None else "plain"
-        if why is not None:
-            _log_once("triton kernels launch through kernel[grid](...) (%s)", why)
-        else:
-            _log_once("triton kernels launch through the compiled kernel's launcher")
         self._ptrs = (
             Pointer(anchor.data_ptr(), word_dtype),
             Pointer(host.data_ptr(), word_dtype),
@@ -185,8 +181,11 @@ class TritonBoundKernel(BoundKernel):
             except AttributeError as exc:  # a compiled kernel without the pieces this entry calls
                 if entry == "compiled":
                     raise InvalidArgumentError(f"entry='compiled' cannot be used: {exc}") from exc
-                self.entry = "plain"
-                _log_once("triton kernels launch through kernel[grid](...) (%s)", exc)
+                self.entry, why = "plain", str(exc)
+        if self.entry == "plain":
+            _log_once("triton kernels launch through kernel[grid](...) (%s)", why)
+        else:
+            _log_once("triton kernels launch through the compiled kernel's launcher")
 
     def launch(self, table: np.ndarray, address: int, n: int, to_host: bool, stream: Any = None) -> None:
         tiles = -(-(n * self._max_views) // self._pages)
