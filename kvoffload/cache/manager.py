@@ -92,6 +92,8 @@ class CPUOffloadingManager(OffloadingManager):
         self._policy: CachePolicy = policy_cls(self.num_blocks, self._table)
         self._lists = self._policy.takes_lists
         self._tags = self._policy.uses_workload
+        self._tells_requests = self._policy.uses_requests
+        self._tell = self._tags or self._tells_requests
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._counters = OffloadingStats()
         self._stores = Stores(self._table, self._policy, self._counters, self._events)
@@ -163,11 +165,14 @@ class CPUOffloadingManager(OffloadingManager):
             check_req_context(req_context)
 
     def _check_tagged(self, req_context: ReqContext) -> None:
-        """:meth:`_check`, then the request's workload tag set on a policy that reads it (before the
-        calls that may read it: insert, touch, request end)."""
+        """:meth:`_check`, then the request's workload tag and context set on a policy that reads
+        them (before the calls that may read them)."""
         self._check(req_context)
-        if self._tags:
-            self._policy.workload = workload_tag(req_context)
+        if self._tell:
+            if self._tags:
+                self._policy.workload = workload_tag(req_context)
+            if self._tells_requests:
+                self._policy.request = req_context
 
     def _at(
         self, keys: Sequence[OffloadKey], repeats: bool, remember: bool = False
@@ -238,6 +243,8 @@ class CPUOffloadingManager(OffloadingManager):
         """:meth:`prepare_load`'s pinned slots, a list (a few keys) or an ``int64`` array (for an
         engine adapter's own spec type)."""
         self._check(req_context)
+        if self._tells_requests:
+            self._policy.request = req_context
         ks, slots, _ = self._at(keys, False)
         slots = self._loads.prepare(ks, slots)
         if record_access and self._requests is not None:

@@ -92,6 +92,7 @@ class Loads:
         self.policy = policy
         self.counters = counters
         self._lists = policy.takes_lists
+        self._tells_pins = type(policy).on_pinned is not CachePolicy.on_pinned
 
     def _pinned(self, newly: int, n: int) -> None:
         t = self.table
@@ -115,6 +116,8 @@ class Loads:
                 ref[s] = r + 1
             else:
                 self._pinned(newly, len(slots))
+                if newly and self._tells_pins:  # distinct keys: a slot at 1 was at 0
+                    self.policy.on_pinned(np.array([s for s in slots if ref[s] == 1], dtype=np.int64))
                 return slots
             for done in slots[: slots.index(s)]:
                 ref[done] -= 1
@@ -128,8 +131,11 @@ class Loads:
             if int(states.min()) < 0:
                 i = int(np.argmax(states < 0))
                 raise KeyStateError(f"prepare_load: keys[{i}] {keys[i]!r} is not ready (its store is in flight)")
-            self._pinned(int(np.count_nonzero(states == 0)), len(slots))
+            newly = states == 0
+            self._pinned(int(np.count_nonzero(newly)), len(slots))
             self.table.ref[slots] = states + 1
+            if self._tells_pins and newly.any():
+                self.policy.on_pinned(slots[newly])
         return slots
 
     def complete(self, keys: Collection[OffloadKey], slots: np.ndarray | None, unique: bool) -> bool:

@@ -26,13 +26,15 @@ class Access:
     """One request's keys stored or read (``chunks``: one list per call, first-seen order once
     joined), inserted, reused (read ready), and absent keys offered (the policy saw them once)."""
 
-    __slots__ = ("chunks", "inserted", "reused", "store_misses")
+    __slots__ = ("chunks", "inserted", "reused", "store_misses", "seen")
 
     def __init__(self) -> None:
         self.chunks: list[list[OffloadKey]] = []
         self.inserted: set[bytes] = set()
         self.reused: set[bytes] = set()
         self.store_misses: set[bytes] = set()
+        #: keys already announced to the policy's ``on_request_access`` (only kept for such a policy)
+        self.seen: set[bytes] = set()
 
 
 class RequestLog:
@@ -45,6 +47,7 @@ class RequestLog:
         self._policy = policy
         self._learns_misses = type(policy).on_store_miss is not CachePolicy.on_store_miss
         self._touch_only = type(policy).on_request_finished is CachePolicy.on_request_finished
+        self._tells_access = type(policy).on_request_access is not CachePolicy.on_request_access
         self._requests: dict[str, Access] = {}
 
     def __len__(self) -> int:
@@ -63,8 +66,19 @@ class RequestLog:
         if not keys:
             return
         st.chunks.append(list(keys))
+        if self._tells_access:
+            self._access(st, keys)
         if not self._touch_only:
             st.reused.update(set(keys).difference(st.inserted))
+
+    def _access(self, st: Access, keys: Sequence[OffloadKey]) -> None:
+        """The policy's ``on_request_access`` with the keys of ``keys`` the request had not used."""
+        seen = st.seen
+        new = [k for k in keys if k not in seen]
+        if new:
+            seen.update(new)
+            slots = np.fromiter(map(self._table.index.get, new, repeat(-1)), dtype=np.int64, count=len(new))
+            self._policy.on_request_access(new, slots)
 
     def offer(
         self, req_id: str, keys: Sequence[OffloadKey], slots: list[int], candidates: list[OffloadKey]
@@ -86,6 +100,8 @@ class RequestLog:
         if len(candidates) == len(keys):  # every key absent and admitted (the common offer)
             if keys:
                 st.chunks.append(list(keys))
+                if self._tells_access:
+                    self._access(st, keys)
             return None if self._touch_only else st.inserted
         ref = self._table.ref_buf
         ready = [k for k, s in zip(keys, slots) if s >= 0 and ref[s] >= 0]  # noqa: B905 (hot: see keytable)
@@ -94,6 +110,8 @@ class RequestLog:
         else:
             keep = set(candidates).union(ready)
             st.chunks.append([k for k in keys if k in keep])
+        if self._tells_access:
+            self._access(st, st.chunks[-1])
         if self._touch_only:
             return None
         if ready:

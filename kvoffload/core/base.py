@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, NewType
+from dataclasses import dataclass, field
+from typing import Any, NewType, TypeVar
 
 import numpy as np
 
@@ -25,6 +25,8 @@ from kvoffload.core.lookup_code import lookup_code
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError, ReadOnlyError
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 __all__ = [
     "OffloadKey",
@@ -150,11 +152,33 @@ class ReqContext:
         workload: an optional workload tag (e.g. ``"text/2"``: request type and turn) a policy
             may use; vLLM requests set it as ``kv_transfer_params["kv_workload"]``
             (:func:`workload_tag`). None (the default) costs nothing.
+        key_positions: an optional ``key -> token position`` map (the end token of the block a
+            key names), read through :meth:`get_offload_key_position` by policies that rank a
+            request's blocks by position (``request_lru``); vLLM's context has the same method.
+
+    Per-request scratch space for policies (:meth:`get_state` / :meth:`set_state`, one value per
+    type) works as on vLLM's ``ReqContext``.
     """
 
     req_id: str = ""
     kv_transfer_params: dict[str, Any] | None = None
     workload: str | None = None
+    key_positions: dict[bytes, int] | None = None
+    _state: dict[type, Any] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def get_offload_key_position(self, key: bytes) -> int | None:
+        """The token position recorded for ``key`` in :attr:`key_positions`, or None."""
+        return None if self.key_positions is None else self.key_positions.get(key)
+
+    def get_state(self, cls: type[_T]) -> _T | None:
+        """The value of type ``cls`` stored with :meth:`set_state`, or None."""
+        return None if self._state is None else self._state.get(cls)
+
+    def set_state(self, val: Any) -> None:
+        """Keep ``val`` for this request (one value per type, replacing an earlier one)."""
+        if self._state is None:
+            self._state = {}
+        self._state[type(val)] = val
 
 
 def workload_tag(req_context: object) -> str | None:

@@ -43,7 +43,7 @@ def real_order(m: CPUOffloadingManager) -> object:
     """The real policy's internal state in the reference's snapshot format."""
     p = m.policy
     keys = m.table.keys
-    if m.cache_policy == "lru":
+    if m.cache_policy in ("lru", "request_lru"):
         return [keys[s] for s in p.ordered_slots()]  # type: ignore[attr-defined]
     if p.name == "headstart":  # (its subclasses too)
         new, seen = p.ordered_slots()  # type: ignore[attr-defined]

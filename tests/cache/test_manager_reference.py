@@ -239,7 +239,8 @@ class RefS3FIFO:
         return (list(self.s), list(self.m), list(self.ghost), sorted(self.freq.items()))
 
 
-POLICIES = {"lru": RefLRU, "arc": RefARC, "s3fifo": RefS3FIFO, "headstart": RefHeadStart}
+#: ``request_lru`` without key positions (these tests' contexts carry none) orders blocks as LRU does
+POLICIES = {"lru": RefLRU, "request_lru": RefLRU, "arc": RefARC, "s3fifo": RefS3FIFO, "headstart": RefHeadStart}
 
 
 class RefManager:

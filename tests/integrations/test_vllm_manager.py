@@ -24,6 +24,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VLLMManager  
 from kvoffload.errors import InvalidArgumentError  # noqa: E402
 from kvoffload.integrations.vllm import KVOffloadManager, KVOffloadSpec  # noqa: E402
 from kvoffload.integrations.vllm.manager import HAS_METADATA_ONLY, key_position_getter  # noqa: E402
+from kvoffload.integrations.vllm.policy import VLLM_RANKS_REQUESTS  # noqa: E402
 
 
 def k(i: int) -> bytes:
@@ -129,7 +130,8 @@ def test_spec_reads_vllms_keys() -> None:
     assert m is s.get_manager() and m.core.cache_policy == "arc" and m.core.reuse.max_tracker_size == 7
     s2 = KVOffloadSpec(_spec_config({"cpu_bytes_to_use": 8192, "cache_policy_module_path": "my.mod"}, world=2))
     assert s2.num_chunks == 2 and (s2.eviction_policy, s2.cache_policy_module_path) == ("lru", "my.mod")
-    assert s2.get_manager().core.cache_policy == "lru"  # a registered name comes first, as in vLLM
+    # a registered name comes first, as in vLLM (kvoffload's lru: request_lru inside vLLM 0.33)
+    assert s2.get_manager().core.cache_policy == ("request_lru" if VLLM_RANKS_REQUESTS else "lru")
     assert "num_chunks" in KVOffloadSpec.config_info_keys({})
     with pytest.raises(InvalidArgumentError):
         KVOffloadSpec(_spec_config({}))

@@ -5,10 +5,10 @@ finished twice, or never started, and ``reset_cache`` (after which vLLM never co
 it had in flight). Every answer vLLM exposes is compared call for call: lookups, load and store
 slots, stored and evicted keys, events, and the exported stats.
 
-vLLM 0.33's LRU ranks the blocks of a request still running by the request's first access, tails
-before heads, until the request ends; kvoffload's LRU keeps vLLM 0.32's order (insertion order
-until the request ends). That documented difference (docs/vllm.md) is shown on its own below;
-the interleaved comparison runs LRU where vLLM's LRU is 0.32's.
+Under vLLM 0.33 kvoffload's ``lru`` is ``request_lru`` (vLLM 0.33's ranking of a running request's
+blocks), under 0.32 its own ``lru``: both are compared with the vLLM they run under. ``vllm-lru`` /
+``vllm-arc`` run vLLM's own policy classes through kvoffload's adapter (with the request context,
+``on_request_access`` and pins at ``prepare_load`` that vLLM's manager gives them).
 """
 
 from __future__ import annotations
@@ -76,16 +76,24 @@ def events(m: Any) -> list[tuple[bool, list[bytes]]]:
     return [(e.removed, sorted(e.keys)) for e in m.take_events()]
 
 
-@pytest.mark.parametrize("policy", ["lru", "arc"])
+#: kvoffload's policy options per compared policy (vLLM's manager runs the policy of that name)
+KVOFFLOAD_POLICY: dict[str, dict[str, str]] = {
+    "lru": {"cache_policy": "lru"},
+    "arc": {"cache_policy": "arc"},
+    "vllm-lru": {"cache_policy": "LRUCachePolicy", "cache_policy_module_path": "vllm.v1.kv_offload.cpu.policies.lru"},
+    "vllm-arc": {"cache_policy": "ARCCachePolicy", "cache_policy_module_path": "vllm.v1.kv_offload.cpu.policies.arc"},
+}
+
+
+@pytest.mark.parametrize("policy", list(KVOFFLOAD_POLICY))
 @pytest.mark.parametrize("threshold", [0, 2])
 @pytest.mark.parametrize("seed", range(3))
 def test_interleaved_requests_decide_as_vllm(policy: str, threshold: int, seed: int) -> None:
-    if policy == "lru" and LRU_RANKS_RUNNING_REQUESTS:
-        pytest.skip("vLLM 0.33's LRU orders running requests' blocks differently (see the test below)")
     rng = random.Random(seed)
+    common: dict[str, Any] = {"store_threshold": threshold, "max_tracker_size": 40, "enable_events": True}
     ms = (
-        KVOffloadManager(10, cache_policy=policy, store_threshold=threshold, max_tracker_size=40, enable_events=True),
-        VLLMManager(10, cache_policy=policy, store_threshold=threshold, max_tracker_size=40, enable_events=True),
+        KVOffloadManager(10, **KVOFFLOAD_POLICY[policy], **common),
+        VLLMManager(10, cache_policy=policy.removeprefix("vllm-"), **common),
     )
     live: list[Request] = []
     loads: list[Job] = []
@@ -166,11 +174,13 @@ def test_interleaved_requests_decide_as_vllm(policy: str, threshold: int, seed: 
     assert n_req > 50
 
 
-def test_lru_orders_a_running_requests_blocks_as_vllm_032() -> None:
+@pytest.mark.parametrize("policy", ["lru", "vllm-lru"])
+def test_lru_orders_a_running_requests_blocks_as_the_vllm_it_runs_under(policy: str) -> None:
     """Request A stores two blocks, B one, A a third while still running; then C needs three
-    slots. kvoffload's LRU (and vLLM 0.32's) evicts in insertion order: A's first two, then B's.
-    vLLM 0.33's evicts A's three, tail first (A's rank is its first access, before B's)."""
-    ms = (KVOffloadManager(4), VLLMManager(4))
+    slots. vLLM 0.32's LRU evicts in insertion order: A's first two, then B's. vLLM 0.33's evicts
+    A's three, tail first (A's rank is its first access, before B's). kvoffload's decides as the
+    vLLM it runs under."""
+    ms = (KVOffloadManager(4, **KVOFFLOAD_POLICY[policy]), VLLMManager(4))
     a = (ReqContext(req_id="a"), ReqContext(req_id="a"))
     b = (ReqContext(req_id="b"), ReqContext(req_id="b"))
     c = (ReqContext(req_id="c"), ReqContext(req_id="c"))
@@ -185,6 +195,6 @@ def test_lru_orders_a_running_requests_blocks_as_vllm_032() -> None:
             m.on_new_request(ctx)
         for keys, ctx in ((ka[:2], ca), (kb, cb), (ka[2:], ca)):
             m.complete_store(m.prepare_store(keys, ctx).keys_to_store, ctx)
-        evicted.append(set(m.prepare_store(kc, cc).evicted_keys))
-    assert evicted[0] == {ka[0], ka[1], kb[0]}
-    assert evicted[1] == (set(ka) if LRU_RANKS_RUNNING_REQUESTS else evicted[0])
+        evicted.append(m.prepare_store(kc, cc).evicted_keys)
+    assert set(evicted[1]) == (set(ka) if LRU_RANKS_RUNNING_REQUESTS else {ka[0], ka[1], kb[0]})
+    assert evicted[0] == evicted[1]  # the same blocks, in the same order

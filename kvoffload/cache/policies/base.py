@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -42,9 +42,11 @@ class CachePolicy(ABC):
     * :meth:`evict` to pick victims, and :meth:`clear` on reset.
 
     Optional (defaults given here): :meth:`on_evictable` (ready blocks reached ref count 0: store
-    completed, or last load completed), :meth:`on_store_miss` (absent keys offered for storing),
+    completed, or last load completed), :meth:`on_pinned` (ready blocks left ref count 0: a load
+    pinned them), :meth:`on_store_miss` (absent keys offered for storing),
+    :meth:`on_request_access` (keys a running request uses for the first time),
     :meth:`on_request_finished` (request-scoped recency; default: :meth:`touch`),
-    :meth:`metadata_nbytes`.
+    :meth:`metadata_nbytes`. The manager calls a hook only if the policy's class overrides it.
 
     A block is *evictable* iff ``table.ref[s] == 0``. ``evict`` must pick only evictable
     slots not in ``protected`` (also marked 1 in ``table.prot_mark`` during the call); it
@@ -66,6 +68,14 @@ class CachePolicy(ABC):
     :meth:`on_request_finished` made on that request's behalf. Other policies are never told
     (the manager tests one flag per call) and implement nothing.
 
+    Request contexts: a policy whose class sets ``uses_requests = True`` reads :attr:`request`, which
+    the manager sets to the request context of the call before every :meth:`insert`,
+    :meth:`touch`, :meth:`evict`, :meth:`on_pinned`, :meth:`on_store_miss`,
+    :meth:`on_request_access` and :meth:`on_request_finished` it makes on a request's behalf (at
+    other hooks it may name an earlier request). The context is the engine's own (vLLM's
+    ``ReqContext`` inside vLLM): ``req_id``, and where the engine has them
+    ``get_offload_key_position(key)`` and ``get_state`` / ``set_state``.
+
     Args:
         capacity: number of slots (``table.num_blocks``).
         table: the manager's slot table (read ``ref``/``keys`` from it; never mutate it).
@@ -79,6 +89,10 @@ class CachePolicy(ABC):
     uses_workload: bool = False
     #: the current request's workload tag (only maintained when ``uses_workload``)
     workload: str | None = None
+    #: whether the manager sets :attr:`request` before each call (see the class docstring)
+    uses_requests: bool = False
+    #: the current call's request context (only maintained when ``uses_requests``)
+    request: Any = None
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         self.capacity = capacity
@@ -101,6 +115,16 @@ class CachePolicy(ABC):
 
     def on_evictable(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
         """``slots`` just became evictable (ref count 0)."""
+
+    def on_pinned(self, slots: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """Ready ``slots`` just left ref count 0 (a load pinned them): not evictable until
+        :meth:`on_evictable` names them again."""
+
+    def on_request_access(self, keys: Sequence[bytes], slots: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """The running request (:attr:`request` with ``uses_requests``) uses ``keys`` for the first
+        time: read ready copies of them (after pinning), or offered them for storing, absent past
+        the reuse filter or ready (before any is inserted; ``slots[i]`` -1 = absent). Called once
+        per request and key, before the request ends; for requests with a non-empty ``req_id``."""
 
     def on_store_miss(self, keys: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
         """``keys`` (absent, past the reuse filter) are about to be stored. Request-scoped engines
@@ -139,6 +163,7 @@ POLICIES: Registry[CachePolicy] = Registry(
         "arc": "kvoffload.cache.policies.arc:ARCPolicy",
         "s3fifo": "kvoffload.cache.policies.s3fifo:S3FIFOPolicy",
         "headstart": "kvoffload.cache.policies.headstart:HeadStartPolicy",
+        "request_lru": "kvoffload.cache.policies.request_lru:RequestLRUPolicy",
     },
 )
 
@@ -150,7 +175,7 @@ def register_policy(name: str, cls: type[CachePolicy], *, replace: bool = False)
         name: the registry name.
         cls: a concrete :class:`CachePolicy` subclass (abstract classes are refused here rather
             than failing when a manager is built).
-        replace: replace a name that is already taken -- a built-in (``lru``, ``arc``,
+        replace: replace a name that is already taken -- a built-in (``lru``, ``request_lru``, ``arc``,
             ``s3fifo``, ``headstart``) or an earlier registration of another class. Without it, that is an
             :class:`~kvoffload.errors.InvalidArgumentError`; registering the same class again
             is a no-op.

@@ -74,7 +74,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "kvoffload `package.module:Class` policy, or a vLLM `CachePolicy` as vLLM takes it: a name "
         "registered with vLLM's `CachePolicyFactory`, or a class name in `cache_policy_module_path` "
         "(a kvoffload policy class there works too). Names are resolved in vLLM's order (registered "
-        "names first); kvoffload's `lru` and `arc` are vLLM's rules. A vLLM policy class runs inside "
+        "names first); kvoffload's `lru` and `arc` are vLLM's rules (`lru` those of the vLLM it runs under: "
+        "0.33's request-scoped ranking is `request_lru`). A vLLM policy class runs inside "
         "an adapter from its key-based interface to kvoffload's slot-based manager "
         "(`kvoffload/integrations/vllm/policy.py`).",
     ),

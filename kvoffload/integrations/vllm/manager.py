@@ -14,8 +14,8 @@ Deliberate differences from vLLM's own ``CPUOffloadingManager`` (also in docs/vl
   does nothing: kvoffload's transfer worker runs jobs in submission order, so a slot freed by
   ``reset_cache`` is never written by an older job after a newer one.
 
-Not deliberate (docs/vllm.md): the ``lru`` policy orders a running request's blocks as vLLM 0.32's
-LRU does; vLLM 0.33's ranks them by the request's first access, tails first, until it ends.
+``lru`` decides as the LRU of the vLLM it runs under: inside vLLM 0.33 it is ``request_lru``
+(:func:`~kvoffload.integrations.vllm.policy.resolve_cache_policy`).
 """
 
 from __future__ import annotations

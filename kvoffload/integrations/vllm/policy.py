@@ -10,15 +10,19 @@ with a custom policy can switch to kvoffload: a vLLM policy class runs inside
 with :func:`kvoffload.register_policy`) and kvoffload ``module:Class`` policies come first: its
 ``lru`` and ``arc`` are vLLM's semantics on slot arrays.
 
-The adapter makes the calls vLLM's manager makes, with vLLM's ``ChunkStatus`` objects (``chunk_id``
-= kvoffload's slot, ``ref_cnt`` -1 while pending): ``insert`` for new pending chunks, ``remove``
-for failed stores, ``mark_evictable`` when a chunk's ref count reaches 0, ``mark_non_evictable``
-when it leaves 0, ``on_store_miss``, ``on_request_finished`` (the request's keys in kvoffload's
-head-first order, grouped by KV-cache group), ``evict`` with the offered keys protected, and
-``clear``. kvoffload's manager reports pins (ref count 0 -> 1) to no policy: the adapter finds
-them before each eviction (one numpy pass over the slots it believes evictable) and replays
-``mark_non_evictable`` -- and ``mark_non_evictable`` + ``mark_evictable`` for a chunk pinned and
-released in between, the calls vLLM's manager made -- so the policy never sees a stale state.
+The adapter makes the calls vLLM's manager makes, when it makes them, with vLLM's ``ChunkStatus``
+objects (``chunk_id`` = kvoffload's slot, ``ref_cnt`` -1 while pending, 0 evictable, the pin count
+while pinned) and the request's own context (vLLM's ``ReqContext``, with its state and key
+positions): ``insert`` for new pending chunks, ``remove`` for failed stores, ``mark_non_evictable``
+when a load pins a chunk, ``mark_evictable`` when its ref count is back to 0,
+``on_store_miss``, ``on_request_access`` (vLLM 0.33: the keys a request uses for the first time),
+``on_request_finished`` (the request's keys grouped by KV-cache group, each group head first),
+``touch``, ``evict`` with the offered keys protected, and ``clear``. Never ``get``: kvoffload's
+manager keeps the key index.
+
+Inside vLLM 0.33 (whose policies have ``on_request_access``) kvoffload's ``lru`` is
+``request_lru``, which ranks a running request's blocks as vLLM 0.33's LRU does; under 0.32 it is
+kvoffload's ``lru``, vLLM 0.32's order (:func:`resolve_cache_policy`).
 """
 
 from __future__ import annotations
@@ -42,8 +46,11 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VLLMPolicyAdapter", "resolve_cache_policy"]
+__all__ = ["VLLM_RANKS_REQUESTS", "VLLMPolicyAdapter", "resolve_cache_policy"]
 
+#: vLLM 0.33's policies see each request's first accesses, and its LRU ranks a running request's
+#: blocks by them: kvoffload's ``lru`` is then ``request_lru`` (vLLM 0.32's LRU is kvoffload's ``lru``)
+VLLM_RANKS_REQUESTS: bool = "on_request_access" in vars(VLLMCachePolicy)
 #: adapter subclass per vLLM policy class (registered once with kvoffload's registry)
 _ADAPTERS: dict[type, str] = {}
 
@@ -53,23 +60,29 @@ class VLLMPolicyAdapter(CachePolicy):
     subclass) driven by kvoffload's manager; see the module docstring."""
 
     vllm_policy_cls: ClassVar[type[VLLMCachePolicy]]
+    uses_requests = True
 
     def __init__(self, capacity: int, table: SlotTable) -> None:
         super().__init__(capacity, table)
         self.policy: VLLMCachePolicy = self.vllm_policy_cls(cache_capacity=capacity)
         self._key: list[bytes | None] = [None] * capacity
         self._chunk: list[ChunkStatus | None] = [None] * capacity
-        self._evictable = np.zeros(capacity, dtype=bool)  # what the vLLM policy was told
-        self._context = VLLMReqContext(req_id="")
         # vLLM 0.33's insert also takes the storing request's context (0.32's does not)
         self._insert_takes_context = "req_context" in inspect.signature(self.policy.insert).parameters
+        self._observes_access = callable(getattr(self.policy, "on_request_access", None))
+
+    def _context(self) -> VLLMReqContext:
+        """The current call's request context (an anonymous one where the caller gave none)."""
+        ctx = self.request
+        return ctx if ctx is not None else VLLMReqContext(req_id="")
 
     def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
+        ctx = self._context()
         for s, key in zip(slots.tolist(), keys, strict=True):
             chunk = ChunkStatus(s)  # ref_cnt -1: pending
             self._key[s], self._chunk[s] = key, chunk
             if self._insert_takes_context:
-                self.policy.insert(key, chunk, self._context)  # type: ignore[call-arg]
+                self.policy.insert(key, chunk, ctx)  # type: ignore[call-arg]
             else:
                 self.policy.insert(key, chunk)
 
@@ -80,47 +93,43 @@ class VLLMPolicyAdapter(CachePolicy):
             self.policy.remove(key)
 
     def touch(self, keys: Sequence[bytes], slots: np.ndarray, unique: bool = False) -> None:
-        self.policy.touch(list(keys), self._context)
+        self.policy.touch(list(keys), self._context())
+
+    def on_pinned(self, slots: np.ndarray) -> None:
+        ref = self.table.ref_buf
+        for s in slots.tolist():
+            chunk = self._chunk[s]
+            if chunk is not None:
+                chunk.ref_cnt = ref[s]
+                self.policy.mark_non_evictable(self._key[s])
 
     def on_evictable(self, slots: np.ndarray) -> None:
         for s in slots.tolist():
             key, chunk = self._key[s], self._chunk[s]
             if key is None or chunk is None:
                 continue
-            if self._evictable[s]:  # pinned and released since vLLM's policy last heard of it
-                self.policy.mark_non_evictable(key)
             chunk.ref_cnt = 0
-            self._evictable[s] = True
             self.policy.mark_evictable(key)
 
     def on_store_miss(self, keys: Sequence[bytes]) -> None:
-        self.policy.on_store_miss(list(keys), self._context)
+        self.policy.on_store_miss(list(keys), self._context())
+
+    def on_request_access(self, keys: Sequence[bytes], slots: np.ndarray) -> None:
+        if self._observes_access:
+            self.policy.on_request_access(list(keys), self._context())  # type: ignore[attr-defined]
 
     def on_request_finished(
         self, keys: Sequence[bytes], slots: np.ndarray, inserted_only: np.ndarray, reused: np.ndarray
     ) -> None:
         groups: dict[int, list[bytes]] = {}
-        ctx = VLLMReqContext(req_id="")
-        for i, key in enumerate(keys):
+        for key in keys:  # head first (by the request's key positions where it has them)
             groups.setdefault(get_offload_group_idx(key), []).append(key)
-            ctx.set_offload_key_position(key, i)  # kvoffload's head-first order, as vLLM orders them
         ins = {k for k, f in zip(keys, inserted_only.tolist(), strict=True) if f}
         reu = {k for k, f in zip(keys, reused.tolist(), strict=True) if f}
         key_groups = tuple(tuple(groups[g]) for g in sorted(groups))
-        self.policy.on_request_finished(key_groups, ins, reu, ctx)
-
-    def _sync_pins(self) -> None:
-        """Tell the vLLM policy about chunks pinned since it last heard of them."""
-        pinned = np.flatnonzero(self._evictable & (self.table.ref != 0))
-        for s in pinned.tolist():
-            chunk = self._chunk[s]
-            if chunk is not None:
-                chunk.ref_cnt = int(self.table.ref[s])
-                self.policy.mark_non_evictable(self._key[s])
-            self._evictable[s] = False
+        self.policy.on_request_finished(key_groups, ins, reu, self._context())
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        self._sync_pins()
         keys = self._key
         got = self.policy.evict(n, {keys[s] for s in protected.tolist() if keys[s] is not None})
         if got is None:
@@ -128,14 +137,12 @@ class VLLMPolicyAdapter(CachePolicy):
         victims = np.array([chunk.chunk_id for _, chunk in got], dtype=np.int64)
         for s in victims.tolist():
             self._key[s] = self._chunk[s] = None
-            self._evictable[s] = False
         return victims
 
     def clear(self) -> None:
         self.policy.clear()
         self._key = [None] * self.capacity
         self._chunk = [None] * self.capacity
-        self._evictable[:] = False
 
 
 def _adapter_name(vllm_cls: type) -> str:
@@ -167,6 +174,8 @@ def resolve_cache_policy(name: str, module_path: str | None = None) -> str:
 
     In vLLM's order (a registered name first, then the module path):
 
+    * ``lru``: kvoffload's ``lru`` (vLLM 0.32's order), or inside vLLM 0.33 ``request_lru``
+      (:data:`VLLM_RANKS_REQUESTS`);
     * a kvoffload name (built-in or registered), kept as it is;
     * a name registered with vLLM's ``CachePolicyFactory``: the adapter over that class;
     * with ``module_path``, the class ``name`` in that module; else, for ``"module:Class"``,
@@ -178,6 +187,8 @@ def resolve_cache_policy(name: str, module_path: str | None = None) -> str:
     """
     if not isinstance(name, str) or not name:
         raise InvalidTypeError(f"eviction_policy must be a non-empty str, got {name!r}")
+    if name == "lru" and VLLM_RANKS_REQUESTS:
+        return "request_lru"
     if name in available_policies():
         return name
     if name in CachePolicyFactory._registry:
