@@ -63,13 +63,17 @@ test-vllm: $(VSTAMP)
 	HF_HUB_OFFLINE=1 KVOFFLOAD_REQUIRE_VLLM=1 $(VPY) -m pytest -q tests/integrations $(PYTEST_ARGS)
 
 # The same tests against vLLM 0.33's Python code (its CUDA wheel, unpacked without its dependencies
-# over .venv-vllm's 0.32 ones; VLLM_TARGET_DEVICE=cpu). Not in CI: a ~340 MB download.
+# over .venv-vllm's 0.32 ones; VLLM_TARGET_DEVICE=cpu). The ~340 MB wheel is kept in VLLM_WHEELS
+# (outside the checkout) and downloaded only when it is not there yet.
 VLLM_NEXT ?= 0.33.0
 VNEXT := $(VLLM_VENV)/vllm-$(VLLM_NEXT)
+VLLM_WHEELS ?= $(HOME)/.cache/kvoffload/vllm-wheels
 
 $(VNEXT)/.unpacked: $(VSTAMP)
-	$(VPY) -m pip download -q --no-deps "vllm==$(VLLM_NEXT)" -d $(VNEXT)/wheel
-	$(VPY) -m zipfile -e $(VNEXT)/wheel/vllm-$(VLLM_NEXT)-*.whl $(VNEXT)
+	ls $(VLLM_WHEELS)/vllm-$(VLLM_NEXT)-*.whl >/dev/null 2>&1 \
+		|| $(VPY) -m pip download -q --no-deps "vllm==$(VLLM_NEXT)" -d $(VLLM_WHEELS)
+	rm -rf $(VNEXT) && mkdir -p $(VNEXT)
+	$(VPY) -m zipfile -e $(VLLM_WHEELS)/vllm-$(VLLM_NEXT)-*.whl $(VNEXT)
 	touch $@
 
 test-vllm-033: $(VNEXT)/.unpacked

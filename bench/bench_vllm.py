@@ -390,6 +390,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=None, help="runs per manager and policy (best counts)")
     ap.add_argument("--chunk-tokens", type=int, default=None, help="tokens per CPU chunk (default: the setting's)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--section", default="vllm", help="the results section written (e.g. vllm_033 for vLLM 0.33)")
     ap.add_argument(
         "--compare-policies",
         default=None,
@@ -421,7 +422,7 @@ def main() -> int:
         chunk_tokens=args.chunk_tokens,
     )
     if not args.no_write:
-        write_section("vllm", result)
+        write_section(args.section, result)
     return 0
 
 

@@ -54,8 +54,9 @@ class RequestLog:
         return len(self._requests)
 
     def start(self, req_id: str) -> None:
-        """A request (re)starts: an id seen again starts afresh."""
-        self._requests.pop(req_id, None)
+        """A request (re)starts: an id seen again starts afresh; its end reaches the policy even if
+        it used nothing (as vLLM's manager tells its policy)."""
+        self._requests[req_id] = Access()
 
     def read(self, req_id: str, keys: Sequence[OffloadKey]) -> None:
         """Request ``req_id`` (none if empty) read the ready ``keys``: recorded as reuses unless it
@@ -128,6 +129,9 @@ class RequestLog:
         chunks = st.chunks  # each distinct; keys strictly head first (recorded so) are distinct too
         keys: list[OffloadKey] = chunks[0] if len(chunks) == 1 else list(chain.from_iterable(chunks))
         if not keys:
+            if not self._touch_only:  # a request that used nothing ends too
+                none = np.zeros(0, dtype=np.int64)
+                self._policy.on_request_finished([], none, none.astype(bool), none.astype(bool))
             return
         pos = list(map(key_position, keys)) if key_position is not None else [None] * len(keys)
         try:  # recorded head first (the common case; a comparison with None raises, unlike ``None in pos``'s scan)
