@@ -17,11 +17,17 @@ a pair ``(major, minor)``, compared in that order, kept as one integer ``major *
 
 Ties (blocks of one request at the same position, in different KV-cache groups) go by key.
 
-Storage: a rank per slot (a list), the set of evictable slots (told by :meth:`on_evictable` and
-:meth:`on_pinned`) and a lazy min-heap of ``(rank, key, slot)`` entries: an entry whose slot
-changed rank, key or evictability since it was pushed is dropped when it surfaces, and the heap
-is rebuilt from the evictable set when it holds twice as many entries. Evicting ``k`` blocks and
-changing ``k`` ranks cost O(k log n).
+Storage: a rank and a key per slot (lists), the set of evictable slots (told by
+:meth:`on_evictable` and :meth:`on_pinned`) and a lazy min-heap of ``(rank, key, slot)`` entries,
+kept up to date only when an eviction needs it: a rank change or a newly evictable slot is noted
+(``dirty``) and pushed at the next :meth:`evict`; once more slots are noted than there are keys,
+the heap is dropped and rebuilt from the evictable set at the next eviction (a pool that never
+fills pays for no heap). A slot's rank only grows while it holds a key, so ``queued[s] ==
+rank[s]`` says that the slot's current entry is in the heap (a slot pinned and released before an
+eviction reached it is not pushed again). An entry whose slot changed rank, key or evictability
+since it was pushed is dropped when it surfaces; the heap is rebuilt when it holds more than twice
+as many entries as there are keys. Evicting ``k`` blocks and changing ``k`` ranks cost amortised
+O(k log n).
 """
 
 from __future__ import annotations
@@ -42,9 +48,8 @@ __all__ = ["RequestLRUPolicy", "SPAN"]
 
 #: token positions are below this; a rank is ``major * SPAN - position``
 SPAN = 1 << 40
-#: rebuild the heap from the evictable set for an update of at least this many blocks (or a
-#: quarter of the evictable ones), and when it holds this many entries and twice the evictable ones
-_REBUILD_MIN = 64
+#: the heap is rebuilt from the evictable set when it holds this many entries more than twice the keys
+_SLACK = 64
 
 _Entry = tuple[int, bytes, int]
 
@@ -75,8 +80,11 @@ class RequestLRUPolicy(CachePolicy):
     def __init__(self, capacity: int, table: SlotTable) -> None:
         super().__init__(capacity, table)
         self._rank: list[int] = [0] * capacity  # meaningful for present slots only
+        self._key: list[bytes | None] = [None] * capacity  # the key of a present slot
+        self._queued: list[int] = [-1] * capacity  # the rank of the slot's entry in the heap, or -1
         self._evictable: set[int] = set()
-        self._heap: list[_Entry] = []
+        self._heap: list[_Entry] | None = []  # None: dropped, rebuilt at the next eviction
+        self._dirty: list[int] = []  # evictable slots whose current entry may be missing from the heap
         self._next = 0
         self._generation = 0
 
@@ -100,8 +108,15 @@ class RequestLRUPolicy(CachePolicy):
 
     def _refresh(self, slots: list[int]) -> None:
         """Fresh ranks for the present ``slots``, the last first (the first ends up most recent)."""
-        rank, evictable, nxt = self._rank, self._evictable, self._next
-        moved = []
+        rank, nxt = self._rank, self._next
+        if self._heap is None:  # nothing to note: ranks only
+            for s in reversed(slots):
+                if s >= 0:
+                    nxt += 1
+                    rank[s] = nxt * SPAN
+            self._next = nxt
+            return
+        evictable, moved = self._evictable, []
         for s in reversed(slots):
             if s >= 0:
                 nxt += 1
@@ -109,34 +124,60 @@ class RequestLRUPolicy(CachePolicy):
                 if s in evictable:
                     moved.append(s)
         self._next = nxt
-        self._reheap(moved)
+        self._note(moved)
 
-    def _reheap(self, moved: list[int]) -> None:
-        """Make the heap reflect the new ranks of the evictable ``moved`` slots."""
-        if not moved:
+    def _note(self, slots: list[int]) -> None:
+        """The evictable ``slots`` have a new rank, or just became evictable (pushed at the next
+        eviction, unless the heap is dropped first)."""
+        if self._heap is None or not slots:
             return
-        if len(moved) >= max(_REBUILD_MIN, len(self._evictable) // 4):
-            self._rebuild()
-            return
-        rank, keys, heap = self._rank, self.table.keys, self._heap
-        for s in moved:
-            heapq.heappush(heap, (rank[s], keys[s], s))
-        self._compact()
+        self._dirty.extend(slots)
+        if len(self._dirty) > len(self.table.index) + _SLACK:
+            self._forget_heap()
+            self._heap = None
+
+    def _forget_heap(self) -> None:
+        """No entry is in the heap any more (``queued`` reset); the heap itself is the caller's."""
+        queued = self._queued
+        for e in self._heap or ():
+            queued[e[2]] = -1
+        self._dirty.clear()
 
     def _rebuild(self) -> None:
-        rank, keys = self._rank, self.table.keys
-        self._heap = [(rank[s], keys[s], s) for s in self._evictable]
-        heapq.heapify(self._heap)
+        """The heap of the current entries only."""
+        self._forget_heap()
+        rank, keys, queued = self._rank, self._key, self._queued
+        heap = [(rank[s], keys[s], s) for s in self._evictable]
+        for s in self._evictable:
+            queued[s] = rank[s]
+        heapq.heapify(heap)
+        self._heap = heap
 
-    def _compact(self) -> None:
-        if len(self._heap) >= max(_REBUILD_MIN, 2 * len(self._evictable)):
+    def _ready_heap(self) -> list[_Entry]:
+        """The heap holding an entry for every evictable slot (before an eviction)."""
+        heap = self._heap
+        if heap is None:
             self._rebuild()
+            return self._heap  # type: ignore[return-value]
+        rank, keys, queued, evictable, push = self._rank, self._key, self._queued, self._evictable, heapq.heappush
+        for s in self._dirty:
+            r = rank[s]
+            if queued[s] != r and s in evictable:
+                queued[s] = r
+                push(heap, (r, keys[s], s))
+        self._dirty.clear()
+        if len(heap) > 2 * len(self.table.index) + _SLACK:
+            self._rebuild()
+            return self._heap  # type: ignore[return-value]
+        return heap
 
     # ------------------------------------------------------------------ the policy contract
     def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
         position = self._positions()
-        rank, major = self._rank, 0
+        rank, key, queued, major = self._rank, self._key, self._queued, 0
         for s, k in zip(slots.tolist(), keys, strict=True):
+            key[s] = k
+            queued[s] = -1  # an entry of the slot's former key is stale
             p = position(k) if position is not None else None
             if p is None:
                 self._next += 1
@@ -171,21 +212,19 @@ class RequestLRUPolicy(CachePolicy):
             rank[s] = r
             if s in evictable:
                 moved.append(s)
-        self._reheap(moved)
+        self._note(moved)
 
     def on_evictable(self, slots: np.ndarray) -> None:
-        rank, keys, heap = self._rank, self.table.keys, self._heap
         listed = slots.tolist()
         self._evictable.update(listed)
-        for s in listed:
-            heapq.heappush(heap, (rank[s], keys[s], s))
-        self._compact()
+        self._note(listed)
 
     def on_pinned(self, slots: np.ndarray) -> None:
         self._evictable.difference_update(slots.tolist())
 
     def evict(self, n: int, protected: np.ndarray) -> np.ndarray | None:
-        heap, rank, keys, evictable = self._heap, self._rank, self.table.keys, self._evictable
+        heap = self._ready_heap()
+        rank, keys, queued, evictable = self._rank, self._key, self._queued, self._evictable
         prot = self.table.prot_mv
         chosen: list[_Entry] = []
         seen: set[int] = set()
@@ -193,6 +232,8 @@ class RequestLRUPolicy(CachePolicy):
         while heap and len(chosen) < n:
             e = heapq.heappop(heap)
             r, k, s = e
+            if queued[s] == r:
+                queued[s] = -1
             if s not in evictable or rank[s] != r or keys[s] is not k or s in seen:
                 continue  # stale (re-ranked, pinned, freed) or a second entry of a chosen slot
             if prot[s]:
@@ -201,25 +242,27 @@ class RequestLRUPolicy(CachePolicy):
             chosen.append(e)
             seen.add(s)
         for e in deferred:
+            queued[e[2]] = e[0]
             heapq.heappush(heap, e)
         if len(chosen) < n:
             for e in chosen:
+                queued[e[2]] = e[0]
                 heapq.heappush(heap, e)
             return None
         evictable.difference_update(seen)
-        self._compact()
         return np.array([e[2] for e in chosen], dtype=np.int64)
 
     def clear(self) -> None:
+        self._forget_heap()
         self._evictable.clear()
-        self._heap.clear()
+        self._heap = []
         self._next = 0
         self._generation += 1
 
     def ordered_slots(self) -> list[int]:
         """Every present slot, least recent first (O(n log n); tests/debugging)."""
-        rank, keys = self._rank, self.table.keys
+        rank, keys = self._rank, self._key
         return sorted(self.table.index.values(), key=lambda s: (rank[s], keys[s]))
 
     def metadata_nbytes(self) -> int:
-        return 8 * self.capacity + 8 * len(self._heap) + 8 * len(self._evictable)
+        return 24 * self.capacity + 8 * (len(self._heap or ()) + len(self._dirty) + len(self._evictable))

@@ -56,6 +56,8 @@ VLLM_LOOKUP: tuple[LookupResult, ...] = (
     LookupResult.HIT_PENDING,
     LookupResult.RETRY,
 )
+#: :attr:`KVOffloadManager.lock` (a no-op context, reusable)
+_NO_LOCK: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 #: what :meth:`KVOffloadManager.on_new_request` answers for every request (vLLM's default policy)
 _CHUNK_LEVEL = RequestOffloadingContext()
 #: vLLM's own ``ReqContext.get_offload_key_position`` (None where this vLLM has no key positions)
@@ -140,7 +142,7 @@ class KVOffloadManager(OffloadingManager):
     @property
     def lock(self) -> contextlib.AbstractContextManager[Any]:
         """No-op: the manager is entered only from vLLM's scheduler thread."""
-        return contextlib.nullcontext()
+        return _NO_LOCK
 
     def on_reset_flushed(self) -> None:
         """Nothing to do (jobs run in submission order; see the module docstring)."""
