@@ -51,7 +51,7 @@ SPAN = 1 << 40
 #: the heap is rebuilt from the evictable set when it holds this many entries more than twice the keys
 _SLACK = 64
 
-_Entry = tuple[int, bytes, int]
+_Entry = tuple[int, Any, int]  # (rank, key, slot)
 
 
 class _RequestRank:
@@ -80,7 +80,7 @@ class RequestLRUPolicy(CachePolicy):
     def __init__(self, capacity: int, table: SlotTable) -> None:
         super().__init__(capacity, table)
         self._rank: list[int] = [0] * capacity  # meaningful for present slots only
-        self._key: list[bytes | None] = [None] * capacity  # the key of a present slot
+        self._key: list[Any] = [None] * capacity  # the key of a present slot (bytes)
         self._queued: list[int] = [-1] * capacity  # the rank of the slot's entry in the heap, or -1
         self._evictable: set[int] = set()
         self._heap: list[_Entry] | None = []  # None: dropped, rebuilt at the next eviction
