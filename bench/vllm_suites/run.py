@@ -29,7 +29,15 @@ Contract:
   read a private attribute of vLLM's class: test and attribute), the ``differences`` (every other
   test that passes with vLLM's classes and fails with kvoffload's: test, reason from
   :mod:`reasons`, the failure's first line) and ``kvoffload_only`` (fail with vLLM's, pass with
-  kvoffload's). junit XML and pytest's log of each run stay in ``<cache>/runs/``.
+  kvoffload's). junit XML and pytest's log of each run stay in ``<cache>/runs/``;
+  ``--compare-only`` recomputes the table from them (reasons edited, nothing run again).
+* Both runs load :mod:`not_here` (``-p not_here``): without CUDA it skips the few vLLM tests that
+  need CUDA (or model weights) but do not skip themselves.
+* The connector tests build vLLM's ``ModelConfig`` for ``facebook/opt-125m``, which reads the
+  model's ``config.json`` from the Hugging Face hub; offline, both runs get a synthetic hub cache
+  (``<cache>/hf-hub``, ``HF_HUB_CACHE``) holding only that ``config.json``, written from
+  ``transformers.OPTConfig()`` (whose defaults are opt-125m's shape). No weights: none of these
+  tests loads a model (those that would are skipped by ``not_here``).
 
 Each pytest run is bounded by ``--timeout-s``; the machine this was measured on has 2 cores, so
 the runs go one after the other.
@@ -57,7 +65,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from reasons import PRIVATE_ATTRIBUTE, reason_for  # noqa: E402
+from reasons import INTERNAL_ATTRIBUTES, PRIVATE_ATTRIBUTE, reason_for  # noqa: E402
 
 logger = logging.getLogger("vllm_suites.run")
 
@@ -66,7 +74,7 @@ DEFAULT_CACHE = Path.home() / ".cache" / "kvoffload" / "vllm-sdist"
 SUITES = ("kv_offload", "kv_connector_offloading")
 _CONNECTOR_FILES = re.compile(r"\bOffloadingConnector\b|\bvllm\.v1\.kv_offload\b")
 _COUNTER = {"passed": "passed", "failed": "failed", "error": "errors", "skipped": "skipped"}
-_PRIVATE_ATTR = re.compile(r"has no attribute '(_\w+)'")
+_MISSING_ATTR = re.compile(r"has no attribute '(\w+)'")
 
 
 # --------------------------------------------------------------------------- sdist
@@ -125,8 +133,8 @@ def fetch_sdist(version: str, cache: Path, python: str) -> tuple[Path, str]:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode == 0 and target.exists():
         return target, "pip"
-    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-    logger.warning("pip download failed (%s); using PyPI's JSON API", " / ".join(tail))
+    errors = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if "Error" in line]
+    logger.warning("pip download failed (%s); using PyPI's JSON API", (errors or ["?"])[-1])
     return _sdist_from_json(version, cache), "pypi-json"
 
 
@@ -163,8 +171,30 @@ def suite_paths(root: Path) -> dict[str, list[str]]:
 # --------------------------------------------------------------------------- running
 
 
-def run_env(version: str, python: str, vllm_path: Path | None) -> dict[str, str]:
+_SYNTHETIC_REV = "kvoffload-synthetic"
+
+
+def synthetic_hf_cache(cache: Path, python: str) -> Path:
+    """A hub cache with ``facebook/opt-125m``'s config.json only (see the module docstring)."""
+    hub = cache / "hf-hub"
+    repo = hub / "models--facebook--opt-125m"
+    snapshot = repo / "snapshots" / _SYNTHETIC_REV
+    if not (snapshot / "config.json").exists():
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(_SYNTHETIC_REV)
+        code = (
+            "import sys, transformers; transformers.OPTConfig(architectures=['OPTForCausalLM'], "
+            "torch_dtype='float16').save_pretrained(sys.argv[1])"
+        )
+        subprocess.run([python, "-c", code, str(snapshot)], check=True, capture_output=True, timeout=300)
+    return hub
+
+
+def run_env(version: str, python: str, vllm_path: Path | None, hf_hub: Path | None) -> dict[str, str]:
     env = dict(os.environ)
+    if hf_hub is not None:
+        env["HF_HUB_CACHE"] = str(hf_hub)
     path = [str(HERE), str(REPO)]
     if vllm_path is not None:
         path.insert(0, str(vllm_path))
@@ -230,31 +260,48 @@ def parse_junit(path: Path) -> dict[str, Outcome]:
     return tests
 
 
+def _count(res: RunResult) -> None:
+    for o in res.tests.values():
+        counter = _COUNTER[o.status]
+        setattr(res, counter, getattr(res, counter) + 1)
+    res.collected = len(res.tests)
+
+
 def run_suite(
-    root: Path, paths: list[str], env: dict[str, str], python: str, swap: bool, junit: Path, timeout_s: int
+    root: Path,
+    paths: list[str],
+    env: dict[str, str],
+    python: str,
+    swap: bool,
+    junit: Path,
+    timeout_s: int,
+    compare_only: bool = False,
 ) -> RunResult:
+    if compare_only:  # the outcomes of the last run, as its junit XML recorded them
+        res = RunResult(tests=parse_junit(junit))
+        _count(res)
+        return res
     cmd = [python, "-m", "pytest", "-q", "-rs", "--durations=10", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    cmd += ["-p", "not_here"]
     if swap:
         cmd += ["-p", "swap"]
     cmd += paths
     logger.info("(cd %s && %s)", root, " ".join(cmd))
     junit.unlink(missing_ok=True)
     t0 = time.monotonic()
-    try:
-        proc = subprocess.run(
-            ["timeout", str(timeout_s), *cmd], cwd=root, env=env, capture_output=True, text=True, check=False
-        )
-        rc, log = proc.returncode, proc.stdout + proc.stderr
-    except OSError as e:
-        rc, log = -1, str(e)
-    junit.with_suffix(".log").write_text(log)
+    log = junit.with_suffix(".log")  # pytest's output, written as it runs
+    with log.open("w") as f:
+        try:
+            rc = subprocess.run(
+                ["timeout", str(timeout_s), *cmd], cwd=root, env=env, stdout=f, stderr=subprocess.STDOUT, check=False
+            ).returncode
+        except OSError as e:
+            rc = -1
+            f.write(str(e))
     res = RunResult(seconds=round(time.monotonic() - t0, 1), returncode=rc, tests=parse_junit(junit))
-    for o in res.tests.values():
-        counter = _COUNTER[o.status]
-        setattr(res, counter, getattr(res, counter) + 1)
-    res.collected = len(res.tests)
+    _count(res)
     if rc not in (0, 1):
-        logger.warning("pytest exited %d (see %s)", rc, junit.with_suffix(".log"))
+        logger.warning("pytest exited %d (see %s)", rc, log)
     return res
 
 
@@ -283,12 +330,12 @@ def compare(base: RunResult, swapped: RunResult, version: str) -> dict[str, Any]
         if b.status == "skipped" and s.status == "skipped":
             skipped_both += 1
         if b.status == "passed" and s.status in ("failed", "error"):
-            attr = PRIVATE_ATTRIBUTE.get(test)
-            m = _PRIVATE_ATTR.search(s.message)
-            if attr is None and m is not None:
+            attr = PRIVATE_ATTRIBUTE.get(test.split("[", 1)[0]) or PRIVATE_ATTRIBUTE.get(test)
+            m = _MISSING_ATTR.search(s.message)
+            if attr is None and m is not None and (m.group(1).startswith("_") or m.group(1) in INTERNAL_ATTRIBUTES):
                 attr = m.group(1)
             if attr is not None:
-                private.append({"test": test, "attribute": attr})
+                private.append({"test": test, "attribute": attr, "internal": not attr.startswith("_")})
             else:
                 differences.append(
                     {"test": test, "reason": reason_for(test, version), "message": _first_line(s.message)}
@@ -311,7 +358,9 @@ def run_version(args: argparse.Namespace, version: str) -> dict[str, Any]:
     if vllm_path is None:
         candidate = Path(args.python).parent.parent / f"vllm-{version}"
         vllm_path = candidate if candidate.is_dir() else None
-    env = run_env(version, args.python, vllm_path)
+    hf_hub = None if os.environ.get("HF_HUB_CACHE") else synthetic_hf_cache(args.cache, args.python)
+    env = run_env(version, args.python, vllm_path, hf_hub)
+    previous: dict[str, Any] = json.loads(args.out.read_text()).get("versions", {}) if args.out.exists() else {}
     runs_dir = args.cache / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     classes = ("vllm", "kvoffload") if args.classes == "both" else (args.classes,)
@@ -320,6 +369,7 @@ def run_version(args: argparse.Namespace, version: str) -> dict[str, Any]:
         "sdist_sha256": _sha256(sdist),
         "sdist_source": source,
         "vllm_code": str(vllm_path) if vllm_path else "installed",
+        "hf_hub_cache": "synthetic: facebook/opt-125m config.json only" if hf_hub else env.get("HF_HUB_CACHE"),
         "suites": {},
     }
     for suite, paths in suite_paths(root).items():
@@ -329,13 +379,21 @@ def run_version(args: argparse.Namespace, version: str) -> dict[str, Any]:
         results: dict[str, RunResult] = {}
         for cls in classes:
             junit = runs_dir / f"{version}-{suite}-{cls}.xml"
-            results[cls] = run_suite(root, paths, env, args.python, cls == "kvoffload", junit, args.timeout_s)
+            results[cls] = run_suite(
+                root, paths, env, args.python, cls == "kvoffload", junit, args.timeout_s, args.compare_only
+            )
             entry[cls] = results[cls].summary()
+            if args.compare_only and version in previous:  # keep the timings of the run
+                old = previous[version].get("suites", {}).get(suite, {}).get(cls, {})
+                entry[cls].update({k: old[k] for k in ("seconds", "returncode") if k in old})
             logger.info("%s %s %s: %s", version, suite, cls, entry[cls])
         if len(results) == 2:
             entry.update(compare(results["vllm"], results["kvoffload"], version))
         out["suites"][suite] = entry
     out["seconds"] = round(time.monotonic() - t0, 1)
+    if args.compare_only and version in previous:
+        out["seconds"] = previous[version].get("seconds", out["seconds"])
+        out["command"] = previous[version].get("command")
     return out
 
 
@@ -349,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm-path", type=Path, default=None, help="vLLM code put first on PYTHONPATH")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     p.add_argument("--timeout-s", type=int, default=1800, help="per pytest run")
+    p.add_argument(
+        "--compare-only",
+        action="store_true",
+        help="run nothing: recompute the table from the junit XML of the last runs (after editing reasons.py)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if len(args.vllm) > 1 and args.vllm_path is not None:
@@ -356,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/vllm_suites/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     for version in args.vllm:
         result = run_version(args, version)
-        result["command"] = command
+        if not args.compare_only or not result.get("command"):
+            result["command"] = command
         # read just before writing: runs of other versions may share the file
         data: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
         data["swap"] = "bench/vllm_suites/swap.py (pytest -p swap)"
