@@ -45,6 +45,12 @@ REASONS: dict[str, str] = {
         'missing...", the test matches vLLM\'s wording "cpu_bytes_to_use must be specified"'
     ),
     _FACTORY + "test_cpu_spec_replicated_layout_truth_matrix": _REPLICATED,
+    _FACTORY + "test_cpu_config_info_capacity_dedups_a_replicated_layout": _REPLICATED,
+    _FACTORY + "test_cpu_config_info_*": (
+        "vLLM 0.33 config_info labels: KVOffloadSpec's manager reports backend / num_chunks / eviction_policy / "
+        "store_threshold / kernel_backend, not vLLM's CPUOffloadingInfo labels (cpu_num_chunks, "
+        "cpu_blocks_per_chunk, cpu_kv_cache_size_bytes, cpu_kv_cache_size_tokens) that the test reads"
+    ),
     _FACTORY + "test_cpu_spec_replicated_sizing_on_shared_region": _REPLICATED,
 }
 

@@ -125,17 +125,22 @@ def fetch_sdist(version: str, cache: Path, python: str) -> tuple[Path, str]:
     """The cached sdist of ``vllm==version`` and where it came from (cache, pip, pypi-json)."""
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / f"vllm-{version}.tar.gz"
+    sidecar = cache / f"vllm-{version}.tar.gz.source"  # how the cached file was fetched
     if target.exists():
-        return target, "cache"
+        how = sidecar.read_text().strip() if sidecar.exists() else "?"
+        return target, f"cache (fetched by {how})"
     cmd = [python, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--no-build-isolation"]
     cmd += [f"vllm=={version}", "-d", str(cache)]
     logger.info("%s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode == 0 and target.exists():
+        sidecar.write_text("pip\n")
         return target, "pip"
     errors = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if "Error" in line]
     logger.warning("pip download failed (%s); using PyPI's JSON API", (errors or ["?"])[-1])
-    return _sdist_from_json(version, cache), "pypi-json"
+    path = _sdist_from_json(version, cache)
+    sidecar.write_text("pypi-json (pip download failed: pip prepares the sdist's metadata)\n")
+    return path, "pypi-json"
 
 
 def extract_tests(sdist: Path, version: str, cache: Path) -> Path:
