@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvoffload-installed
 
-.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 test-wheel bench bench-micro lint docs clean
+.PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 vllm-suites test-wheel bench bench-micro lint docs clean
 
 install: $(STAMP)
 
@@ -79,6 +79,14 @@ $(VNEXT)/.unpacked: $(VSTAMP)
 test-vllm-033: $(VNEXT)/.unpacked
 	PYTHONPATH=$(VNEXT) VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVOFFLOAD_REQUIRE_VLLM=1 \
 		$(VPY) -m pytest -q tests/integrations $(PYTEST_ARGS)
+
+# vLLM's own offloading tests (from its sdist, cached in ~/.cache/kvoffload/vllm-sdist) run twice per
+# version: with vLLM's classes and with kvoffload's swapped in (bench/vllm_suites/README.md).
+# vLLM's tests/conftest.py needs tblib in the vLLM venv.
+vllm-suites: $(VNEXT)/.unpacked
+	$(VPY) -c "import tblib" 2>/dev/null || $(VPY) -m pip install -q tblib
+	PYTHONPATH=$(CURDIR) $(VPY) bench/vllm_suites/run.py --vllm 0.32.0 --classes both --out bench/results/vllm-suites.json
+	PYTHONPATH=$(CURDIR) $(VPY) bench/vllm_suites/run.py --vllm 0.33.0 --classes both --out bench/results/vllm-suites.json
 
 # First run on a lent GPU machine (Python, torch, triton, pytest preinstalled, no network): no venv,
 # no pip, the checkout on PYTHONPATH. Logs and results (8 files at most) go to OUT; on a machine
