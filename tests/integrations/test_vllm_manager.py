@@ -26,6 +26,9 @@ from kvoffload.integrations.vllm import KVOffloadManager, KVOffloadSpec  # noqa:
 from kvoffload.integrations.vllm.manager import HAS_METADATA_ONLY, key_position_getter  # noqa: E402
 from kvoffload.integrations.vllm.policy import VLLM_RANKS_REQUESTS  # noqa: E402
 
+#: vLLM 0.33's managers report the labels of its ``kv_offload_config_info`` metric
+HAS_CONFIG_INFO = hasattr(VLLMManager, "config_info")
+
 
 def k(i: int) -> bytes:
     return make_offload_key(i.to_bytes(8, "big"), 0)
@@ -112,11 +115,28 @@ def _spec_config(extra: dict, kv_bytes: int = 1024, world: int = 1, blocks_per_c
     return SimpleNamespace(
         extra_config=extra,
         enable_kv_cache_events=False,
-        groups=(SimpleNamespace(tokens_per_block=16),),
+        groups=(SimpleNamespace(tokens_per_block=16, sliding_window_size_in_chunks=None),),
         cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
-        parallel=SimpleNamespace(world_size=world),
+        parallel=SimpleNamespace(world_size=world, rank=0),
+        model=SimpleNamespace(max_model_len=4096),
         worker_kv_bytes_per_block=kv_bytes,
+        replicated_layout=False,
     )
+
+
+@pytest.mark.skipif(not HAS_CONFIG_INFO, reason="vLLM < 0.33 has no config_info labels")
+@pytest.mark.parametrize("world", [1, 4])
+def test_config_info_carries_vllms_capacity_labels(world: int) -> None:
+    """vLLM 0.33's dashboards read its CPU tier's capacity labels: kvoffload's spec reports the
+    same values as vLLM's own CPU spec for the same pool (page-sized chunks: no padding either way)."""
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    cfg = _spec_config({"cpu_bytes_to_use": 40 * 4096 * world}, kv_bytes=2048, world=world)
+    ours = KVOffloadSpec(cfg).get_manager().config_info()[0]
+    theirs = CPUOffloadingSpec(cfg).get_manager().config_info()[0]
+    assert {k: ours[k] for k in theirs} == theirs
+    assert ours["cpu_num_chunks"] == 40 and ours["backend"] == "kvoffload"
+    assert tuple(ours) == KVOffloadSpec.config_info_keys({})
 
 
 def test_spec_reads_vllms_keys() -> None:

@@ -171,7 +171,9 @@ def parse_size(value: Any, name: str) -> int:
     """
     where = f"{WHERE}[{name!r}]"
     if value is None:
-        raise InvalidArgumentError(f'{where} is missing: give the bytes, or a size such as "16GiB"')
+        raise InvalidArgumentError(  # (vLLM's own wording first: "... must be specified in ...")
+            f'{name} must be specified in {WHERE}: {where} is missing; give the bytes, or a size such as "16GiB"'
+        )
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise InvalidTypeError(f'{where} must be a byte count or a size such as "16GiB", got {value!r}')
     if isinstance(value, str):

@@ -41,7 +41,18 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["KVOffloadSpec"]
 
-_INFO_KEYS = ("backend", "num_chunks", "eviction_policy", "store_threshold", "kernel_backend")
+try:  # vLLM 0.33: the CPU tier's capacity labels (cpu_num_chunks, ..., cpu_kv_cache_size_tokens)
+    from vllm.v1.kv_offload.cpu.common import CPUOffloadingInfo as _VLLMInfo
+except ImportError:  # vLLM 0.32
+    _VLLMInfo = None
+#: the labels of vLLM 0.33's ``kv_offload_config_info`` metric: vLLM's CPU-tier labels, then kvoffload's
+_INFO_KEYS: tuple[str, ...] = (*(_VLLMInfo.config_info_keys() if _VLLMInfo is not None else ()),) + (
+    "backend",
+    "num_chunks",
+    "eviction_policy",
+    "store_threshold",
+    "kernel_backend",
+)
 
 
 def _int(extra: Any, name: str, default: int) -> int:
@@ -108,6 +119,7 @@ class KVOffloadSpec(OffloadingSpec):
                 )
             self.region = region_geometry(cpu_bytes, config.worker_kv_bytes_per_block, self.blocks_per_chunk, world)
             self.num_chunks = self.region.num_chunks
+            chunk_bytes = self.region.row_bytes
         else:
             chunk_bytes = int(config.worker_kv_bytes_per_block) * self.blocks_per_chunk * world
             self.num_chunks = cpu_bytes // chunk_bytes if chunk_bytes > 0 else 0
@@ -115,13 +127,16 @@ class KVOffloadSpec(OffloadingSpec):
                 raise InvalidArgumentError(
                     f"kv_connector_extra_config['cpu_bytes_to_use']={cpu_bytes} holds no chunk of {chunk_bytes} bytes"
                 )
+        #: host bytes of one chunk, every worker's copy (with tiers: one row of the shared region)
+        self.chunk_bytes: int = chunk_bytes
         self._manager: OffloadingManager | None = None
         self._worker: KVOffloadWorker | None = None
 
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             policy = resolve_cache_policy(self.eviction_policy, self.cache_policy_module_path)
-            info = {
+            info = {} if _VLLMInfo is None else dict(self._vllm_info().as_config_info())
+            info |= {
                 "backend": "kvoffload",
                 "num_chunks": self.num_chunks,
                 "eviction_policy": policy,
@@ -142,6 +157,11 @@ class KVOffloadSpec(OffloadingSpec):
 
                 self._manager = build_tiering_manager(self, self.region, options)
         return self._manager
+
+    def _vllm_info(self) -> Any:
+        """vLLM 0.33's capacity facts of this pool, as its own CPU spec computes them."""
+        assert _VLLMInfo is not None
+        return _VLLMInfo.from_config(self.config, self.num_chunks, self.chunk_bytes)
 
     def get_worker(self, kv_caches: Any) -> OffloadingWorker:
         if self._worker is None:
