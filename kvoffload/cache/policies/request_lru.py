@@ -174,7 +174,7 @@ class RequestLRUPolicy(CachePolicy):
     # ------------------------------------------------------------------ the policy contract
     def insert(self, slots: np.ndarray, keys: Sequence[bytes]) -> None:
         position = self._positions()
-        rank, key, queued, major = self._rank, self._key, self._queued, 0
+        rank, key, queued, base = self._rank, self._key, self._queued, 0
         for s, k in zip(slots.tolist(), keys, strict=True):
             key[s] = k
             queued[s] = -1  # an entry of the slot's former key is stale
@@ -183,9 +183,9 @@ class RequestLRUPolicy(CachePolicy):
                 self._next += 1
                 rank[s] = self._next * SPAN
             else:
-                if not major:
-                    major = self._request_major()
-                rank[s] = major * SPAN - p
+                if not base:
+                    base = self._request_major() * SPAN
+                rank[s] = base - p
 
     def remove(self, slots: np.ndarray) -> None:
         self._evictable.difference_update(slots.tolist())
@@ -198,15 +198,16 @@ class RequestLRUPolicy(CachePolicy):
         position = self._positions()
         if position is None:
             return
-        rank, evictable = self._rank, self._evictable
+        present = np.flatnonzero(slots >= 0).tolist()  # (an offer's keys are mostly absent)
+        if not present:
+            return
+        rank, evictable, base, listed = self._rank, self._evictable, major * SPAN, slots.tolist()
         moved = []
-        for k, s in zip(keys, slots.tolist(), strict=True):
-            if s < 0:
-                continue
-            p = position(k)
+        for i in present:
+            p = position(keys[i])
             if p is None:
                 continue
-            r = major * SPAN - p
+            s, r = listed[i], base - p
             if rank[s] >= r:
                 continue
             rank[s] = r
