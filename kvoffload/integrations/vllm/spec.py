@@ -46,12 +46,9 @@ try:  # vLLM 0.33: the CPU tier's capacity labels (cpu_num_chunks, ..., cpu_kv_c
 except ImportError:  # vLLM 0.32
     _VLLMInfo = None
 #: the labels of vLLM 0.33's ``kv_offload_config_info`` metric: vLLM's CPU-tier labels, then kvoffload's
-_INFO_KEYS: tuple[str, ...] = (*(_VLLMInfo.config_info_keys() if _VLLMInfo is not None else ()),) + (
-    "backend",
-    "num_chunks",
-    "eviction_policy",
-    "store_threshold",
-    "kernel_backend",
+_INFO_KEYS: tuple[str, ...] = (
+    *(_VLLMInfo.config_info_keys() if _VLLMInfo is not None else ()),
+    *("backend", "num_chunks", "eviction_policy", "store_threshold", "kernel_backend"),
 )
 
 
@@ -135,7 +132,9 @@ class KVOffloadSpec(OffloadingSpec):
     def get_manager(self) -> OffloadingManager:
         if self._manager is None:
             policy = resolve_cache_policy(self.eviction_policy, self.cache_policy_module_path)
-            info = {} if _VLLMInfo is None else dict(self._vllm_info().as_config_info())
+            info: dict[str, Any] = {}
+            if _VLLMInfo is not None:  # vLLM 0.33's capacity facts of this pool, as its own CPU spec computes them
+                info.update(_VLLMInfo.from_config(self.config, self.num_chunks, self.chunk_bytes).as_config_info())
             info |= {
                 "backend": "kvoffload",
                 "num_chunks": self.num_chunks,
@@ -157,11 +156,6 @@ class KVOffloadSpec(OffloadingSpec):
 
                 self._manager = build_tiering_manager(self, self.region, options)
         return self._manager
-
-    def _vllm_info(self) -> Any:
-        """vLLM 0.33's capacity facts of this pool, as its own CPU spec computes them."""
-        assert _VLLMInfo is not None
-        return _VLLMInfo.from_config(self.config, self.num_chunks, self.chunk_bytes)
 
     def get_worker(self, kv_caches: Any) -> OffloadingWorker:
         if self._worker is None:
