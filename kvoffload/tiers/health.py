@@ -10,7 +10,7 @@ from typing import Any
 
 from kvoffload.errors import InvalidArgumentError
 
-__all__ = ["TierUnavailable", "Health", "ON_UNAVAILABLE", "check_at_start"]
+__all__ = ["TierUnavailable", "Health", "ON_UNAVAILABLE", "check_on_unavailable", "check_at_start"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,13 @@ class Health:
 ON_UNAVAILABLE = ("start_degraded", "fail")
 
 
+def check_on_unavailable(on_unavailable: object, where: str = "on_unavailable") -> None:
+    """Raise :class:`InvalidArgumentError` naming ``where`` unless ``on_unavailable`` is one of
+    :data:`ON_UNAVAILABLE`."""
+    if on_unavailable not in ON_UNAVAILABLE:
+        raise InvalidArgumentError(f"{where} must be one of {list(ON_UNAVAILABLE)}, got {on_unavailable!r}")
+
+
 def check_at_start(tier: Any, on_unavailable: str = "start_degraded") -> None:
     """``tier.check_store()`` when an engine starts: a configuration error is raised (the tier
     closed first); a store that does not answer is raised too with ``on_unavailable="fail"``,
@@ -89,8 +96,7 @@ def check_at_start(tier: Any, on_unavailable: str = "start_degraded") -> None:
         InvalidArgumentError: a configuration error, an unknown ``on_unavailable``, or (``fail``)
             a store that does not answer.
     """
-    if on_unavailable not in ON_UNAVAILABLE:
-        raise InvalidArgumentError(f"on_unavailable must be one of {list(ON_UNAVAILABLE)}, got {on_unavailable!r}")
+    check_on_unavailable(on_unavailable)
     try:
         tier.check_store()
         return

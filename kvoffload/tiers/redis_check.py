@@ -25,6 +25,10 @@ from kvoffload.tiers.health import TierUnavailable
 __all__ = ["check_nodes"]
 
 
+_NO_HOST = "the host name does not resolve"
+_TLS = "TLS failed (a TLS URL against a plain server, or a certificate not trusted)"
+
+
 def _causes(exc: BaseException) -> Iterable[BaseException]:
     seen: set[int] = set()
     e: BaseException | None = exc
@@ -42,14 +46,14 @@ def _configuration_error(exc: BaseException) -> str | None:
         return "the server refused the connection's setup (database, protocol or ACL)"
     for cause in _causes(exc):
         if isinstance(cause, socket.gaierror):
-            return "the host name does not resolve"
+            return _NO_HOST
         if isinstance(cause, ssl.SSLError):
-            return "TLS failed (a TLS URL against a plain server, or a certificate not trusted)"
-    text = str(exc)
+            return _TLS
+    text = str(exc)  # the driver may have kept only the text of the cause
     if "Name or service not known" in text or "nodename nor servname" in text:
-        return "the host name does not resolve"
+        return _NO_HOST
     if "SSL" in text or "wrong version number" in text:
-        return "TLS failed (a TLS URL against a plain server, or a certificate not trusted)"
+        return _TLS
     return None
 
 

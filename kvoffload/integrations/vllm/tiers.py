@@ -70,7 +70,7 @@ from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.integrations.vllm.manager import VLLM_LOOKUP
 from kvoffload.integrations.vllm.tier_namespace import namespace_from_offloading_spec
 from kvoffload.tiers import RedisTier, Tier, TierSpec, TierStats, check_tier_spec
-from kvoffload.tiers.health import ON_UNAVAILABLE, check_at_start
+from kvoffload.tiers.health import check_at_start, check_on_unavailable
 from kvoffload.tiers.registry import resolve_tier, tier_options
 
 logger = logging.getLogger(__name__)
@@ -167,10 +167,7 @@ class KVOffloadTier(SecondaryTierManager):
         options.setdefault("probe_wait", 0.0)
         where = f"secondary tier {tier_type!r}"
         on_unavailable = options.pop("on_unavailable", "start_degraded")
-        if on_unavailable not in ON_UNAVAILABLE:
-            raise InvalidArgumentError(
-                f"{where}: on_unavailable must be one of {list(ON_UNAVAILABLE)}, got {on_unavailable!r}"
-            )
+        check_on_unavailable(on_unavailable, f"{where}: on_unavailable")  # before anything is opened
         spec = self._tier_spec(where, options)
         try:
             tier_cls, tier_kwargs = resolve_tier(spec, **options)
