@@ -108,20 +108,13 @@ class RequestLRUPolicy(CachePolicy):
 
     def _refresh(self, slots: list[int]) -> None:
         """Fresh ranks for the present ``slots``, the last first (the first ends up most recent)."""
-        rank, nxt = self._rank, self._next
-        if self._heap is None:  # nothing to note: ranks only
-            for s in reversed(slots):
-                if s >= 0:
-                    nxt += 1
-                    rank[s] = nxt * SPAN
-            self._next = nxt
-            return
-        evictable, moved = self._evictable, []
+        rank, nxt, evictable, moved = self._rank, self._next, self._evictable, []
+        noting = self._heap is not None  # (a dropped heap notes nothing: ranks only)
         for s in reversed(slots):
             if s >= 0:
                 nxt += 1
                 rank[s] = nxt * SPAN
-                if s in evictable:
+                if noting and s in evictable:
                     moved.append(s)
         self._next = nxt
         self._note(moved)
@@ -143,8 +136,8 @@ class RequestLRUPolicy(CachePolicy):
             queued[e[2]] = -1
         self._dirty.clear()
 
-    def _rebuild(self) -> None:
-        """The heap of the current entries only."""
+    def _rebuild(self) -> list[_Entry]:
+        """The heap of the current entries only (kept and returned)."""
         self._forget_heap()
         rank, keys, queued = self._rank, self._key, self._queued
         heap = [(rank[s], keys[s], s) for s in self._evictable]
@@ -152,13 +145,13 @@ class RequestLRUPolicy(CachePolicy):
             queued[s] = rank[s]
         heapq.heapify(heap)
         self._heap = heap
+        return heap
 
     def _ready_heap(self) -> list[_Entry]:
         """The heap holding an entry for every evictable slot (before an eviction)."""
         heap = self._heap
         if heap is None:
-            self._rebuild()
-            return self._heap  # type: ignore[return-value]
+            return self._rebuild()
         rank, keys, queued, evictable, push = self._rank, self._key, self._queued, self._evictable, heapq.heappush
         for s in self._dirty:
             r = rank[s]
@@ -167,8 +160,7 @@ class RequestLRUPolicy(CachePolicy):
                 push(heap, (r, keys[s], s))
         self._dirty.clear()
         if len(heap) > 2 * len(self.table.index) + _SLACK:
-            self._rebuild()
-            return self._heap  # type: ignore[return-value]
+            return self._rebuild()
         return heap
 
     # ------------------------------------------------------------------ the policy contract
