@@ -49,7 +49,7 @@ import numpy as np
 
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.tiers import DiskTier, RedisTier, TierNamespace
-from kvoffload.tiers.redis_io import get_into
+from kvoffload.tiers.redis.io import get_into
 
 MIB = 1 << 20
 NS = TierNamespace("bench/model", "float16", "float16", "flash_attn", (32, 16, 8, 128), 16)

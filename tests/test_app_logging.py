@@ -31,7 +31,7 @@ def test_demo_shows_the_library_warnings_from_its_log_level(level: str | None, s
     cmd = [sys.executable, "-m", "kvoffload", "demo", "--tier", url, "--conversations", "1", "--no-progress"]
     cmd += [] if level is None else ["--log-level", level]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, check=True)
-    assert ("WARNING kvoffload.tiers.redis_tier" in out.stderr and "no integrity_key" in out.stderr) == shown
+    assert ("WARNING kvoffload.tiers.redis.tier" in out.stderr and "no integrity_key" in out.stderr) == shown
 
 
 def test_bad_log_level_is_a_one_line_error() -> None:

@@ -6,10 +6,10 @@ never imports the cache, transfer or scheduler layers, which drive it.
 """
 
 from kvoffload.tiers.base import Tier
-from kvoffload.tiers.disk_tier import DiskTier
+from kvoffload.tiers.disk.tier import DiskTier
 from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION, TierNamespace
 from kvoffload.tiers.record import RecordCodec
-from kvoffload.tiers.redis_tier import RedisTier
+from kvoffload.tiers.redis.tier import RedisTier
 from kvoffload.tiers.registry import (
     ENTRY_POINT_GROUP,
     TierSpec,

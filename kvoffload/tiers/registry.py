@@ -57,10 +57,10 @@ TIERS: Registry[Tier] = Registry(
     "tier scheme",
     Tier,
     {
-        "redis": "kvoffload.tiers.redis_tier:RedisTier",
-        "rediss": "kvoffload.tiers.redis_tier:RedisTier",
-        "unix": "kvoffload.tiers.redis_tier:RedisTier",
-        "disk": "kvoffload.tiers.disk_tier:DiskTier",
+        "redis": "kvoffload.tiers.redis:RedisTier",
+        "rediss": "kvoffload.tiers.redis:RedisTier",
+        "unix": "kvoffload.tiers.redis:RedisTier",
+        "disk": "kvoffload.tiers.disk:DiskTier",
     },
 )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.tiers import RedisTier, open_tier
-from kvoffload.tiers.disk_tier import parse_disk_spec
+from kvoffload.tiers.disk.tier import parse_disk_spec
 from tests.tiers.conftest import NS, make_records
 
 URL = "redis://127.0.0.1:6379"  # nothing connects at construction

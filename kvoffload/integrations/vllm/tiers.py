@@ -355,4 +355,4 @@ class KVOffloadDiskTier(KVOffloadTier):
         root = options.pop("root_dir", None)
         if not isinstance(root, str) or not root:
             raise InvalidTypeError(f"{where}: 'root_dir' (a directory) is required")
-        return {"type": "DiskTier", "module_path": "kvoffload.tiers.disk_tier", "path": root}
+        return {"type": "DiskTier", "module_path": "kvoffload.tiers.disk.tier", "path": root}

@@ -16,9 +16,9 @@ import pytest
 
 from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier
-from kvoffload.tiers.disk_io import is_page_aligned
+from kvoffload.tiers.disk.io import is_page_aligned
 from tests.tiers.conftest import NS, make_records
-from tests.tiers.test_disk_tier import _independent_o_direct_check
+from tests.tiers.disk.test_disk_tier import _independent_o_direct_check
 
 PAGE = 4096
 RB = 2 * PAGE  # whole pages: rows of a page-aligned array are page aligned

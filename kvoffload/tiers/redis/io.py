@@ -8,7 +8,7 @@ select the database and say ``HELLO 3`` when asked for RESP3).
 
 Replies are parsed for both protocols: an absent value is ``$-1`` (RESP2) or ``_`` (RESP3);
 ``MOVED`` and ``ASK`` error replies become :class:`Redirect` values for the caller to follow
-(:mod:`kvoffload.tiers.redis_nodes`); RESP3 push messages between replies are skipped.
+(:mod:`kvoffload.tiers.redis.nodes`); RESP3 push messages between replies are skipped.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Lookups are one pipeline of ``EXISTS`` per node, loads pipelines of ``GET``, stores pipelines of
 ``SET … NX`` (the first writer of a block wins; values are immutable). Every command goes
-through :mod:`kvoffload.tiers.redis_io` (RESP2 or RESP3, multi-MiB values without redis-py's
-copies) and is routed by :class:`~kvoffload.tiers.redis_nodes.RedisNodes`, which follows a
+through :mod:`kvoffload.tiers.redis.io` (RESP2 or RESP3, multi-MiB values without redis-py's
+copies) and is routed by :class:`~kvoffload.tiers.redis.nodes.RedisNodes`, which follows a
 cluster's ``MOVED`` / ``ASK`` replies and keeps a health per node: a dead master makes its keys
 miss and their writes drop while the other shards keep serving.
 
@@ -29,12 +29,12 @@ from kvoffload.tiers.base import Tier
 from kvoffload.tiers.health import TierUnavailable
 from kvoffload.tiers.namespace import TierNamespace
 from kvoffload.tiers.record import ValueRejected
-from kvoffload.tiers.redis_check import check_nodes
-from kvoffload.tiers.redis_events import ClusterWatchers, KeyspaceWatcher
-from kvoffload.tiers.redis_io import HEAD_BYTES, Mismatch, Redirect, delete_if_head, exists, get_into, set_nx
-from kvoffload.tiers.redis_nodes import DOWN, RedisNodes, Unreached
-from kvoffload.tiers.redis_probe import InlineProbe
-from kvoffload.tiers.redis_url import RedisConfig, parse_redis_url
+from kvoffload.tiers.redis.check import check_nodes
+from kvoffload.tiers.redis.events import ClusterWatchers, KeyspaceWatcher
+from kvoffload.tiers.redis.io import HEAD_BYTES, Mismatch, Redirect, delete_if_head, exists, get_into, set_nx
+from kvoffload.tiers.redis.nodes import DOWN, RedisNodes, Unreached
+from kvoffload.tiers.redis.probe import InlineProbe
+from kvoffload.tiers.redis.url import RedisConfig, parse_redis_url
 from kvoffload.tiers.types import DROPPED, FAILED, PRESENT, STORED
 
 __all__ = ["RedisTier"]
@@ -61,7 +61,7 @@ class RedisTier(Tier):
         ssl_ca_certs: CA bundle that signs the server's certificate (``rediss://``).
         ssl_cert_reqs: ``"required"`` (default) or ``"none"`` (``rediss://``).
         protocol: RESP version, 2 or 3 (default: redis-py's).
-        removal_events: watch the server's keyspace notifications (:mod:`kvoffload.tiers.redis_events`;
+        removal_events: watch the server's keyspace notifications (:mod:`kvoffload.tiers.redis.events`;
             the server needs ``notify-keyspace-events Egex`` or more): every key of this tier the
             server evicts, expires or sees deleted is reported by :meth:`take_removed`, and so is
             every key whose value a load rejects (namespace, integrity or corruption check): once,

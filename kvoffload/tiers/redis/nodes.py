@@ -27,8 +27,8 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.retry import Retry
 
 from kvoffload.tiers.health import Health, TierUnavailable
-from kvoffload.tiers.redis_io import Redirect, command, pipeline
-from kvoffload.tiers.redis_url import RedisConfig
+from kvoffload.tiers.redis.io import Redirect, command, pipeline
+from kvoffload.tiers.redis.url import RedisConfig
 
 __all__ = ["Unreached", "DOWN", "FAILED", "MAX_REDIRECTS", "RedisNodes", "UNAVAILABLE"]
 

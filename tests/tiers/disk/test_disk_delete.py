@@ -11,10 +11,10 @@ import pytest
 
 from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier
-from kvoffload.tiers.disk_io import open_value, unlink_if_same
+from kvoffload.tiers.disk.io import open_value, unlink_if_same
 from kvoffload.tiers.record import ValueRejected
 from tests.tiers.conftest import NS, make_records
-from tests.tiers.test_disk_tier import _independent_o_direct_check
+from tests.tiers.disk.test_disk_tier import _independent_o_direct_check
 
 RB = 2 * 4096 + 123
 

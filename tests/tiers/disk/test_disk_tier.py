@@ -17,7 +17,7 @@ import pytest
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS
 from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import DiskTier, open_tier
-from kvoffload.tiers.disk_io import probe_o_direct, temp_name
+from kvoffload.tiers.disk.io import probe_o_direct, temp_name
 from tests.tiers.conftest import NS, make_records
 
 RB = 2 * 4096 + 123

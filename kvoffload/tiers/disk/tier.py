@@ -4,7 +4,7 @@ Files live in ``<path>/kvoffload-<fingerprint hex>/<id[:2]>/<id>.kv`` where ``id
 BLAKE2b-128 of the key (the key itself is in the value's header and checked on every load). A
 file is the value (header + record): packed with buffered I/O; with O_DIRECT the header and the
 record each start on a 4 KiB page, so page-aligned host records (the host pool's) are written
-and read in place with no copy (:mod:`kvoffload.tiers.disk_io`). A load checks the header and
+and read in place with no copy (:mod:`kvoffload.tiers.disk.io`). A load checks the header and
 the XXH3/MAC digest of the bytes it read into the slot before reporting it ok.
 Values are written under a temporary name in the same directory and renamed, so no reader ever
 sees a partial value; temporary files left by a crash are removed at start. The index of files
@@ -27,8 +27,8 @@ from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.args import check_records, tier_options_from_query
 from kvoffload.tiers.base import Tier
-from kvoffload.tiers.disk_index import VALUE_SUFFIX, DiskIndex
-from kvoffload.tiers.disk_io import (
+from kvoffload.tiers.disk.index import VALUE_SUFFIX, DiskIndex
+from kvoffload.tiers.disk.io import (
     BounceBuffers,
     file_bytes,
     is_page_aligned,

@@ -16,7 +16,7 @@ from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.tier_steps import make_keys, run_job, settle
 from kvoffload.tiers import RedisTier
 from kvoffload.tiers.namespace import TierNamespace
-from kvoffload.tiers.redis_events import notifications_missing
+from kvoffload.tiers.redis.events import notifications_missing
 from tests.tiers.conftest import NS, make_records, removed_until, require_redis
 
 RB = 256 << 10

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from kvoffload.tiers.health import TierUnavailable
-from kvoffload.tiers.redis_io import command, replies, send
+from kvoffload.tiers.redis.io import command, replies, send
 
 __all__ = ["InlineProbe"]
 

@@ -10,7 +10,7 @@ import threading
 import pytest
 from redis.exceptions import ResponseError
 
-from kvoffload.tiers.redis_io import HEAD_BYTES, Mismatch, Redirect, _Reader
+from kvoffload.tiers.redis.io import HEAD_BYTES, Mismatch, Redirect, _Reader
 
 BIG = bytes(range(256)) * 5  # 1280 bytes, longer than HEAD_BYTES
 

@@ -19,8 +19,8 @@ from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import RecordCodec, RedisTier
 from tests.tiers.conftest import NS, make_records, require_redis
+from tests.tiers.redis.test_redis_counters import COUNTERS, assert_only
 from tests.tiers.scenario_report import report
-from tests.tiers.test_redis_counters import COUNTERS, assert_only
 
 RB = 64 << 10
 FAST = {"socket_timeout": 0.5, "connect_timeout": 0.5, "backoff_initial": 0.05, "backoff_max": 0.2}

@@ -7,7 +7,7 @@ import os
 import threading
 from collections import OrderedDict
 
-from kvoffload.tiers.disk_io import is_stale_temp
+from kvoffload.tiers.disk.io import is_stale_temp
 
 __all__ = ["DiskIndex", "VALUE_SUFFIX"]
 
