@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
+# the secondary tiers' extras (redis-py, hiredis, xxhash): every make target installs them
+TIER_EXTRAS := redis,disk
 STAMP := $(VENV)/.kvoffload-installed
 
 .PHONY: install demo demo-shared simulate test test-interpret test-gpu gpu-check test-vllm test-vllm-033 vllm-suites test-wheel bench bench-micro lint docs clean
@@ -20,7 +22,7 @@ LINT_STAMP := $(VENV)/.kvoffload-lint-tools
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test,bench]" $(EDITABLE)
+	$(PY) -m pip install -q -e ".[test,bench,$(TIER_EXTRAS)]" $(EDITABLE)
 	touch $@
 
 demo: $(STAMP)
@@ -56,7 +58,7 @@ $(VSTAMP): pyproject.toml
 	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "$(TORCH_SPEC)"
 	$(VPY) -m pip install -q "$(VLLM_SPEC)"
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VPY) -m pip install -q -e ".[test]"
+	$(VPY) -m pip install -q -e ".[test,$(TIER_EXTRAS)]"
 	touch $@
 
 test-vllm: $(VSTAMP)
@@ -128,10 +130,11 @@ test-wheel: $(STAMP)
 		assert kvoffload.__file__.startswith('$(abspath $(WHEEL_VENV))/lib/'), kvoffload.__file__; \
 		assert c.load_tables()['compute_capability']; print('installed:', kvoffload.__file__)"
 	cd / && $(abspath $(WHEEL_VENV))/bin/kvoffload info
+	cd / && $(abspath $(WHEEL_VENV))/bin/python $(abspath tests/extras_check.py)
 
 # ruff check + format check + mypy; installs the pinned tools of the `dev` extra into .venv first.
 $(LINT_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install -q -e ".[test,bench,dev]" $(EDITABLE)
+	$(PY) -m pip install -q -e ".[test,bench,dev,$(TIER_EXTRAS)]" $(EDITABLE)
 	touch $@
 
 lint: $(LINT_STAMP)
@@ -145,7 +148,7 @@ lint: $(LINT_STAMP)
 DOCS_STAMP := $(VENV)/.kvoffload-docs-tools
 
 $(DOCS_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install -q -e ".[test,bench,docs]" $(EDITABLE)
+	$(PY) -m pip install -q -e ".[test,bench,docs,$(TIER_EXTRAS)]" $(EDITABLE)
 	touch $@
 
 docs: $(DOCS_STAMP)

@@ -10,7 +10,8 @@ registry:
 * an empty name, a registered name containing ``':'``, an unknown name, a malformed
   ``"module:Class"``, a module without that attribute, a name already taken by another class
   without ``replace=True``: :class:`~kvoffload.errors.InvalidArgumentError`;
-* a module that cannot be imported: :class:`~kvoffload.errors.BackendUnavailableError`.
+* a module that cannot be imported: :class:`~kvoffload.errors.BackendUnavailableError` (with the
+  ``pip install 'kvoffload[extra]'`` line when the module belongs to an optional extra).
 
 This module imports only :mod:`kvoffload.errors` and :mod:`kvoffload.checks`.
 """
@@ -37,14 +38,17 @@ class Registry(Generic[T]):
             ``"kernel backend"``).
         base: the class every entry must subclass (concretely: abstract classes are refused).
         builtins: name -> ``"module:Class"`` of the built-in entries, imported on first use.
+        extras: module prefix -> the optional extra (``pyproject.toml``) that brings what modules
+            under that prefix import, named in the error when such a module cannot be imported.
     """
 
-    def __init__(self, kind: str, base: type, builtins: dict[str, str]) -> None:
+    def __init__(self, kind: str, base: type, builtins: dict[str, str], extras: dict[str, str] | None = None) -> None:
         # ``base`` is typed ``type``, not ``type[T]``: it is usually abstract
         self.kind = kind
         self.base = base
         self._builtins = frozenset(builtins)
         self._entries: dict[str, type[T] | str] = dict(builtins)
+        self._extras = dict(extras or {})
 
     def _check_name(self, name: object) -> str:
         if not isinstance(name, str):
@@ -68,7 +72,11 @@ class Registry(Generic[T]):
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise BackendUnavailableError(f"{self.kind} {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+            extra = next((e for prefix, e in self._extras.items() if module_name.startswith(prefix)), None)
+            hint = f"; install it with: pip install 'kvoffload[{extra}]'" if extra else ""
+            raise BackendUnavailableError(
+                f"{self.kind} {spec!r}: cannot import module {module_name!r}: {exc}{hint}"
+            ) from exc
         obj: Any = module
         for part in attr.split("."):
             try:

@@ -1,15 +1,25 @@
 """Secondary KV tiers beneath the host pool: a shared Redis / Redis Cluster tier, a disk tier, and any
 tier registered by URL scheme (:mod:`kvoffload.tiers.registry`: :func:`open_tier` resolves a spec).
 
-See ``docs/contract.md`` §8. Imports only :mod:`kvoffload.errors` (and numpy / redis-py); it
-never imports the cache, transfer or scheduler layers, which drive it.
+Layout: the tier interface (:mod:`~kvoffload.tiers.base`), the value format
+(:mod:`~kvoffload.tiers.record`, :mod:`~kvoffload.tiers.namespace`) and the registry here; each
+backend is one folder, :mod:`kvoffload.tiers.redis` and :mod:`kvoffload.tiers.disk`. A backend's
+third-party packages come with its extra (``pip install 'kvoffload[redis]'``, ``'kvoffload[disk]'``),
+so this package imports without them: :class:`RedisTier` and :class:`DiskTier` are imported on
+first use, and a backend whose extra is missing raises
+:class:`~kvoffload.errors.BackendUnavailableError` with the ``pip install`` line to run.
+
+See ``docs/contract.md`` §8. Imports only :mod:`kvoffload.errors` and numpy (and a backend's
+packages when it is used); it never imports the cache, transfer or scheduler layers, which drive it.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from kvoffload.errors import BackendUnavailableError
 from kvoffload.tiers.base import Tier
-from kvoffload.tiers.disk.tier import DiskTier
 from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION, TierNamespace
 from kvoffload.tiers.record import RecordCodec
-from kvoffload.tiers.redis.tier import RedisTier
 from kvoffload.tiers.registry import (
     ENTRY_POINT_GROUP,
     TierSpec,
@@ -19,6 +29,10 @@ from kvoffload.tiers.registry import (
     tier_schemes,
 )
 from kvoffload.tiers.types import TierJobResult, TierStats
+
+if TYPE_CHECKING:
+    from kvoffload.tiers.disk import DiskTier
+    from kvoffload.tiers.redis import RedisTier
 
 __all__ = [
     "Tier",
@@ -36,3 +50,21 @@ __all__ = [
     "TierJobResult",
     "TierStats",
 ]
+
+#: the built-in backends' classes -> their folder, which is also the name of their extra
+_BACKENDS = {"RedisTier": "redis", "DiskTier": "disk"}
+
+
+def __getattr__(name: str) -> Any:
+    """``RedisTier`` / ``DiskTier``, imported on first use (PEP 562); a missing extra raises
+    :class:`~kvoffload.errors.BackendUnavailableError` with its ``pip install`` line."""
+    backend = _BACKENDS.get(name)
+    if backend is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"{__name__}.{backend}")
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"kvoffload.tiers.{name} cannot be imported ({exc}): pip install 'kvoffload[{backend}]'"
+        ) from exc
+    return getattr(module, name)

@@ -23,7 +23,9 @@ and it ages out of the store (see :attr:`ValueRejected.delete`).
 XXH3-128 (the ``xxhash`` package) detects corruption and truncation like a CRC with a far
 smaller miss rate, at memory speed (over 10 GB/s on one core where zlib's CRC-32 gives ~1.5),
 so checking a multi-MiB record costs little next to moving it; it is not a MAC (against a
-writer who forges values, use ``integrity_key``).
+writer who forges values, use ``integrity_key``). ``xxhash`` comes with the tier extras
+(``kvoffload[redis]``, ``kvoffload[disk]``): it is imported when a :class:`RecordCodec` is built
+(a tier's start), so the tier interface imports without it.
 """
 
 from __future__ import annotations
@@ -32,13 +34,12 @@ import hashlib
 import hmac
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xxhash
 
 from kvoffload.checks import check_int
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION
 
 if TYPE_CHECKING:
@@ -131,6 +132,17 @@ def key_in_header(read: Callable[[int], bytes]) -> bytes | None:
     return key if len(key) == key_len and key_len else None
 
 
+def _xxh3_128() -> Callable[[bytes], Any]:
+    """``xxhash.xxh3_128``, or the error naming the extras that install it."""
+    try:
+        import xxhash  # noqa: PLC0415 - a tier extra: imported when a tier starts
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "a tier's value format needs the xxhash package: pip install 'kvoffload[redis]' (or 'kvoffload[disk]')"
+        ) from exc
+    return xxhash.xxh3_128
+
+
 class RecordCodec:
     """Builds and checks tier values for one namespace and record size.
 
@@ -149,6 +161,7 @@ class RecordCodec:
         self._mac_keys = integrity_keys(integrity_key)
         #: whether values are signed (an integrity key is set)
         self.signs = bool(self._mac_keys)
+        self._xxh3_128 = _xxh3_128()
 
     def header_bytes(self, key: bytes) -> int:
         """Length of the header of ``key``'s value."""
@@ -164,7 +177,7 @@ class RecordCodec:
             mac.update(key)
             mac.update(payload)
             return mac.digest()
-        h = xxhash.xxh3_128(fixed_zeroed)
+        h = self._xxh3_128(fixed_zeroed)
         h.update(key)
         h.update(payload)
         return h.digest() + bytes(16)

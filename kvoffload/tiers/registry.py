@@ -62,6 +62,7 @@ TIERS: Registry[Tier] = Registry(
         "unix": "kvoffload.tiers.redis:RedisTier",
         "disk": "kvoffload.tiers.disk:DiskTier",
     },
+    extras={"kvoffload.tiers.redis": "redis", "kvoffload.tiers.disk": "disk"},
 )
 
 

@@ -66,10 +66,11 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvoffload import tiers
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.integrations.vllm.manager import VLLM_LOOKUP
 from kvoffload.integrations.vllm.tier_namespace import namespace_from_offloading_spec
-from kvoffload.tiers import RedisTier, Tier, TierSpec, TierStats, check_tier_spec
+from kvoffload.tiers import Tier, TierSpec, TierStats, check_tier_spec
 from kvoffload.tiers.health import check_at_start, check_on_unavailable
 from kvoffload.tiers.registry import resolve_tier, tier_options
 
@@ -340,7 +341,7 @@ class KVOffloadRedisTier(KVOffloadTier):
 
     def _tier_spec(self, where: str, options: dict[str, Any]) -> TierSpec:
         url = options.pop("url", None)
-        if not isinstance(url, str) or not url or not issubclass(check_tier_spec(url), RedisTier):
+        if not isinstance(url, str) or not url or not issubclass(check_tier_spec(url), tiers.RedisTier):
             raise InvalidTypeError(f"{where}: 'url' (redis://host:port, rediss://..., unix://...) is required")
         return url
 
@@ -355,4 +356,4 @@ class KVOffloadDiskTier(KVOffloadTier):
         root = options.pop("root_dir", None)
         if not isinstance(root, str) or not root:
             raise InvalidTypeError(f"{where}: 'root_dir' (a directory) is required")
-        return {"type": "DiskTier", "module_path": "kvoffload.tiers.disk.tier", "path": root}
+        return {"type": "DiskTier", "module_path": "kvoffload.tiers.disk", "path": root}
