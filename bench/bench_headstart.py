@@ -26,7 +26,7 @@ if str(_HERE.parent) not in sys.path:
     sys.path.insert(0, str(_HERE.parent))
 
 from bench.common import provenance  # noqa: E402
-from kvoffload.sim.suite import SUITE  # noqa: E402
+from kvoffload.simulate.suite import SUITE  # noqa: E402
 
 POLICIES = ("lru", "arc", "s3fifo", "headstart")
 MOONCAKE_CAPACITIES = "1Mtok,2Mtok,3Mtok,5Mtok,10Mtok,20Mtok"

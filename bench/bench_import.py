@@ -31,7 +31,7 @@ if str(_HERE.parent) not in sys.path:
 
 from bench.common import provenance  # noqa: E402
 
-MODULES = ["kvoffload", "kvoffload.core", "kvoffload.cache", "kvoffload.scheduler", "kvoffload.tiers"]
+MODULES = ["kvoffload", "kvoffload.core", "kvoffload.cache", "kvoffload.engine.scheduler", "kvoffload.tiers"]
 _LOADED = (
     "import sys; import {m}; "
     "print(repr((sorted(n for n in sys.modules if n.startswith('kvoffload')), 'numpy' in sys.modules, "

@@ -46,9 +46,9 @@ import numpy as np  # noqa: E402
 
 from kvoffload.cache.manager import CPUOffloadingManager  # noqa: E402
 from kvoffload.core.base import CPULoadStoreSpec, PrepareStoreOutput, ReqContext  # noqa: E402
-from kvoffload.scheduler.config import OffloadingSchedulerConfig  # noqa: E402
-from kvoffload.scheduler.jobs import ScheduledRequest  # noqa: E402
-from kvoffload.scheduler.scheduler import OffloadingScheduler  # noqa: E402
+from kvoffload.engine.scheduler.config import OffloadingSchedulerConfig  # noqa: E402
+from kvoffload.engine.scheduler.jobs import ScheduledRequest  # noqa: E402
+from kvoffload.engine.scheduler.scheduler import OffloadingScheduler  # noqa: E402
 
 BLOCK = 16
 PROMPT = 8192

@@ -107,13 +107,13 @@ def breakdown(trace: str, block: int) -> dict[str, Any]:
     """CPU seconds of the one-node sweep's parts, one at a time in one process: importing what the
     command imports (a fresh interpreter), reading the trace, its block keys, each LRU replay,
     Belady's plan and runs, the infinite cache."""
-    from kvoffload.sim.block_trace import BlockTrace
-    from kvoffload.sim.cache_replay import replay_cache
-    from kvoffload.sim.mooncake import read_mooncake_trace
-    from kvoffload.sim.optimal import BeladyPlan, replay_belady, replay_infinite
+    from kvoffload.simulate.block_trace import BlockTrace
+    from kvoffload.simulate.cache_replay import replay_cache
+    from kvoffload.simulate.mooncake import read_mooncake_trace
+    from kvoffload.simulate.optimal import BeladyPlan, replay_belady, replay_infinite
 
     imports = (
-        "import kvoffload.app.cli, kvoffload.app.simulate, kvoffload.app.simulate_cache, kvoffload.app.simulate_report"
+        "import kvoffload.app.cli, kvoffload.simulate.cli, kvoffload.simulate.cache_cli, kvoffload.simulate.report"
     )
     import_cpu: list[float] = []
     _timed([sys.executable, "-c", imports], import_cpu)

@@ -7,7 +7,7 @@ Run: ``python bench/bench_tier_breakdown.py [--quick] [--no-write]``. Needs Debi
 The demo's chat workload runs through the reference engine without a tier (``none``), then with
 a Redis tier emptied first (``redis-cold``, which fills it) and with the tier it filled
 (``redis-warm``), alternating, ``--reps`` times. Per run, the engine thread's wall time is split
-into the parts of :meth:`Engine.step <kvoffload.sim.engine.Engine.step>` (each timed on the
+into the parts of :meth:`Engine.step <kvoffload.engine.reference.engine.Engine.step>` (each timed on the
 instance, nested parts taken out of their parent):
 
 * ``compute``: the step's "forward pass" (the KV of every scheduled token written);
@@ -50,7 +50,7 @@ import torch  # noqa: E402
 from bench.common import RESULTS_DIR, machine_slug, write_section  # noqa: E402
 from kvoffload.app.demo import build_engine, drive  # noqa: E402
 from kvoffload.app.demo_settings import DemoSettings  # noqa: E402
-from kvoffload.cache.tiered_options import TieredOptions  # noqa: E402
+from kvoffload.engine.tiered_options import TieredOptions  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
 
 PARTS = (

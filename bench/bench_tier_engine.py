@@ -70,7 +70,7 @@ import torch  # noqa: E402
 from bench.common import RESULTS_DIR, machine_slug, write_section  # noqa: E402
 from kvoffload.app.demo import build_engine, drive  # noqa: E402
 from kvoffload.app.demo_settings import DemoSettings  # noqa: E402
-from kvoffload.cache.tiered_options import TieredOptions  # noqa: E402
+from kvoffload.engine.tiered_options import TieredOptions  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
 
 TIMED = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_step", "complete_jobs", "request_finished")
@@ -152,7 +152,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def run_once(settings: DemoSettings, rtt: float = 0.0, **manager_options: Any) -> dict[str, Any]:
     """One demo run; the scheduler calls' host time, steps and what the tier did (``manager_options``:
-    its :class:`~kvoffload.cache.tiered.TieredManager`'s, as ``TieredOptions``; ``rtt``: the
+    its :class:`~kvoffload.engine.tiered.TieredManager`'s, as ``TieredOptions``; ``rtt``: the
     tier's round trip)."""
     promoted: dict[str, int] = {}  # per request, the blocks promoted for it
 

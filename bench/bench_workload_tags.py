@@ -2,7 +2,7 @@
 
 Run: ``python bench/bench_workload_tags.py [--requests N] [--block-size B] [--out PATH]``.
 
-The trace is :func:`kvoffload.sim.bailian.generate_bailian_trace` (text chats, file questions,
+The trace is :func:`kvoffload.simulate.bailian.generate_bailian_trace` (text chats, file questions,
 two-turn image requests, one-shot searches behind shared tool prompts), written in the Bailian
 format to a temporary file and read back with the Bailian reader, so the tags (``"<type>/<turn>"``)
 reach the manager as in ``kvoffload simulate --trace FILE``. At each capacity the cache-level
@@ -29,15 +29,15 @@ if str(_HERE.parent) not in sys.path:
     sys.path.insert(0, str(_HERE.parent))
 
 from bench.common import provenance  # noqa: E402
-from kvoffload.app.simulate_cache import block_trace_of  # noqa: E402
-from kvoffload.sim.bailian import (  # noqa: E402
+from kvoffload.simulate.bailian import (  # noqa: E402
     BAILIAN_BLOCK_TOKENS,
     generate_bailian_trace,
     read_bailian_trace,
     write_bailian_trace,
 )
-from kvoffload.sim.cache_replay import replay_cache  # noqa: E402
-from kvoffload.sim.optimal import BeladyPlan, replay_belady  # noqa: E402
+from kvoffload.simulate.cache_cli import block_trace_of  # noqa: E402
+from kvoffload.simulate.cache_replay import replay_cache  # noqa: E402
+from kvoffload.simulate.optimal import BeladyPlan, replay_belady  # noqa: E402
 
 CAPACITY_TOKENS = (128 * 1024, 256 * 1024, 512 * 1024, 1024**2, 2 * 1024**2, 4 * 1024**2)
 

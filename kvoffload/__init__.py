@@ -44,7 +44,7 @@ Layers (imports run downward only):
 * :mod:`kvoffload.cache` -- the numpy-backed :class:`CPUOffloadingManager`, eviction policies, the
   reuse filter (what the engine's scheduler process runs; no torch).
 * :mod:`kvoffload.transfer` -- the pinned host pool and the transfer worker (what a GPU worker runs).
-* :mod:`kvoffload.scheduler` -- lookups, touch, load/store jobs (vLLM semantics).
+* :mod:`kvoffload.engine.scheduler` -- lookups, touch, load/store jobs (vLLM semantics).
 * :mod:`kvoffload.sim`, :mod:`kvoffload.app` (not imported here) -- a reference engine loop
   used by the demo and tests; the command line.
 * :mod:`kvoffload.integrations.vllm` (not imported here; imports vLLM) -- kvoffload as the backend
@@ -90,15 +90,7 @@ if _typing.TYPE_CHECKING:
         make_offload_key,
     )
     from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING, LookupCode
-    from kvoffload.kernels import (
-        GenericLayout,
-        KernelBackend,
-        KVCacheTable,
-        available_backends,
-        get_backend,
-        register_backend,
-    )
-    from kvoffload.scheduler import (
+    from kvoffload.engine.scheduler import (
         FinishedJob,
         GroupOffloadConfig,
         OffloadingScheduler,
@@ -106,6 +98,14 @@ if _typing.TYPE_CHECKING:
         ScheduledRequest,
         SchedulerStepOutput,
         TransferJob,
+    )
+    from kvoffload.kernels import (
+        GenericLayout,
+        KernelBackend,
+        KVCacheTable,
+        available_backends,
+        get_backend,
+        register_backend,
     )
     from kvoffload.transfer.host_pool import HostPool
     from kvoffload.transfer.result import TransferResult
@@ -135,7 +135,7 @@ _LAZY_BY_MODULE = {
     "kvoffload.core.lookup_code": ("LOOKUP_HIT", "LOOKUP_MISS", "LOOKUP_PENDING", "LookupCode"),
     "kvoffload.cache.manager": ("CPUOffloadingManager", "OffloadingStats"),
     "kvoffload.cache.policies": ("CachePolicy", "available_policies", "get_policy_class", "register_policy"),
-    "kvoffload.scheduler": (
+    "kvoffload.engine.scheduler": (
         "FinishedJob",
         "GroupOffloadConfig",
         "OffloadingScheduler",

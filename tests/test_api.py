@@ -52,21 +52,21 @@ ENGINE_API = {
     "HostPool": "kvoffload.transfer.host_pool",
     "TransferWorker": "kvoffload.transfer.worker",
     "TransferResult": "kvoffload.transfer.worker",
-    "OffloadingScheduler": "kvoffload.scheduler",
-    "OffloadingSchedulerConfig": "kvoffload.scheduler",
-    "GroupOffloadConfig": "kvoffload.scheduler",
-    "ScheduledRequest": "kvoffload.scheduler",
-    "SchedulerStepOutput": "kvoffload.scheduler",
-    "TransferJob": "kvoffload.scheduler",
-    "FinishedJob": "kvoffload.scheduler",
+    "OffloadingScheduler": "kvoffload.engine.scheduler",
+    "OffloadingSchedulerConfig": "kvoffload.engine.scheduler",
+    "GroupOffloadConfig": "kvoffload.engine.scheduler",
+    "ScheduledRequest": "kvoffload.engine.scheduler",
+    "SchedulerStepOutput": "kvoffload.engine.scheduler",
+    "TransferJob": "kvoffload.engine.scheduler",
+    "FinishedJob": "kvoffload.engine.scheduler",
 }
 
 #: internal helpers that used to be re-exported at the top: only in their modules now.
 INTERNAL = {
     "validate_keys": "kvoffload.core.base",
     "kernel_mode": "kvoffload.kernels",
-    "maximal_prefix_lookup": "kvoffload.scheduler.lookup",
-    "sliding_window_lookup": "kvoffload.scheduler.lookup",
+    "maximal_prefix_lookup": "kvoffload.engine.scheduler.lookup",
+    "sliding_window_lookup": "kvoffload.engine.scheduler.lookup",
 }
 
 

@@ -149,7 +149,7 @@ def test_errors_are_builtin_subclasses() -> None:
 def test_import_does_not_initialise_cuda() -> None:
     code = (
         "import kvoffload, kvoffload.core, kvoffload.cache, kvoffload.transfer, kvoffload.kernels\n"
-        "import kvoffload.scheduler, kvoffload.app.cli, torch\n"
+        "import kvoffload.engine.scheduler, kvoffload.app.cli, torch\n"
         "assert not torch.cuda.is_initialized()\n"
         "print('ok')\n"
     )

@@ -14,7 +14,7 @@ from kvoffload.app.cli import main
 from kvoffload.app.demo import run_chat
 from kvoffload.app.demo_report import format_header, format_summary, summary_dict
 from kvoffload.app.demo_settings import DemoSettings
-from kvoffload.sim.workload import ChatWorkload
+from kvoffload.engine.reference.workload import ChatWorkload
 
 
 def test_small_chat_run_loads_from_cpu_and_verifies() -> None:

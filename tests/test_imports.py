@@ -35,7 +35,7 @@ MODULES = _modules()
 
 def test_the_walk_sees_every_layer() -> None:
     tops = {n.split(".")[1] for n in MODULES if n != "kvoffload"}
-    assert {"app", "cache", "core", "kernels", "scheduler", "sim", "transfer", "checks", "registry"} <= tops
+    assert {"app", "cache", "core", "engine", "kernels", "simulate", "transfer", "checks", "registry"} <= tops
     assert "kvoffload.cache.manager" in MODULES and "kvoffload.transfer.worker" in MODULES
 
 

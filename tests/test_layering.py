@@ -1,9 +1,12 @@
-"""docs/contract.md §1 import direction, checked on the source: kernels -> the leaf modules (errors, checks,
-registry) only; core -> leaves only; cache -> core;
-transfer -> core, kernels; cache and transfer never import each other; scheduler -> core only (it is handed a
-manager); nothing
-inside the library imports sim, app, testing or integrations; cache, core and the leaves never import torch; tiers
--> leaves, core only, never torch."""
+"""docs/contract.md §1 import direction, checked on the source. The rooms of the three products:
+what a vLLM deployment imports (``integrations``, ``cache``, ``core``, ``transfer``, ``kernels``,
+``tiers`` and the leaf modules) never imports the engine kit (``engine``) or the sizing tool
+(``simulate``); inside it kernels -> the leaves (errors, checks, registry) only; core -> leaves only;
+cache -> core; transfer -> core, kernels; cache and transfer never import each other; tiers ->
+leaves, core only, never torch. The engine kit: its scheduler -> core only (it is handed a manager);
+the tiered manager never imports the reference engine; nothing but the commands (``app``) imports
+``simulate``, and nothing in the library imports ``app``, ``testing`` or ``integrations``. cache,
+core and the leaves never import torch."""
 
 from __future__ import annotations
 
@@ -17,15 +20,27 @@ import pytest
 import kvoffload
 
 PKG = Path(kvoffload.__file__).resolve().parent
-TOP_LAYER = {"sim", "app", "__main__", "testing", "integrations"}
+TOP_LAYER = {"app", "__main__", "testing", "integrations"}
+#: the engine kit's and the sizing tool's rooms, which nothing on the vLLM path imports
+KIT = {"engine", "engine.scheduler", "engine.reference", "simulate"}
 FORBIDDEN = {
-    "tiers": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
-    "kernels": {"core", "cache", "transfer", "scheduler"} | TOP_LAYER,
-    "core": {"kernels", "cache", "transfer", "scheduler"} | TOP_LAYER,
-    "cache": {"kernels", "transfer", "scheduler"} | TOP_LAYER,
-    "transfer": {"cache", "scheduler"} | TOP_LAYER,
-    "scheduler": {"kernels", "transfer", "cache"} | TOP_LAYER,
+    "tiers": {"kernels", "cache", "transfer"} | KIT | TOP_LAYER,
+    "kernels": {"core", "cache", "transfer"} | KIT | TOP_LAYER,
+    "core": {"kernels", "cache", "transfer"} | KIT | TOP_LAYER,
+    "cache": {"kernels", "transfer"} | KIT | TOP_LAYER,
+    "transfer": {"cache"} | KIT | TOP_LAYER,
+    "integrations": KIT | TOP_LAYER - {"integrations"},
+    "engine.scheduler": {"kernels", "transfer", "cache", "tiers"} | KIT - {"engine.scheduler"} | TOP_LAYER,
+    "engine": {"kernels", "transfer", "engine.reference", "simulate"} | TOP_LAYER,
+    "engine.reference": {"simulate"} | TOP_LAYER,
+    "simulate": TOP_LAYER,
 }
+
+
+def _room_files(room: str) -> list[Path]:
+    """The files of ``room`` (``"engine"`` is the kit's own files, its two sub-rooms apart)."""
+    folder = PKG / room.replace(".", "/")
+    return sorted(folder.glob("*.py") if room == "engine" else folder.rglob("*.py"))
 
 
 def _top_level_imports(path: Path) -> set[str]:
@@ -40,7 +55,8 @@ def _top_level_imports(path: Path) -> set[str]:
 
 
 def _kvoffload_imports(path: Path) -> set[str]:
-    """Second-level module names (``kvoffload.X``) that ``path`` imports, at any depth."""
+    """The rooms (``kvoffload.X``; ``engine.scheduler`` and ``engine.reference`` apart from the
+    rest of ``engine``) that ``path`` imports, at any depth."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         names: list[str] = []
@@ -51,13 +67,14 @@ def _kvoffload_imports(path: Path) -> set[str]:
         for name in names:
             parts = name.split(".")
             if parts[0] == "kvoffload" and len(parts) > 1:
-                out.add(parts[1])
+                sub = len(parts) > 2 and parts[1] == "engine" and parts[2] in ("scheduler", "reference")
+                out.add(".".join(parts[1:3]) if sub else parts[1])
     return out
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_imports_run_one_way(layer: str) -> None:
-    files = sorted((PKG / layer).rglob("*.py"))
+    files = _room_files(layer)
     assert files
     bad = {str(f.relative_to(PKG)): sorted(_kvoffload_imports(f) & FORBIDDEN[layer]) for f in files}
     assert {f: b for f, b in bad.items() if b} == {}
@@ -95,7 +112,13 @@ def test_scheduler_process_layers_never_import_torch(layer: str) -> None:
 
 
 #: what a scheduler process or a sizing tool imports: each package as a whole, __init__ included
-TORCH_FREE_PACKAGES = ["kvoffload", "kvoffload.core", "kvoffload.cache", "kvoffload.scheduler", "kvoffload.tiers"]
+TORCH_FREE_PACKAGES = [
+    "kvoffload",
+    "kvoffload.core",
+    "kvoffload.cache",
+    "kvoffload.engine.scheduler",
+    "kvoffload.tiers",
+]
 
 
 @pytest.mark.parametrize("package", TORCH_FREE_PACKAGES)
@@ -133,8 +156,8 @@ def test_the_package_root_loads_its_names_on_first_use() -> None:
         "assert sorted(m for m in sys.modules if m.startswith('kvoffload')) == ['kvoffload', 'kvoffload.errors']\n"
         "assert 'numpy' not in sys.modules\n"
         "import kvoffload.cache, kvoffload.tiers\n"
-        "assert 'kvoffload.scheduler' not in sys.modules\n"
-        "assert kvoffload.OffloadingScheduler.__module__ == 'kvoffload.scheduler.scheduler'\n"
-        "assert 'kvoffload.scheduler' in sys.modules and 'torch' not in sys.modules\n"
+        "assert 'kvoffload.engine.scheduler' not in sys.modules\n"
+        "assert kvoffload.OffloadingScheduler.__module__ == 'kvoffload.engine.scheduler.scheduler'\n"
+        "assert 'kvoffload.engine.scheduler' in sys.modules and 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -17,9 +17,9 @@ import pytest
 from bench.baseline_manager import OrderedDictLRUManager
 from bench.bench_scheduler import BLOCK, PROMPT, BenchRequest, _fill
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.scheduler.config import OffloadingSchedulerConfig
-from kvoffload.scheduler.jobs import ScheduledRequest
-from kvoffload.scheduler.scheduler import OffloadingScheduler
+from kvoffload.engine.scheduler.config import OffloadingSchedulerConfig
+from kvoffload.engine.scheduler.jobs import ScheduledRequest
+from kvoffload.engine.scheduler.scheduler import OffloadingScheduler
 
 CAPACITY = min(1_000_000, int(os.environ.get("KVOFFLOAD_MICRO_MAX_BLOCKS", "1000000")))
 RUNNING = 256

@@ -13,8 +13,8 @@ from typing import NoReturn
 
 from kvoffload.app.logs import add_log_level_option, configure_logging
 from kvoffload.errors import KVOffloadError
-from kvoffload.sim.suite import SUITE
-from kvoffload.sim.sweep import DTYPE_BYTES, MODEL_SHAPES
+from kvoffload.simulate.suite import SUITE
+from kvoffload.simulate.sweep import DTYPE_BYTES, MODEL_SHAPES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,13 +56,13 @@ def _warmup_fraction(text: str) -> float:
 
 
 def _capacity_list(text: str) -> list[tuple[float, str]]:
-    from kvoffload.app.simulate import parse_capacity
+    from kvoffload.simulate.cli import parse_capacity
 
     return [parse_capacity(part) for part in text.split(",") if part.strip()]
 
 
 def _tier_capacity_list(text: str) -> list[tuple[float, str]]:
-    from kvoffload.app.simulate import parse_tier_capacity
+    from kvoffload.simulate.cli import parse_tier_capacity
 
     return [parse_tier_capacity(part) for part in text.split(",") if part.strip()]
 
@@ -102,7 +102,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from kvoffload.app.simulate import run_simulate
+    from kvoffload.simulate.cli import run_simulate
 
     return run_simulate(args)
 
@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite",
         choices=tuple(SUITE),
         default=None,
-        help="a generated workload that breaks policies instead of a trace (kvoffload.sim.suite; --seed applies)",
+        help="a generated workload that breaks policies instead of a trace (kvoffload.simulate.suite; --seed applies)",
     )
     p_sim.add_argument(
         "--trace-format",

@@ -23,11 +23,11 @@ import torch
 
 from kvoffload.app.demo_report import format_header, format_summary, summary_dict
 from kvoffload.app.demo_settings import DemoSettings
-from kvoffload.cache.tiered_options import TieredOptions
+from kvoffload.engine.reference.config import EngineConfig, GroupConfig
+from kvoffload.engine.reference.engine import Engine
+from kvoffload.engine.reference.stats import EngineStats
+from kvoffload.engine.tiered_options import TieredOptions
 from kvoffload.errors import InvalidArgumentError
-from kvoffload.sim.config import EngineConfig, GroupConfig
-from kvoffload.sim.engine import Engine
-from kvoffload.sim.stats import EngineStats
 
 __all__ = ["build_engine", "drive", "run_chat", "run_demo"]
 

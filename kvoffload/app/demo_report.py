@@ -9,8 +9,8 @@ import torch
 
 from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.app.units import gib
-from kvoffload.sim.engine import Engine
-from kvoffload.sim.stats import EngineStats
+from kvoffload.engine.reference.engine import Engine
+from kvoffload.engine.reference.stats import EngineStats
 
 __all__ = ["summary_dict", "tier_report", "format_summary", "format_header"]
 
@@ -22,7 +22,7 @@ def _kib(nbytes: int) -> str:
 def summary_dict(settings: DemoSettings, stats: EngineStats, engine: Engine) -> dict[str, Any]:
     """The demo's results as plain data (what ``--json`` writes).
 
-    ``stats`` holds :class:`~kvoffload.sim.stats.EngineStats` as a dict; ``geometry`` the block
+    ``stats`` holds :class:`~kvoffload.engine.reference.stats.EngineStats` as a dict; ``geometry`` the block
     sizes in tokens and bytes (``gpu_block_bytes``: one GPU block over all layers, K and V;
     ``offloaded_block_bytes``: one CPU slot) and the host pool's size; ``tiers`` one entry per
     secondary tier (:func:`tier_report`).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvoffload.sim.workload import ChatWorkload
+from kvoffload.engine.reference.workload import ChatWorkload
 
 __all__ = ["DemoSettings"]
 

@@ -5,7 +5,7 @@ random integrity key to a file (mode 600), runs ``kvoffload demo --tier
 redis://127.0.0.1:<port>?integrity_key_file=<file>`` twice, one process after the other (replica 1
 computes and writes its KV through to Redis; replica 2 starts with an empty GPU cache and host
 pool), and prints how much replica 2 loaded from what replica 1 computed. The demo's KV is a
-function of the tokens, their positions and the seed (:mod:`kvoffload.sim.kvcache`), so replica 2
+function of the tokens, their positions and the seed (:mod:`kvoffload.engine.reference.kvcache`), so replica 2
 checks every block it loads against the KV it would have computed itself.
 
 Usage: ``python -m kvoffload.app.demo_shared [--conversations N] [--keep DIR]``; exit status 0 when

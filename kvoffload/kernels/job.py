@@ -27,7 +27,7 @@ class CopyJob:
     """One validated pack/unpack job of a kernel backend (the records it copies between the KV
     cache and one host buffer). Arrays are 1-D ``np.int64`` of equal length ``n``.
 
-    Not the scheduler's :class:`~kvoffload.scheduler.jobs.TransferJob` (one request's transfer
+    Not the scheduler's :class:`~kvoffload.engine.scheduler.jobs.TransferJob` (one request's transfer
     handed to the workers); a worker turns a transfer into copy jobs.
 
     ``record_bytes[i]`` is the record size of entry ``i`` (0 for blocks of empty groups);

@@ -12,7 +12,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 #: the engine kit: modules a vLLM deployment never loads
-KIT = ("kvoffload.sim", "kvoffload.app", "kvoffload.testing", "kvoffload.cache.tiered")
+KIT = ("kvoffload.sim", "kvoffload.app", "kvoffload.testing", "kvoffload.engine.tiered")
 
 
 def test_vllm_path_loads_no_engine_kit_module() -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NoReturn
 
-from kvoffload.scheduler.jobs import TransferJob
-from kvoffload.scheduler.scheduler import OffloadingScheduler
+from kvoffload.engine.scheduler.jobs import TransferJob
+from kvoffload.engine.scheduler.scheduler import OffloadingScheduler
 from tests.soak.checked_manager import CheckedManager
 from tests.soak.faulty import FaultyWorker
 from tests.soak.kv import BLOCK, ROOT, GPUCaches, block_values, slot_records

@@ -38,10 +38,10 @@ from collections import deque
 from typing import Any, NoReturn
 
 from kvoffload.cache.manager import CPUOffloadingManager
+from kvoffload.engine.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
+from kvoffload.engine.scheduler.jobs import TransferJob
+from kvoffload.engine.scheduler.scheduler import OffloadingScheduler
 from kvoffload.kernels.layout import KVCacheTable
-from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
-from kvoffload.scheduler.jobs import TransferJob
-from kvoffload.scheduler.scheduler import OffloadingScheduler
 from kvoffload.transfer.worker import TransferWorker
 from tests.soak.blocks import GPUBlocks
 from tests.soak.checked_manager import CheckedManager

@@ -13,8 +13,8 @@ import random
 from collections import deque
 from collections.abc import Callable
 
-from kvoffload.scheduler.jobs import ScheduledRequest
-from kvoffload.scheduler.scheduler import OffloadingScheduler
+from kvoffload.engine.scheduler.jobs import ScheduledRequest
+from kvoffload.engine.scheduler.scheduler import OffloadingScheduler
 from tests.soak.blocks import GPUBlocks
 from tests.soak.kv import BLOCK
 from tests.soak.model import Seq, SoakConfig

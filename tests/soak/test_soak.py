@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from kvoffload.scheduler.config import OffloadingSchedulerConfig
+from kvoffload.engine.scheduler.config import OffloadingSchedulerConfig
 from tests.soak.run import format_counts, run_seed
 
 SHORT_RUNS = ((0, "shared"), (1, "shared"), (2, "per-group"))

@@ -26,9 +26,9 @@ import time
 import numpy as np
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.tiered import TieredManager
 from kvoffload.core.base import ReqContext
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_PENDING
+from kvoffload.engine.tiered import TieredManager
 from kvoffload.tiers import open_tier
 from tests.tiers.conftest import NS
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kvoffload.app.demo_settings import DemoSettings
-from kvoffload.cache.tiered_options import TieredOptions
+from kvoffload.engine.tiered_options import TieredOptions
 from kvoffload.testing.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]

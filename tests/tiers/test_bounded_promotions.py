@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.tiered import TieredManager
 from kvoffload.core.base import ReqContext
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.engine.tiered import TieredManager
 from kvoffload.errors import InvalidTypeError
 from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier

@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from kvoffload.app.demo import drive
-from kvoffload.cache.tiered_options import TieredOptions
+from kvoffload.engine.reference.config import EngineConfig, GroupConfig
+from kvoffload.engine.reference.engine import Engine
+from kvoffload.engine.reference.workload import ChatWorkload
+from kvoffload.engine.tiered_options import TieredOptions
 from kvoffload.errors import InvalidTypeError
-from kvoffload.sim.config import EngineConfig, GroupConfig
-from kvoffload.sim.engine import Engine
-from kvoffload.sim.workload import ChatWorkload
 from kvoffload.testing.redis_server import RedisCluster3, RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvoffload.engine.reference.engine import Engine
 from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
-from kvoffload.sim.engine import Engine
 from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import DiskTier, RedisTier, check_tier_spec, open_tier, register_tier, tier_schemes
 from kvoffload.tiers.registry import resolve_tier, tier_options

@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.tiered import TieredManager
 from kvoffload.core.base import ReqContext
 from kvoffload.core.lookup_code import LOOKUP_HIT, LOOKUP_MISS, LOOKUP_PENDING
+from kvoffload.engine.tiered import TieredManager
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.tier_steps import make_keys, run_job

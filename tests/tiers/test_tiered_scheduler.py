@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from kvoffload.cache.manager import CPUOffloadingManager
-from kvoffload.cache.tiered import TieredManager
 from kvoffload.core.base import ReqContext
-from kvoffload.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
-from kvoffload.scheduler.jobs import ScheduledRequest
-from kvoffload.scheduler.scheduler import OffloadingScheduler
+from kvoffload.engine.scheduler.config import GroupOffloadConfig, OffloadingSchedulerConfig
+from kvoffload.engine.scheduler.jobs import ScheduledRequest
+from kvoffload.engine.scheduler.scheduler import OffloadingScheduler
+from kvoffload.engine.tiered import TieredManager
 from kvoffload.tiers import RedisTier
-from tests.scheduler.conftest import key, make_req
+from tests.engine.scheduler.conftest import key, make_req
 from tests.tiers.conftest import ASYNC, NS, make_records
 
 RB = 4096 + 24

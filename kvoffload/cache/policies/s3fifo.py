@@ -18,7 +18,7 @@ exactly two turns, the second after the small queue's lifetime). First turns lea
 queue before their second turn and enter the ghost; the second turn is admitted straight into the
 main queue, where it is dead, and the main queue (90 % of the pool) fills with dead blocks: on
 ``kvoffload simulate --suite two-turn`` S3-FIFO loads about 0.6x what LRU loads at a pool of a
-fifth of the working set (``tests/sim/test_suite.py``). ``headstart`` measures this case and
+fifth of the working set (``tests/simulate/test_suite.py``). ``headstart`` measures this case and
 falls back to LRU.
 
 Rules (the reference model in the tests implements exactly these):

@@ -1,4 +1,4 @@
-"""``simulate``'s shared-tier model (:class:`~kvoffload.sim.shared_tier.LRUTierModel`, an exact LRU)
+"""``simulate``'s shared-tier model (:class:`~kvoffload.simulate.shared_tier.LRUTierModel`, an exact LRU)
 and a real ``redis-server`` with ``allkeys-lru`` agree on a small trace.
 
 The same trace of block accesses -- probe (``EXISTS``), then a load (``GET``) on a hit or a store
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvoffload.sim.shared_tier import LRUTierModel
+from kvoffload.simulate.shared_tier import LRUTierModel
 from kvoffload.testing.redis_server import RedisServer
 from kvoffload.testing.tier_steps import make_keys, run_job
 from kvoffload.tiers import RedisTier

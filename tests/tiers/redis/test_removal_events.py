@@ -87,7 +87,7 @@ def test_removals_are_the_tiered_managers_events(tmp_path: Path) -> None:
     """kvoffload's own event stream: a key another client deletes comes out of the tiered manager's
     ``take_events`` once, as a removal on the tier's medium."""
     from kvoffload.cache.manager import CPUOffloadingManager
-    from kvoffload.cache.tiered import TieredManager
+    from kvoffload.engine.tiered import TieredManager
 
     require_redis()
     srv = RedisServer(tmp_path / "ev", extra=("--notify-keyspace-events", "Egex")).start()

@@ -1,0 +1,171 @@
+"""The PNG of ``kvoffload simulate``: hit rate against host memory, one line per policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvoffload.app.units import size_label
+from kvoffload.simulate.sweep import SimPoint, largest_run
+
+if TYPE_CHECKING:
+    from kvoffload.simulate.cache_cli import CacheSweepPoints
+    from kvoffload.simulate.report import SweepReport
+
+__all__ = ["fit_title", "plot_hit_rates", "title_lines"]
+
+
+def _by_policy_and_tier(points: list[SimPoint]) -> dict[tuple[str, int], list[SimPoint]]:
+    out: dict[tuple[str, int], list[SimPoint]] = {}
+    for p in sorted(points, key=lambda p: (p.policy, p.tier_blocks, p.cpu_blocks)):
+        out.setdefault((p.policy, p.tier_blocks), []).append(p)
+    return out
+
+
+#: characters per title line that fit the 8-inch figure at the title's font size, and at most this many lines
+TITLE_WIDTH, TITLE_LINES = 80, 3
+
+
+def title_lines(text: str, width: int = TITLE_WIDTH, max_lines: int = TITLE_LINES) -> str:
+    """``text`` wrapped into at most ``max_lines`` lines of at most ``width`` characters (a long path
+    is cut anywhere); a text too long for them keeps its start and its end around ``...``."""
+    import textwrap
+
+    room = width * max_lines
+    while True:
+        head = room // 3
+        short = text if len(text) <= room else f"{text[:head]}...{text[len(text) - (room - head - 3) :]}"
+        lines = textwrap.wrap(short, width, break_long_words=True, break_on_hyphens=False)
+        if len(lines) <= max_lines:
+            return "\n".join(lines)
+        room -= width // 4  # breaks at spaces left some lines short: cut a little more
+
+
+def fit_title(fig: Any, text: str, fontsize: float = 11, smallest: float = 6) -> Any:
+    """``text`` as ``fig``'s title, its font made smaller (down to ``smallest``) until the title fits
+    the figure's width; lays the figure out (``tight_layout``) around it. Returns the title."""
+    title = fig.suptitle(text, fontsize=fontsize)
+    while True:
+        fig.tight_layout()
+        box = title.get_window_extent(fig.canvas.get_renderer())
+        if (fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1) or title.get_fontsize() <= smallest:
+            return title
+        title.set_fontsize(max(smallest, title.get_fontsize() * fig.bbox.width / box.width - 0.5))
+
+
+def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
+    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes' height)."""
+    ax.axvline(x, color="grey", linestyle=linestyle, linewidth=1)
+    ax.annotate(
+        label,
+        (x, y),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, 0),
+        textcoords="offset points",
+        fontsize=8,
+        color="dimgrey",
+    )
+
+
+def legend_ranges(policy: str, points: list[SimPoint], ref: CacheSweepPoints | None) -> str:
+    """``" (0.43-0.95 of Belady, 1.00-2.00x LRU)"``: the ranges over the one-tier capacities of the
+    policy's share of Belady's optimum (with ``ref``) and of its hit tokens relative to LRU's (when
+    LRU ran), for the plot's legend; ``""`` when there is neither."""
+    mine = {p.cpu_blocks: p.cpu_hit_tokens for p in points if p.policy == policy and not p.tier_blocks}
+    parts = []
+    if ref is not None:
+        best = {p.cpu_blocks: p.cpu_hit_tokens for p in ref.belady}
+        shares = [h / best[c] for c, h in mine.items() if best.get(c)]
+        if shares:
+            parts.append(f"{min(shares):.2f}-{max(shares):.2f} of Belady")
+    lru = {p.cpu_blocks: p.cpu_hit_tokens for p in points if p.policy == "lru" and not p.tier_blocks}
+    if policy != "lru" and lru:
+        ratios = [h / lru[c] for c, h in mine.items() if lru.get(c)]
+        if ratios:
+            parts.append(f"{min(ratios):.2f}-{max(ratios):.2f}x LRU")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def plot_hit_rates(
+    points: list[SimPoint],
+    path: Path,
+    report: SweepReport,
+    ref: CacheSweepPoints | None = None,
+    tiered: list[SimPoint] | None = None,
+) -> Path:
+    """Share of prompt tokens loaded from the CPU tier vs host memory (GiB), one line per policy;
+    offloaded blocks on the top axis, the prompts' working set as a dashed line; with ``ref``,
+    Belady's optimum and the infinite cache beside the policies; with ``tiered`` (runs with a
+    shared tier), one dash-dotted line per (policy, tier capacity) of the share loaded from host
+    memory and the tier together. The x axis is logarithmic when the capacities span two decades
+    or more."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gib_per_block = report.block_bytes / 2**30
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors: dict[str, Any] = {}
+    for policy in report.policies:
+        pts = sorted((p for p in points if p.policy == policy), key=lambda p: p.cpu_blocks)
+        (line,) = ax.plot(
+            [p.cpu_blocks * gib_per_block for p in pts],
+            [100 * p.cpu_hit_rate for p in pts],
+            marker="o",
+            label=policy + legend_ranges(policy, points, ref),
+        )
+        colors[policy] = line.get_color()
+    styles = ("-.", (0, (5, 2)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1)))
+    tier_sizes = sorted({p.tier_blocks for p in tiered or []})
+    for (policy, tier), pts in _by_policy_and_tier(tiered or []).items():
+        ax.plot(
+            [p.cpu_blocks * gib_per_block for p in pts],
+            [100 * p.hit_rate for p in pts],
+            color=colors.get(policy),
+            linestyle=styles[tier_sizes.index(tier) % len(styles)],
+            marker="s",
+            markersize=4,
+            label=f"{policy} + {size_label(tier * report.block_bytes)} shared tier",
+        )
+    if ref is not None:
+        bel = sorted(ref.belady, key=lambda p: p.cpu_blocks)
+        ax.plot(
+            [p.cpu_blocks * gib_per_block for p in bel],
+            [100 * p.cpu_hit_rate for p in bel],
+            color="black",
+            linestyle="--",
+            marker="x",
+            label="Belady (offline optimum)",
+        )
+        ax.axhline(100 * ref.infinite.cpu_hit_rate, color="black", linestyle=":", label="infinite cache")
+    log_x = report.capacities[-1] >= 100 * report.capacities[0]
+    if log_x:
+        ax.set_xscale("log")
+    ws_gib = report.ws * gib_per_block
+    _mark(ax, ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB")
+    top_run = largest_run(points)
+    if top_run.cpu_evictions == 0 and top_run.distinct_blocks_stored > report.ws:
+        all_gib = top_run.distinct_blocks_stored * gib_per_block
+        n_all = top_run.distinct_blocks_stored
+        _mark(ax, all_gib, ":", 0.6, f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:.2f} GiB")
+    ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
+    ax.set_ylabel("% of prompt tokens loaded" if tiered else "% of prompt tokens loaded from the CPU tier")
+
+    def to_blocks(gib: Any) -> Any:
+        return gib / gib_per_block
+
+    def to_gib(blocks: Any) -> Any:
+        return blocks * gib_per_block
+
+    top = ax.secondary_xaxis("top", functions=(to_blocks, to_gib))
+    top.set_xlabel(f"offloaded blocks of {report.block_tokens} tokens ({size_label(report.block_bytes)} each)")
+    if not log_x:
+        ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="eviction policy", loc="lower right", fontsize=8 if tiered else None)
+    fit_title(fig, title_lines(f"How much host memory? {report.source}"))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
