@@ -13,7 +13,7 @@ import pytest
 from kvoffload.app.cli import main
 from kvoffload.app.demo import run_chat
 from kvoffload.app.demo_report import format_header, format_summary, summary_dict
-from kvoffload.app.demo_settings import DemoSettings
+from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.engine.reference.workload import ChatWorkload
 
 

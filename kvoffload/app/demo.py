@@ -22,8 +22,8 @@ from typing import Any, TextIO
 import torch
 
 from kvoffload.app.demo_report import format_header, format_summary, summary_dict
-from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.engine.reference.config import EngineConfig, GroupConfig
+from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.engine.reference.engine import Engine
 from kvoffload.engine.reference.stats import EngineStats
 from kvoffload.engine.tiered_options import TieredOptions

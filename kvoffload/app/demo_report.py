@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from kvoffload.app.demo_settings import DemoSettings
-from kvoffload.app.units import gib
+from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.engine.reference.engine import Engine
 from kvoffload.engine.reference.stats import EngineStats
+from kvoffload.simulate.units import gib
 
 __all__ = ["summary_dict", "tier_report", "format_summary", "format_header"]
 

@@ -29,8 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvoffload.app.demo_settings import DemoSettings
 from kvoffload.cache.policies.base import available_policies, get_policy_class
+from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.engine.reference.request import SimRequest
 from kvoffload.engine.reference.workload import TraceRequest, read_trace
 from kvoffload.errors import InvalidArgumentError

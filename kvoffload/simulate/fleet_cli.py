@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvoffload.app.units import size_label
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.cache_cli import block_trace_of
 from kvoffload.simulate.fleet import FleetResult, FleetTrace
@@ -31,6 +30,7 @@ from kvoffload.simulate.model_config import ConfigShape
 from kvoffload.simulate.mooncake import MooncakeRequest
 from kvoffload.simulate.routing import LOAD_WINDOW_S, check_routings
 from kvoffload.simulate.sweep import ModelShape
+from kvoffload.simulate.units import size_label
 
 __all__ = ["fleet_trace_of", "run_fleet"]
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from kvoffload.app.units import size_label
 from kvoffload.simulate.fleet import FleetResult, FleetTrace
+from kvoffload.simulate.units import size_label
 
 __all__ = [
     "PEAK_WINDOW_S",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.app.units import size_label
 from kvoffload.simulate.sweep import SimPoint, largest_run
+from kvoffload.simulate.units import size_label
 
 if TYPE_CHECKING:
     from kvoffload.simulate.cache_cli import CacheSweepPoints

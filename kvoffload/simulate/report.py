@@ -17,10 +17,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.app.demo_settings import DemoSettings
-from kvoffload.app.units import gib, size_label
+from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.simulate.model_config import ConfigShape
 from kvoffload.simulate.sweep import ModelShape, SimPoint, largest_run
+from kvoffload.simulate.units import gib, size_label
 
 if TYPE_CHECKING:
     from collections.abc import Callable

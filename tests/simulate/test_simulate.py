@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.app.cli import main
-from kvoffload.app.demo_settings import DemoSettings
+from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.engine.reference.request import hash_blocks
 from kvoffload.engine.reference.workload import ChatWorkload, read_trace, write_trace
 from kvoffload.errors import InvalidArgumentError

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload.app.demo_settings import DemoSettings
+from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.engine.tiered_options import TieredOptions
 from kvoffload.testing.redis_server import RedisServer
 
