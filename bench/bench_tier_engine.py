@@ -68,8 +68,9 @@ import redis  # noqa: E402
 import torch  # noqa: E402
 
 from bench.common import RESULTS_DIR, machine_slug, write_section  # noqa: E402
-from kvoffload.app.demo import build_engine, drive  # noqa: E402
+from kvoffload.app.demo import build_engine  # noqa: E402
 from kvoffload.engine.reference.demo_settings import DemoSettings  # noqa: E402
+from kvoffload.engine.reference.drive import drive  # noqa: E402
 from kvoffload.engine.tiered_options import TieredOptions  # noqa: E402
 from kvoffload.testing.redis_server import RedisServer, redis_binaries_problem  # noqa: E402
 

@@ -44,9 +44,10 @@ Layers (imports run downward only):
 * :mod:`kvoffload.cache` -- the numpy-backed :class:`CPUOffloadingManager`, eviction policies, the
   reuse filter (what the engine's scheduler process runs; no torch).
 * :mod:`kvoffload.transfer` -- the pinned host pool and the transfer worker (what a GPU worker runs).
-* :mod:`kvoffload.engine.scheduler` -- lookups, touch, load/store jobs (vLLM semantics).
-* :mod:`kvoffload.sim`, :mod:`kvoffload.app` (not imported here) -- a reference engine loop
-  used by the demo and tests; the command line.
+* :mod:`kvoffload.engine` -- the engine kit: the scheduler (lookups, touch, load/store jobs, vLLM
+  semantics; its names re-exported here), the tiered manager, a reference engine loop.
+* :mod:`kvoffload.simulate`, :mod:`kvoffload.app` (not imported here) -- the sizing tool; the
+  command line.
 * :mod:`kvoffload.integrations.vllm` (not imported here; imports vLLM) -- kvoffload as the backend
   of vLLM's ``OffloadingConnector``.
 

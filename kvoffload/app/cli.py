@@ -56,13 +56,13 @@ def _warmup_fraction(text: str) -> float:
 
 
 def _capacity_list(text: str) -> list[tuple[float, str]]:
-    from kvoffload.simulate.cli import parse_capacity
+    from kvoffload.simulate.capacity import parse_capacity
 
     return [parse_capacity(part) for part in text.split(",") if part.strip()]
 
 
 def _tier_capacity_list(text: str) -> list[tuple[float, str]]:
-    from kvoffload.simulate.cli import parse_tier_capacity
+    from kvoffload.simulate.capacity import parse_tier_capacity
 
     return [parse_tier_capacity(part) for part in text.split(",") if part.strip()]
 

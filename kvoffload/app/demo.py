@@ -13,8 +13,6 @@ import json
 import os
 import sys
 import time
-from collections import deque
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,12 +22,13 @@ import torch
 from kvoffload.app.demo_report import format_header, format_summary, summary_dict
 from kvoffload.engine.reference.config import EngineConfig, GroupConfig
 from kvoffload.engine.reference.demo_settings import DemoSettings
+from kvoffload.engine.reference.drive import drive
 from kvoffload.engine.reference.engine import Engine
 from kvoffload.engine.reference.stats import EngineStats
 from kvoffload.engine.tiered_options import TieredOptions
 from kvoffload.errors import InvalidArgumentError
 
-__all__ = ["build_engine", "drive", "run_chat", "run_demo"]
+__all__ = ["build_engine", "run_chat", "run_demo"]
 
 
 class _Progress:
@@ -58,40 +57,6 @@ class _Progress:
     def close(self) -> None:
         if self.enabled and self.tty:
             self.out.write("\n")
-
-
-def drive(engine: Engine, items: Sequence[Any], max_concurrent: int, progress: _Progress | None = None) -> None:
-    """Feed ``items`` to ``engine`` in arrival order and step until all finished.
-
-    At most ``max_concurrent`` requests are in the engine at once. Items with ``conversation``
-    and ``turn`` attributes (chat turns) are admitted only after the same conversation's previous
-    turn finished; others (trace requests) in plain arrival order.
-    """
-    pending: deque[Any] = deque(items)
-    finished_turn: dict[int, int] = {}
-    in_engine: dict[str, Any] = {}
-    done = 0
-    while pending or engine.has_unfinished_requests():
-        for _ in range(len(pending)):
-            if len(in_engine) >= max_concurrent:
-                break
-            item = pending.popleft()
-            conv = getattr(item, "conversation", None)
-            if conv is None or finished_turn.get(conv, -1) == item.turn - 1:
-                engine.add_request(item)
-                in_engine[item.request_id] = item
-            else:
-                pending.append(item)
-        step = engine.step()
-        for rid in step.finished:
-            item = in_engine.pop(rid)
-            if getattr(item, "conversation", None) is not None:
-                finished_turn[item.conversation] = item.turn
-            done += 1
-        if step.finished and progress is not None:
-            s = engine.stats
-            progress.update(done, f"{s.loaded_tokens:,} tokens loaded from the CPU tier")
-    engine.run_until_done()  # drain in-flight stores
 
 
 def build_engine(settings: DemoSettings, tiered_options: TieredOptions | None = None) -> Engine:

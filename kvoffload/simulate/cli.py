@@ -35,6 +35,7 @@ from kvoffload.engine.reference.request import SimRequest
 from kvoffload.engine.reference.workload import TraceRequest, read_trace
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.bailian import BAILIAN_BLOCK_TOKENS, read_bailian_trace
+from kvoffload.simulate.capacity import to_blocks
 from kvoffload.simulate.model_config import ConfigShape, read_model_config
 from kvoffload.simulate.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
@@ -64,8 +65,6 @@ __all__ = [
     "ModelShape",
     "SimPoint",
     "default_capacities",
-    "parse_capacity",
-    "parse_tier_capacity",
     "run_simulate",
     "simulate",
     "working_set_blocks",
@@ -100,63 +99,6 @@ def _mooncake_to_trace(reqs: list[MooncakeRequest], trace_block_tokens: int) -> 
     ]
 
 
-def parse_capacity(text: str) -> tuple[float, str]:
-    """One ``--capacities`` item: a positive int (offloaded blocks), a size such as ``2GiB``,
-    ``512MiB``, ``1.5GB``, or tokens such as ``3Mtok``, ``500Ktok``. Returns ``(value, unit)``
-    with unit ``"blocks"``, a byte unit or a token unit."""
-    s = text.strip()
-    for unit, _ in (*_TOKEN_UNITS, *_UNITS):
-        if s.lower().endswith(unit.lower()):
-            try:
-                value = float(s[: -len(unit)])
-            except ValueError:
-                break
-            if value > 0:
-                return value, unit
-            break
-    else:
-        if s.isdigit() and int(s) > 0:
-            return float(int(s)), "blocks"
-    raise argparse.ArgumentTypeError(
-        f"expected a positive integer (offloaded blocks), a size such as 2GiB or 512MiB, or tokens such as "
-        f"3Mtok, got {text!r}"
-    )
-
-
-def parse_tier_capacity(text: str) -> tuple[float, str]:
-    """One ``--tier-capacity`` item: ``0`` (no tier) or anything :func:`parse_capacity` takes."""
-    if text.strip() == "0":
-        return 0.0, "blocks"
-    try:
-        return parse_capacity(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected 0, a positive integer (offloaded blocks), a size such as 64GiB, or tokens such as 20Mtok, "
-            f"got {text!r}"
-        ) from None
-
-
-_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("GB", 10**9), ("MB", 10**6))
-_TOKEN_UNITS = (("Mtok", 10**6), ("Ktok", 10**3), ("tok", 1))
-
-
-def _to_blocks(value: float, unit: str, block_bytes: int, block_tokens: int = 1, flag: str = "--capacities") -> int:
-    if unit == "blocks":
-        return int(value)
-    if unit in dict(_TOKEN_UNITS):
-        tokens = value * dict(_TOKEN_UNITS)[unit]
-        if tokens < block_tokens:
-            raise InvalidArgumentError(f"{flag} {value:g}{unit} holds no offloaded block of {block_tokens} tokens")
-        return int(tokens // block_tokens)
-    nbytes = value * dict(_UNITS)[unit]
-    blocks = int(nbytes // block_bytes)
-    if blocks < 1:
-        raise InvalidArgumentError(
-            f"{flag} {value:g}{unit} holds no offloaded block of {block_bytes:,} bytes for this model shape"
-        )
-    return blocks
-
-
 def simulate(
     items: list[Any],
     settings: DemoSettings,
@@ -171,8 +113,8 @@ def simulate(
     to ``cpu_gib``; the simulated engine moves no bytes.
     """
     # the engine replay's modules (torch among them) are imported only when it runs
-    from kvoffload.app.demo import drive
     from kvoffload.engine.reference.config import EngineConfig, GroupConfig
+    from kvoffload.engine.reference.drive import drive
     from kvoffload.engine.reference.engine import Engine
     from kvoffload.engine.reference.null_worker import NullTransferWorker
 
@@ -314,7 +256,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     items, source, trace_block = _read_workload(args, settings)
     raw_items = items
     tier_items = [t for group in (getattr(args, "tier_capacity", None) or []) for t in group]
-    tiers = sorted({0, *(_to_blocks(v, u, block_bytes, args.block_size, "--tier-capacity") for v, u in tier_items)})
+    tiers = sorted({0, *(to_blocks(v, u, block_bytes, args.block_size, "--tier-capacity") for v, u in tier_items)})
     replay = args.replay
     if getattr(args, "replicas", None):
         from kvoffload.simulate.fleet_cli import run_fleet
@@ -335,7 +277,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         btrace = block_trace_of(items, args.block_size, trace_block)
         ws = btrace.num_blocks
     if args.capacities:
-        capacities = sorted({_to_blocks(v, unit, block_bytes, args.block_size) for v, unit in args.capacities})
+        capacities = sorted({to_blocks(v, unit, block_bytes, args.block_size) for v, unit in args.capacities})
     else:
         capacities = default_capacities(ws) if replay == "engine" else log_capacities(ws)
     out = _out_dir(args.out)

@@ -17,6 +17,7 @@ from typing import Any
 
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.cache_cli import block_trace_of
+from kvoffload.simulate.capacity import to_blocks
 from kvoffload.simulate.fleet import FleetResult, FleetTrace
 from kvoffload.simulate.fleet_report import (
     PREFILL_TOKENS_PER_S,
@@ -77,10 +78,9 @@ def run_fleet(
         raise InvalidArgumentError("--replicas needs the cache-level replay (--replay cache or auto)")
     if getattr(args, "trace_block_view", None) is not None:
         raise InvalidArgumentError("--trace-block-view is a single-node figure: drop it with --replicas")
-    from kvoffload.simulate.cli import _to_blocks
 
     block_bytes = shape.bytes_per_token * args.block_size
-    capacities = sorted({_to_blocks(v, u, block_bytes, args.block_size) for v, u in args.capacities})
+    capacities = sorted({to_blocks(v, u, block_bytes, args.block_size) for v, u in args.capacities})
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else ["lru"]
     rate, rate_from = prefill_rate(args)
     window = LOAD_WINDOW_S if args.load_window is None else args.load_window

@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvoffload.simulate.sweep import SimPoint, largest_run
 from kvoffload.simulate.units import size_label
 
 if TYPE_CHECKING:
     from kvoffload.simulate.cache_cli import CacheSweepPoints
-    from kvoffload.simulate.report import SweepReport
 
-__all__ = ["fit_title", "plot_hit_rates", "title_lines"]
+__all__ = ["SweepFacts", "fit_title", "plot_hit_rates", "title_lines"]
+
+
+class SweepFacts(Protocol):
+    """What the plot reads of a sweep (its report, :class:`~kvoffload.simulate.report.SweepReport`)."""
+
+    source: str  #: the workload's name, in the title
+    shape: Any  #: the model shape (its ``describe()`` labels the x axis)
+    policies: list[str]
+    capacities: list[int]  #: host capacities swept, in offloaded blocks, ascending
+    ws: int  #: distinct offloaded blocks in the prompts (the working set)
+    block_bytes: int  #: bytes of one offloaded block
+    block_tokens: int  #: tokens of one offloaded block
 
 
 def _by_policy_and_tier(points: list[SimPoint]) -> dict[tuple[str, int], list[SimPoint]]:
@@ -89,7 +100,7 @@ def legend_ranges(policy: str, points: list[SimPoint], ref: CacheSweepPoints | N
 def plot_hit_rates(
     points: list[SimPoint],
     path: Path,
-    report: SweepReport,
+    report: SweepFacts,
     ref: CacheSweepPoints | None = None,
     tiered: list[SimPoint] | None = None,
 ) -> Path:

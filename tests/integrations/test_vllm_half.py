@@ -1,6 +1,6 @@
-"""The two halves the docs label (docs/contract.md §1): loading kvoffload as vLLM loads it (the
-connector's module, its spec, manager and worker built) brings in none of the engine kit but the
-scheduler package, which the package namespace re-exports and nothing of the vLLM path calls."""
+"""The products the docs label (docs/contract.md §1): loading kvoffload as vLLM loads it (the
+connector's module, its spec, manager and worker built) brings in nothing of the engine kit
+(``engine``, ``app``, ``testing``) or of the sizing tool (``simulate``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ require_vllm()
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-#: the engine kit: modules a vLLM deployment never loads
-KIT = ("kvoffload.sim", "kvoffload.app", "kvoffload.testing", "kvoffload.engine.tiered")
+#: the engine kit's and the sizing tool's modules: a vLLM deployment never loads them
+KIT = ("kvoffload.engine", "kvoffload.simulate", "kvoffload.app", "kvoffload.testing")
 
 
 def test_vllm_path_loads_no_engine_kit_module() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvoffload.app.demo import drive
 from kvoffload.engine.reference.config import EngineConfig, GroupConfig
+from kvoffload.engine.reference.drive import drive
 from kvoffload.engine.reference.engine import Engine
 from kvoffload.engine.reference.null_worker import NullTransferWorker
 from kvoffload.simulate.block_trace import BlockTrace

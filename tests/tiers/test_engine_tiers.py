@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from kvoffload.app.demo import drive
 from kvoffload.engine.reference.config import EngineConfig, GroupConfig
+from kvoffload.engine.reference.drive import drive
 from kvoffload.engine.reference.engine import Engine
 from kvoffload.engine.reference.workload import ChatWorkload
 from kvoffload.engine.tiered_options import TieredOptions
