@@ -21,7 +21,7 @@ from kvoffload.tiers.disk.io import probe_o_direct, temp_name
 from tests.tiers.conftest import NS, make_records
 
 RB = 2 * 4096 + 123
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _independent_o_direct_check(directory: Path) -> bool:

@@ -30,7 +30,7 @@ from tests.tiers.cluster_engine import PER_STEP, RB, record_of, step_keys
 from tests.tiers.conftest import NS, graceful_failover, served_slots, within
 from tests.tiers.scenario_report import report
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SETTLED = 1.0  # seconds after an event's end from which every store must land
 AFTER_STEPS = 10  # steps each engine makes after SETTLED before it is stopped
 EVENT_TIMEOUT = 60.0  # a loaded machine's cluster elects and gossips slowly

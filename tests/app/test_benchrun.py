@@ -17,7 +17,7 @@ import pytest
 from kvoffload.app import benchrun
 from kvoffload.errors import InvalidArgumentError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 _FAKE_TRANSFER = """
 def run(quick=False):

@@ -14,7 +14,7 @@ from kvoffload.app.demo_shared import main as demo_shared
 from kvoffload.testing.redis_server import free_port
 from tests.redis_support import require_redis
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_library_sets_no_handler() -> None:
