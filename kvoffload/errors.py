@@ -19,6 +19,7 @@ __all__ = [
     "BackendUnavailableError",
     "TransferError",
     "StreamCaptureError",
+    "NumaError",
 ]
 
 
@@ -56,3 +57,9 @@ class TransferError(KVOffloadError, RuntimeError):
 
 class StreamCaptureError(TransferError):
     """A transfer was submitted while the current CUDA stream was capturing a CUDA graph."""
+
+
+class NumaError(KVOffloadError, OSError):
+    """A NUMA system call (``mbind``, ``get_mempolicy``, ``move_pages``) failed: an ``OSError`` whose
+    ``errno`` is the call's (``ENOSYS`` without NUMA support, ``EPERM`` under seccomp, ``EFAULT`` for an
+    unmapped range, ``EINVAL`` for a node the kernel refuses)."""
