@@ -168,7 +168,11 @@ def test_a_job_waits_for_the_registration_of_its_slots(fake: FakeCuda) -> None:
 def test_no_pinning_check_per_job_once_every_slot_is_registered(
     fake: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    gate = Gate(at=2)
+    fake.register_hook = gate
     w, _ = _worker(fake, _cache())
+    assert gate.reached.wait(5) and w._pinning
+    gate.open.set()
     _wait(lambda: w.host_pool.pinning_done)
     assert w.transfer_async(1, _store([0, 1], [7]))  # the first job after completion notices it
     assert not w._pinning
@@ -193,8 +197,15 @@ def test_a_background_failure_fails_the_next_job_and_undoes_the_registrations(fa
     gate.open.set()
     _wait(lambda: w.host_pool._pinning is not None and w.host_pool._pinning._error is not None)
     copies = checked.host_copies
+    order: list[str] = []
+    jobs, pool = w._jobs, w.host_pool
+    assert jobs is not None
+    drain, unpin = jobs.drain, pool.unpin
+    jobs.drain = lambda: (order.append("drain"), drain())[1]  # type: ignore[method-assign]
+    pool.unpin = lambda: (order.append("unpin"), unpin())[1]  # type: ignore[method-assign]
     with pytest.raises(TransferError, match=r"registration 3 of 4 failed.*returned 2"):
         w.transfer_async(2, _store([2, 3], [1]))
+    assert order == ["drain", "unpin"]  # undone only once nothing runs on the pool
     # job 2 not accepted, nothing launched for it; job 1 still reported; no registration left
     assert checked.host_copies == copies and fake.registered == {} and not w.host_pool.pinned
     assert [(r.job_id, r.success) for r in w.get_finished()] == [(1, True)] and w.num_in_flight == 0
