@@ -3,7 +3,8 @@
 ``python bench/probe_host_registration.py`` (CUDA machine): a 64 MiB anonymous mapping registered
 as two halves, then as one, and a 4 MiB copy device->host->device across the middle through
 ``cudaMemcpyAsync`` (torch) and ``cuMemcpyBatchAsync`` (batched). Prints one JSON line per case.
-Why :class:`kvoffload.transfer.host_pool.HostPool` registers its pool in one call.
+Why :class:`kvoffload.transfer.host_pool.HostPool` ends its registrations on row boundaries and
+the data paths split their copies there.
 """
 
 from __future__ import annotations

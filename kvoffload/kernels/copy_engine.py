@@ -52,11 +52,19 @@ class CopyList:
 
 
 def coalesce(
-    dst_space: np.ndarray, dst_off: np.ndarray, src_space: np.ndarray, src_off: np.ndarray, size: np.ndarray
+    dst_space: np.ndarray,
+    dst_off: np.ndarray,
+    src_space: np.ndarray,
+    src_off: np.ndarray,
+    size: np.ndarray,
+    cuts: np.ndarray | None = None,
 ) -> CopyList:
     """Copies sorted by destination, neighbours merged when contiguous on both sides.
 
     The copies must not overlap on the destination side (every caller writes each byte once).
+    ``cuts``: sorted byte offsets into space 0 (the host pool) that no merged copy may run across
+    (where one host registration ends and the next begins: the copy engines refuse such a range);
+    a copy given here must not cross one itself.
     """
     n = int(size.size)
     rows = np.empty((5, n), dtype=np.int64)
@@ -77,12 +85,23 @@ def coalesce(
             & (rows[1, 1:] == rows[1, :-1] + rows[4, :-1])
             & (rows[3, 1:] == rows[3, :-1] + rows[4, :-1])
         )
+        if cuts is not None and cuts.size and joins.any():
+            joins &= ~_at_cut(rows, cuts)
         if joins.any():
             starts = np.flatnonzero(np.concatenate(([True], ~joins)))
             sizes = np.add.reduceat(rows[4], starts)
             rows = rows[:, starts].copy()
             rows[4] = sizes
     return CopyList(rows)
+
+
+def _at_cut(rows: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+    """Per copy after the first: it starts at a cut on its space-0 side (host pool offsets)."""
+    host = rows[0, 1:] == 0
+    off = np.where(host, rows[1, 1:], rows[3, 1:])
+    on = host | (rows[2, 1:] == 0)
+    k = np.minimum(np.searchsorted(cuts, off), cuts.size - 1)
+    return on & (cuts[k] == off)
 
 
 class CopyExecutor(Protocol):

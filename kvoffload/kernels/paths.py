@@ -109,9 +109,17 @@ class DataPath:
         self._seg_free: list[Any] = []
         self._copy_stream: Any = None
         self._next_segment = 0
+        self._host_cuts: np.ndarray | None = None
         self._spaces()  # flat views for the copy-engine-only path: built here, not on the submit path
         if self._may_stage():
             self._allocate_staging()
+
+    def split_host_copies(self, cuts: np.ndarray) -> None:
+        """Copy-engine copies of the host buffer that the jobs name (one buffer for every job)
+        are never merged across these sorted byte offsets into it: where one ``cudaHostRegister``
+        range ends and the next begins, which the copy engines refuse to copy across. Set once,
+        before the first job; an empty array: no cut."""
+        self._host_cuts = np.ascontiguousarray(cuts, dtype=np.int64) if len(cuts) else None
 
     # ------------------------------------------------------------------ choice
     def _may_stage(self) -> bool:
@@ -228,7 +236,8 @@ class DataPath:
         return CopyList(rows[[2, 3, 0, 1, 4]] if to_host else rows)
 
     def _dma(self, job: CopyJob, to_host: bool) -> None:
-        copies = coalesce(*self.page_copies(job.block_ids, job.group_ids, job.host_offsets, to_host).rows)
+        r = self.page_copies(job.block_ids, job.group_ids, job.host_offsets, to_host).rows
+        copies = coalesce(r[0], r[1], r[2], r[3], r[4], cuts=self._host_cuts)
         self.copies.run([job.host, *self._spaces()[0]], copies)
 
     # ------------------------------------------------------------------ staged
@@ -282,11 +291,11 @@ class DataPath:
             zeros, ones = np.zeros(sizes.size, dtype=np.int64), np.ones(sizes.size, dtype=np.int64)
             sub = CopyJob(self.table, staging, bids[start:stop], gids[start:stop], pos, sizes, int(sizes.sum()))
             if to_host:
-                out = coalesce(zeros, hoffs[start:stop], ones, pos, sizes)
+                out = coalesce(zeros, hoffs[start:stop], ones, pos, sizes, cuts=self._host_cuts)
                 self._on(cur, s, functools.partial(self.backend._copy, sub, True))
                 self._on(self._copy_stream, s, functools.partial(self.copies.run, [job.host, staging], out))
             else:
-                into = coalesce(ones, pos, zeros, hoffs[start:stop], sizes)
+                into = coalesce(ones, pos, zeros, hoffs[start:stop], sizes, cuts=self._host_cuts)
                 self._on(self._copy_stream, s, functools.partial(self.copies.run, [job.host, staging], into))
                 self._on(cur, s, functools.partial(self.backend._copy, sub, False))
         if self._cuda:

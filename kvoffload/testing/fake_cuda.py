@@ -15,6 +15,10 @@ into CUDA with a no-op that records it:
   ``kernel[grid](...)``, or nothing of it through the compiled entry) and stops at the C
   launcher, which only records the call.
 
+* host registration (``cudaHostRegister``/``cudaHostUnregister``): the ranges are recorded, a
+  range sharing a page with a live registration is refused as CUDA does, and a chosen call can be
+  made to fail (:class:`FakeCuda`'s ``fail_register_at``) or held (``register_hook``).
+
 So everything the host does in Python and numpy per job runs as on a GPU machine, and what the
 driver would do does not run at all: :class:`FakeCuda`'s ``launches`` and ``calls`` say what
 would have been launched and called. Tensors stay on the CPU; a KV cache is made to look like a
@@ -26,8 +30,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import mmap
+import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,11 +58,30 @@ class FakeCuda:
             being the kernel's arguments in parameter order (pointers as ints where the caller
             passed ints).
         calls: how many times each faked CUDA call ran (``"event.record"``, ``"stream.wait_event"``...).
+        registered: the live host registrations, start address -> bytes.
+        register_log: every successful ``cudaHostRegister`` as ``(start, bytes)``, in call order.
+        fail_register_at: the ``cudaHostRegister`` call (1-based, counting every call) that fails
+            with ``cudaErrorMemoryAllocation`` (2), or None.
+        register_hook: called as ``hook(call number, start, bytes)`` before each
+            ``cudaHostRegister`` (on the calling thread: it may block to hold the registration).
     """
 
     launches: list[tuple[tuple[int, int, int], tuple[Any, ...]]] = field(default_factory=list)
     calls: Counter[str] = field(default_factory=Counter)
     capturing: bool = False
+    registered: dict[int, int] = field(default_factory=dict)
+    register_log: list[tuple[int, int]] = field(default_factory=list)
+    fail_register_at: int | None = None
+    register_hook: Callable[[int, int, int], None] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def registration_of(self, start: int, nbytes: int) -> tuple[int, int] | None:
+        """The live registration ``(start, bytes)`` holding all of ``[start, start + nbytes)``, or None."""
+        with self._lock:
+            for s, n in self.registered.items():
+                if s <= start and start + nbytes <= s + n:
+                    return s, n
+        return None
 
 
 _active = FakeCuda()  # the record of the innermost fake_cuda() block
@@ -109,11 +134,34 @@ class _Cudart:
         self._fake = fake
 
     def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802 - CUDA's name
-        self._fake.calls["cudaHostRegister"] += 1
+        fake = self._fake
+        with fake._lock:
+            fake.calls["cudaHostRegister"] += 1
+            n = fake.calls["cudaHostRegister"]
+        if fake.register_hook is not None:
+            fake.register_hook(n, ptr, size)
+        if n == fake.fail_register_at:
+            return 2  # cudaErrorMemoryAllocation
+        page = mmap.PAGESIZE
+        lo, hi = ptr // page * page, -(-(ptr + size) // page) * page
+        with fake._lock:
+            for s, m in fake.registered.items():
+                if s // page * page < hi and lo < -(-(s + m) // page) * page:
+                    return 712  # cudaErrorHostMemoryAlreadyRegistered
+            fake.registered[ptr] = size
+            fake.register_log.append((ptr, size))
         return 0
 
     def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802 - CUDA's name
-        self._fake.calls["cudaHostUnregister"] += 1
+        fake = self._fake
+        with fake._lock:
+            fake.calls["cudaHostUnregister"] += 1
+            if fake.registered.pop(ptr, None) is None:
+                return 713  # cudaErrorHostMemoryNotRegistered
+        return 0
+
+    def cudaGetLastError(self) -> int:  # noqa: N802 - CUDA's name
+        self._fake.calls["cudaGetLastError"] += 1
         return 0
 
 

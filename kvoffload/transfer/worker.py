@@ -39,6 +39,15 @@ Ordering and completion on CUDA:
 * **the engine must not read GPU blocks written by a load (nor reuse GPU blocks read by a store)
   before the job is reported by** :meth:`get_finished` **or waited for with** :meth:`wait`.
 
+Host pool pinning is off the start-up path: the worker is built once the pool's first chunk is
+page-locked, and a background thread registers the rest in ascending slot order
+(:class:`~kvoffload.transfer.host_pool.HostPool`, ``background=True``). Until it is done, a job
+naming a slot not registered yet blocks in :meth:`transfer_async` until its slots are (vLLM 0.33
+has no way to be told that a connector is not ready yet, so the worker does not report that); once
+all are, a job pays one flag test for it. A failure on that thread is raised as
+:class:`~kvoffload.errors.TransferError` by the next :meth:`transfer_async` (the job is not
+accepted) or :meth:`check_pinning`, after which the pool's registrations are undone.
+
 Without CUDA (KV cache on CPU tensors) a job runs synchronously inside :meth:`transfer_async`
 and is reported by the next :meth:`get_finished`.
 
@@ -59,7 +68,7 @@ import torch
 
 from kvoffload.checks import check_bool, check_int
 from kvoffload.core.base import LoadStoreSpec
-from kvoffload.errors import InvalidArgumentError, InvalidTypeError
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError, TransferError
 from kvoffload.kernels.backend import KernelBackend
 from kvoffload.kernels.config import launch_config
 from kvoffload.kernels.device import check_not_capturing
@@ -162,6 +171,7 @@ class TransferWorker:
         slot_bytes = int((record_bytes * self.factors).max())
         if slot_bytes <= 0:
             raise InvalidArgumentError("table has no pages in any group: nothing to offload")
+        used_bytes = slot_bytes  # what jobs touch of each slot
         if slot_stride is not None:
             if check_int(slot_stride, "slot_stride", 1) < slot_bytes:
                 raise InvalidArgumentError(f"slot_stride must be >= the slot size {slot_bytes}, got {slot_stride}")
@@ -179,7 +189,17 @@ class TransferWorker:
             num_slots=num_slots,
         )
         self.paths = DataPath(self.backend, table, path, config=config)
-        self.host_pool = HostPool(num_slots, slot_bytes, device=self.device, memory=host_memory, offset=host_offset)
+        self.host_pool = HostPool(
+            num_slots,
+            slot_bytes,
+            device=self.device,
+            memory=host_memory,
+            offset=host_offset,
+            used_bytes=used_bytes,
+            background=True,
+        )
+        self.paths.split_host_copies(self.host_pool.copy_cuts)  # one copy never spans two registrations
+        self._pinning = not self.host_pool.pinning_done  # slots still being page-locked: jobs check theirs
         self._tables = JobTables(pinned=self._cuda and self.host_pool.pinned)
         self._jobs = CudaJobs(self.device, self._tables.give) if self._cuda else None
         # every host offset is slot * slot_bytes + k * record_bytes_g: one alignment for all jobs
@@ -241,6 +261,8 @@ class TransferWorker:
                 lengths that disagree, slot or block ids out of range, duplicate destinations)
                 or ``after``. Raised before anything is enqueued.
             StreamCaptureError: called while the current CUDA stream captures a CUDA graph.
+            TransferError: page-locking the host pool in the background failed (the job is not
+                accepted; see :meth:`check_pinning`).
         """
         if self._closed:
             logger.error("transfer_async(job %r) after shutdown: not submitted", job_id)
@@ -254,6 +276,8 @@ class TransferWorker:
             raise InvalidArgumentError(f"job {jid}: only loads can be expedited, got a store")
         kind = STORE if store else LOAD
         job = self._mapper.map(gpu, cpu, store)
+        if self._pinning:
+            self._await_slots(cpu.block_ids)
         self._unreported.add(jid)
         nbytes = job.nbytes
         if self.kernel is None or nbytes == 0 or nbytes >= self._direct_below[store]:
@@ -277,6 +301,52 @@ class TransferWorker:
             batch = self._batch = JobBatch(store)
         batch.add(entry, job, producers, self.device if self._cuda else None)
         return True
+
+    def _await_slots(self, slots: np.ndarray) -> None:
+        """While the pool is page-locked in the background: block until ``slots`` (a checked job's
+        host slots) are registered. Once every slot is, jobs skip this.
+
+        Raises:
+            TransferError: background pinning failed (see :meth:`check_pinning`).
+        """
+        pool = self.host_pool
+        try:
+            ready = pool.check_pinning()
+            need = int(slots.max()) + 1 if slots.size else 0
+            if need > ready:
+                t0 = time.perf_counter()
+                pool.wait_rows(need)
+                logger.info(
+                    "transfer worker: a job waited %.3f s for host slots < %d to be page-locked",
+                    time.perf_counter() - t0,
+                    need,
+                )
+        except TransferError:
+            self._pinning_failed()
+            raise
+        if pool.pinning_done:
+            self._pinning = False
+
+    def _pinning_failed(self) -> None:
+        """Background pinning failed: launch what was accepted, wait for it, then undo every
+        registration (nothing runs on the pool any more)."""
+        self.flush()
+        if self._jobs is not None:
+            self._jobs.drain()
+        self.host_pool.unpin()
+
+    def check_pinning(self) -> int:
+        """Host slots page-locked so far (``num_cpu_blocks`` once all are: jobs then never wait).
+
+        Raises:
+            TransferError: background pinning failed; the pool's registrations are undone (after
+                the jobs in flight) and every later job raises it too.
+        """
+        try:
+            return self.host_pool.check_pinning()
+        except TransferError:
+            self._pinning_failed()
+            raise
 
     def flush(self) -> None:
         """Launch the merged jobs now (``merge=True``) instead of at the next :meth:`get_finished`,
