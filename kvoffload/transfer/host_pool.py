@@ -60,6 +60,7 @@ import torch
 
 from kvoffload.checks import check_bool, check_int
 from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError, TransferError
+from kvoffload.transfer import numa as numa_placement
 from kvoffload.transfer import pin_plan
 from kvoffload.transfer.pinning import Pinning, runtime_library
 
@@ -142,6 +143,11 @@ class HostPool:
             one exceeds it only where no page-aligned row boundary lies within it.
         background: for a pool that must be pinned, register the first chunk now and the rest on
             a background thread (see :meth:`wait_rows`); False: everything before returning.
+        numa: NUMA placement of the pages the pool uses, before they are first touched or
+            registered (:func:`~kvoffload.transfer.numa.place_pool`): None (default) -- the node of
+            ``device`` where one is known, else first touch places them; True -- that node or an
+            error; False -- not placed; an int -- that node. In a shared mapping only this pool's
+            area of each row is placed (:func:`~kvoffload.transfer.numa.own_ranges`).
 
     Attributes:
         buffer: 1-D ``torch.uint8`` CPU tensor of ``num_slots * slot_bytes`` bytes, page aligned.
@@ -149,6 +155,7 @@ class HostPool:
         pinned: whether the pool is page-locked, or being page-locked in the background (then
             only rows below :attr:`ready_rows` are registered yet).
         plan: the :class:`~kvoffload.transfer.pin_plan.RegisterPlan`, or None when pageable.
+        numa_node: the NUMA node the pool's pages prefer, or None when not placed.
         num_slots, slot_bytes, used_bytes, nbytes, device: as given / derived.
 
     Raises:
@@ -170,6 +177,7 @@ class HostPool:
         used_bytes: int | None = None,
         max_register_bytes: int | None = None,
         background: bool = False,
+        numa: bool | int | None = None,
     ) -> None:
         self.num_slots = check_int(num_slots, "num_slots", 1)
         self.slot_bytes = check_int(slot_bytes, "slot_bytes", 1)
@@ -190,6 +198,8 @@ class HostPool:
             max_register_bytes = pin_plan.MAX_REGISTER_BYTES
         self._max_register = check_int(max_register_bytes, "max_register_bytes", 1)
         background = check_bool(background, "background")
+        if numa is not None and not isinstance(numa, bool):
+            check_int(numa, "numa", 0)
         if pin is not None:
             pin = check_bool(pin, "pin")
         if not isinstance(device, (torch.device, str)):
@@ -225,6 +235,13 @@ class HostPool:
             self._mapping = memory
             buf = torch.frombuffer(memory, dtype=torch.uint8)[offset : offset + self.nbytes]
         self.mapped_bytes = len(self._mapping)
+        base = buf.data_ptr()
+        ranges = (
+            [(base, self.mapped_bytes)]
+            if memory is None
+            else numa_placement.own_ranges(base, self.num_slots, self.slot_bytes, self.used_bytes, base + self.nbytes)
+        )
+        self.numa_node = numa_placement.place_pool(ranges, dev, numa)  # before the first touch
         self.pinned = False
         self.plan: pin_plan.RegisterPlan | None = None
         self._pinning: Pinning | None = None

@@ -11,13 +11,16 @@ page is placed when it is first faulted in, and a page-locked page cannot be mov
 
 Shared mapping (vLLM's shared offload region, a ``/dev/shm`` file mapped by several processes):
 ``mbind`` on a tmpfs mapping sets the *file's* shared policy for that range, seen by every process
-mapping it; a page is placed by its first touch, in whichever process. A worker that binds the
-range of its own rows to its GPU's node before anything touches them gets them there. But the
-binding is page granular (a page holding two workers' slots goes to one node), one ``mbind`` per
-row splits the caller's mapping into one VMA per row (bounded by ``vm.max_map_count``, 65530 by
-default), and the pool's ``cudaHostRegister`` of the whole mapping faults in every worker's rows:
-the first worker to register places all pages not yet bound. ``MPOL_MF_MOVE`` moves only pages
-mapped by this process alone, so pages another process already mapped stay where they are.
+mapping it; a page is placed by its first touch, in whichever process. Each worker binds its own
+area of every row (:func:`own_ranges`) to its GPU's node before it touches or registers them, so
+its rows land there whoever touches them later. Limits: the binding is page granular (areas that
+share a page are not bound), one ``mbind`` per row splits the caller's mapping into one VMA per row
+(at most :data:`MAX_BIND_RANGES`; ``vm.max_map_count`` is 65530 by default), and a worker that
+registers whole rows (the host pool does when leaving the other areas out saves less than
+:data:`~kvoffload.transfer.pin_plan.MIN_SAVED_BYTES_PER_ROW` a row) faults in the other workers'
+areas: those not bound yet by their own worker are placed by that first touch. ``MPOL_MF_MOVE``
+moves only pages mapped by this process alone, so pages another process already mapped stay where
+they are.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 import mmap
 import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,16 @@ from kvoffload.errors import InvalidArgumentError, NumaError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["numa_nodes", "pci_numa_node", "device_numa_node", "bind", "bound_node", "placement", "place_pool"]
+__all__ = [
+    "numa_nodes",
+    "pci_numa_node",
+    "device_numa_node",
+    "bind",
+    "bound_node",
+    "placement",
+    "own_ranges",
+    "place_pool",
+]
 
 PAGE = mmap.PAGESIZE
 MPOL_DEFAULT, MPOL_PREFERRED = 0, 1
@@ -242,19 +255,59 @@ def placement(address: int, length: int) -> dict[int, int]:
     return counts
 
 
-def place_pool(address: int, length: int, device: Any, numa: bool | int | None = None) -> int | None:
-    """Place a host pool's mapping on a NUMA node before its first touch; returns the node bound, or
-    None when nothing was done. Call it once, after the ``mmap`` and before the pool is touched or
-    registered (``cudaHostRegister``); see the module docstring for a shared mapping.
+#: Most ranges :func:`own_ranges` binds one by one (each splits the caller's mapping into its own
+#: VMA, bounded by ``vm.max_map_count``, 65530 by default).
+MAX_BIND_RANGES = 16384
+
+
+def own_ranges(base: int, num_rows: int, stride: int, used: int, end: int) -> list[tuple[int, int]]:
+    """The page-aligned ``(address, length)`` ranges a pool's user touches: ``num_rows`` rows
+    ``stride`` bytes apart from ``base``, the first ``used`` bytes of each (up to ``end``).
+
+    One range when the rows are contiguous (``used == stride``); else each row's area rounded out
+    to whole pages, or none (logged) when two rows' areas would share a page (the rows' other
+    bytes are less than a page: another process's area there could not get its own node) or there
+    are more than :data:`MAX_BIND_RANGES` rows.
+    """
+    lo = base - base % PAGE
+    if used >= stride:
+        return [(lo, -(-end // PAGE) * PAGE - lo)]
+    if stride - used < PAGE:
+        logger.debug("host pool: rows %d bytes apart use %d: areas share pages, not bound", stride, used)
+        return []
+    if num_rows > MAX_BIND_RANGES:
+        logger.warning(
+            "host pool: %d rows hold other processes' areas; binding each to a NUMA node would take more than "
+            "%d ranges: pages placed by first touch",
+            num_rows,
+            MAX_BIND_RANGES,
+        )
+        return []
+    out = []
+    for row in range(num_rows):
+        start = base + row * stride
+        stop = min(start + used, end)
+        first = start - start % PAGE
+        out.append((first, -(-stop // PAGE) * PAGE - first))
+    return out
+
+
+def place_pool(ranges: Sequence[tuple[int, int]], device: Any, numa: bool | int | None = None) -> int | None:
+    """Place a host pool's pages on a NUMA node before their first touch; returns the node bound, or
+    None when nothing was done. ``ranges``: ``(address, length)`` of the page-aligned ranges the
+    pool's user touches (the whole mapping of a private pool; each row's own area in a shared
+    region). Call it once, after the ``mmap`` and before the pool is touched or registered
+    (``cudaHostRegister``); see the module docstring for a shared mapping.
 
     ``numa``: None (default) -- the node of ``device`` when one is known, else nothing (logged at
     debug), and a refused system call (``ENOSYS``, ``EPERM``) is logged at debug, not raised;
     True -- the node of ``device``, and an unknown node is an InvalidArgumentError; False -- do
-    nothing; an int -- that node. A bad ``address`` / ``length`` is an error whatever ``numa`` is;
-    errors of :func:`bind` propagate except as said for None.
+    nothing; an int -- that node. A bad range is an error whatever ``numa`` is (all are checked
+    before any is bound); errors of :func:`bind` propagate except as said for None.
     """
-    _check_range(address, length)
-    if numa is False:
+    for address, length in ranges:
+        _check_range(address, length)
+    if numa is False or not ranges:
         return None
     if numa is not None and numa is not True:
         node = check_int(numa, "numa", 0)
@@ -275,11 +328,12 @@ def place_pool(address: int, length: int, device: Any, numa: bool | int | None =
             logger.debug("host pool: NUMA node %d of device %s is not usable here (%s)", node, device, usable)
             return None
     try:
-        bind(address, length, node)
+        for address, length in ranges:
+            bind(address, length, node)
     except NumaError as exc:
         if numa is None and exc.errno in (errno.ENOSYS, errno.EPERM):
             logger.debug("host pool: NUMA binding refused (%s); pages placed by first touch", exc)
             return None
         raise
-    logger.debug("host pool: %d bytes at 0x%x prefer NUMA node %d", length, address, node)
+    logger.debug("host pool: %d range(s) from 0x%x prefer NUMA node %d", len(ranges), ranges[0][0], node)
     return node

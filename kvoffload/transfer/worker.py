@@ -121,6 +121,8 @@ class TransferWorker:
         host_offset: where in ``host_memory`` the pool starts, in bytes.
         slot_stride: bytes from one host slot to the next (default: the slot size); a larger
             stride leaves room between slots (another worker's records in a shared region).
+        numa: NUMA placement of the host pool's pages (:class:`HostPool`'s ``numa``): by default on
+            the node of the table's GPU where the machine says which; False turns it off.
 
     At construction the backend builds its device tables and compiles both directions
     (:meth:`KernelBackend.prepare`), so :meth:`transfer_async` neither compiles nor waits.
@@ -152,6 +154,7 @@ class TransferWorker:
         host_offset: int = 0,
         slot_stride: int | None = None,
         merge: bool = False,
+        numa: bool | int | None = None,
     ) -> None:
         if not isinstance(table, KVCacheTable):
             raise InvalidTypeError(f"table must be a KVCacheTable, got {type(table).__name__}")
@@ -197,6 +200,7 @@ class TransferWorker:
             offset=host_offset,
             used_bytes=used_bytes,
             background=True,
+            numa=numa,
         )
         self.paths.split_host_copies(self.host_pool.copy_cuts)  # one copy never spans two registrations
         self._pinning = not self.host_pool.pinning_done  # slots still being page-locked: jobs check theirs

@@ -154,9 +154,9 @@ def test_refused_syscall_is_a_numa_error(region: tuple[mmap.mmap, int], monkeypa
     with pytest.raises(NumaError):
         placement(addr, len(mm))
     with pytest.raises(NumaError):
-        place_pool(addr, len(mm), "cpu", numa=0)  # an explicit node: raised
+        place_pool([(addr, len(mm))], "cpu", numa=0)  # an explicit node: raised
     monkeypatch.setattr(numa, "device_numa_node", lambda device: 0)
-    assert place_pool(addr, len(mm), "cuda:0") is None  # automatic: logged, nothing done
+    assert place_pool([(addr, len(mm))], "cuda:0") is None  # automatic: logged, nothing done
 
 
 def fake_sysfs(root: Path, devices: dict[str, str], online: str = "0-1,3\n") -> Path:
@@ -214,23 +214,23 @@ def test_device_numa_node_reads_the_bus_id_from_torch(tmp_path: Path, monkeypatc
 @needs_syscalls
 def test_place_pool(region: tuple[mmap.mmap, int], monkeypatch: pytest.MonkeyPatch) -> None:
     mm, addr = region
-    assert place_pool(addr, len(mm), "cpu", numa=False) is None
+    assert place_pool([(addr, len(mm))], "cpu", numa=False) is None
     with pytest.raises(InvalidArgumentError, match="address must be aligned"):
-        place_pool(addr + 8, len(mm), "cpu", numa=False)
-    assert place_pool(addr, len(mm), "cpu") is None  # no node known: nothing done
+        place_pool([(addr + 8, len(mm))], "cpu", numa=False)
+    assert place_pool([(addr, len(mm))], "cpu") is None  # no node known: nothing done
     assert bound_node(addr) is None
     with pytest.raises(InvalidArgumentError, match="numa=True"):
-        place_pool(addr, len(mm), "cpu", numa=True)
+        place_pool([(addr, len(mm))], "cpu", numa=True)
     with pytest.raises(InvalidTypeError, match="numa must be an int"):
-        place_pool(addr, len(mm), "cpu", numa="0")  # type: ignore[arg-type]
+        place_pool([(addr, len(mm))], "cpu", numa="0")  # type: ignore[arg-type]
     monkeypatch.setattr(numa, "device_numa_node", lambda device: 999)
-    assert place_pool(addr, len(mm), "cuda:0") is None  # a node not usable here: skipped
+    assert place_pool([(addr, len(mm))], "cuda:0") is None  # a node not usable here: skipped
     with pytest.raises(InvalidArgumentError, match="node"):
-        place_pool(addr, len(mm), "cuda:0", numa=True)
+        place_pool([(addr, len(mm))], "cuda:0", numa=True)
     assert bound_node(addr) is None
     monkeypatch.setattr(numa, "device_numa_node", lambda device: USABLE[-1])
-    assert place_pool(addr, len(mm), "cuda:0") == USABLE[-1] == bound_node(addr)
-    assert place_pool(addr, len(mm), "cuda:0", numa=USABLE[0]) == USABLE[0] == bound_node(addr)
+    assert place_pool([(addr, len(mm))], "cuda:0") == USABLE[-1] == bound_node(addr)
+    assert place_pool([(addr, len(mm))], "cuda:0", numa=USABLE[0]) == USABLE[0] == bound_node(addr)
     touch(mm)
     assert placement(addr, len(mm)) == {USABLE[0]: PAGES}
 
