@@ -117,16 +117,20 @@ def _base_config(shape: Shape) -> VllmConfig:
 
 def make_config(
     extra: dict[str, Any],
-    connector: str = "KVOffloadConnector",
+    connector: str | None = "KVOffloadConnector",
     shape: Shape = DEFAULT_SHAPE,
     async_scheduling: bool = False,
 ) -> VllmConfig:
-    """A VllmConfig whose connector is ``connector`` with ``kv_connector_extra_config=extra``, and
-    ``scheduler_config.async_scheduling`` as given (set after vLLM's CPU platform turned it off)."""
+    """A VllmConfig whose connector is ``connector`` with ``kv_connector_extra_config=extra`` (None:
+    no KV connector, vLLM without offloading), and ``scheduler_config.async_scheduling`` as given
+    (set after vLLM's CPU platform turned it off)."""
     vc = copy.copy(_base_config(shape))
     if async_scheduling:
         vc.scheduler_config = copy.copy(vc.scheduler_config)
         vc.scheduler_config.async_scheduling = True
+    if connector is None:
+        vc.kv_transfer_config = None
+        return vc
     module = SPEC_MODULE if connector == "KVOffloadConnector" else None
     vc.kv_transfer_config = KVTransferConfig(
         kv_connector=connector,

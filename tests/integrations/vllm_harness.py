@@ -54,7 +54,8 @@ class Engine:
     Args:
         extra: ``kv_connector_extra_config``.
         num_gpu_blocks: GPU blocks in the shared pool.
-        connector: ``"KVOffloadConnector"`` or vLLM's ``"OffloadingConnector"``.
+        connector: ``"KVOffloadConnector"``, vLLM's ``"OffloadingConnector"``, or None: no KV
+            connector (vLLM without offloading, the reference of generated tokens).
         sliding_window: if set, a second KV-cache group (one sliding-window layer of this many
             tokens) beside the full-attention one, sharing the block pool (a hybrid model).
         shape: block size, longest request and scheduler limits.
@@ -69,7 +70,7 @@ class Engine:
         self,
         extra: dict[str, Any],
         num_gpu_blocks: int = 64,
-        connector: str = "KVOffloadConnector",
+        connector: str | None = "KVOffloadConnector",
         sliding_window: int | None = None,
         shape: Shape = DEFAULT_SHAPE,
         check_kv: bool = True,
@@ -112,10 +113,12 @@ class Engine:
             block_size=bs,
             log_stats=True,
         )
-        self.worker_connector = KVConnectorFactory.create_connector(
-            self.vllm_config, KVConnectorRole.WORKER, self.kv_cache_config
-        )
-        self.worker_connector.register_kv_caches({name: kv for (name, _), kv in zip(specs, self.kvs, strict=True)})
+        self.worker_connector: Any = None
+        if connector is not None:
+            self.worker_connector = KVConnectorFactory.create_connector(
+                self.vllm_config, KVConnectorRole.WORKER, self.kv_cache_config
+            )
+            self.worker_connector.register_kv_caches({name: kv for (name, _), kv in zip(specs, self.kvs, strict=True)})
         self.model = ModelRunner(self.kvs, bs, self._block_ids, async_scheduling, write_kv=check_kv)
         self.hasher = get_request_block_hasher(bs, sha256)
         self.outputs: dict[str, list[int]] = {}
@@ -187,8 +190,11 @@ class Engine:
 
     def _execute(self, sched_out: Any) -> ModelRunnerOutput:
         """The worker: the connector's worker-side calls around the model, as vLLM's model runner makes them."""
-        meta = sched_out.kv_connector_metadata
         wc = self.worker_connector
+        if wc is None:
+            req_ids, sampled = self.model.execute(sched_out)
+            return ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled)
+        meta = sched_out.kv_connector_metadata
         wc.handle_preemptions(meta)
         wc.bind_connector_metadata(meta)
         wc.start_load_kv(None)
