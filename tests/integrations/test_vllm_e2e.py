@@ -1,7 +1,10 @@
 """End to end: vLLM's real Scheduler and OffloadingConnector (both roles) with kvoffload behind them.
 
 Every engine step checks every computed position of every running request against the value the
-fake model wrote for that (token, position) (see ``vllm_harness``).
+fake model wrote for that (token, position) (see ``vllm_harness``). Every test runs with vLLM's
+``async_scheduling`` off and on (the ``async_scheduling`` fixture: vLLM's ``AsyncScheduler``, steps
+overlapped as vLLM's engine core overlaps them; see ``test_vllm_async_order`` for why not through a
+vLLM ``LLM`` on this CPU build).
 """
 
 from __future__ import annotations
