@@ -2,8 +2,9 @@
 
 Waves of requests sharing prefixes, on a GPU pool too small for all of them (preemptions) and a
 CPU pool too small for every chunk (evictions); some requests stop on a token they sample (under
-async scheduling their next step is already scheduled when the stop is seen), one request per wave
-is aborted while a step of it is in flight, and the GPU prefix cache is wiped between waves, so
+async scheduling their next step is already scheduled when the stop is seen), two requests per
+wave are aborted right after a step of theirs was scheduled (with async scheduling that step is in
+flight: the first one's stores of its prompt), and the GPU prefix cache is wiped between waves, so
 later waves load from the CPU tier.
 """
 
@@ -49,10 +50,10 @@ def run_workload(e: Engine, seed: int = 0, waves: int = 3, per_wave: int = 6, ab
             out = e.step()
             wave_steps += 1
             run.preempted += len(getattr(out, "preempted_req_ids", None) or ())
-            if aborts and wave_steps == 4:
+            if aborts and wave_steps in (1, 4):  # after its prompt's step (a store in flight), and later
                 running = sorted(r.request_id for r in e.scheduler.running if r.request_id in out.num_scheduled_tokens)
                 if running:
-                    e.abort(running[0])  # its step just scheduled is in flight
+                    e.abort(running[0])  # async: the step just scheduled is in flight
                     run.aborted.add(running[0])
         e.drain()
         e.reset_gpu()
