@@ -16,3 +16,9 @@ from tests.redis_support import server_of_its_own
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of this test alone (tests that kill it or corrupt its values)."""
     yield from server_of_its_own(tmp_path / "redis", require_redis)
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def async_scheduling(request: pytest.FixtureRequest) -> bool:
+    """vLLM's ``async_scheduling`` off, then on (``Engine(async_scheduling=...)`` of the harness)."""
+    return bool(request.param)

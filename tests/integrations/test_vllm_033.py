@@ -3,7 +3,8 @@
 * With ``sync_load_budget_bytes``, vLLM 0.33's scheduler loads a hit that fits the budget within
   the step (``submit_load(..., expedited=True)``, then ``wait``); kvoffload runs such a load on the
   transfer worker's second stream, ahead of the transfers queued before it (on CUDA; on this CPU
-  harness every job runs at submission). Every computed position is checked.
+  harness every job runs at submission). Every computed position is checked, with vLLM's
+  ``async_scheduling`` off and on.
 * ``canonical_layout`` is refused at start with a typed error naming the key.
 """
 
@@ -25,8 +26,8 @@ needs_033 = pytest.mark.skipif(not HAS_SYNC_LOADS, reason="vLLM < 0.33 has no ex
 
 
 @needs_033
-def test_expedited_loads_within_the_step() -> None:
-    e = Engine(extra(sync_load_budget_bytes=1 << 20))
+def test_expedited_loads_within_the_step(async_scheduling: bool) -> None:
+    e = Engine(extra(sync_load_budget_bytes=1 << 20), async_scheduling=async_scheduling)
     try:
         run_twice(e, {"a": prompt(1, 29), "b": prompt(2, 41)})
         c = e.worker.counts
@@ -37,8 +38,8 @@ def test_expedited_loads_within_the_step() -> None:
 
 
 @needs_033
-def test_loads_beyond_the_budget_are_not_expedited() -> None:
-    e = Engine(extra(sync_load_budget_bytes=1))
+def test_loads_beyond_the_budget_are_not_expedited(async_scheduling: bool) -> None:
+    e = Engine(extra(sync_load_budget_bytes=1), async_scheduling=async_scheduling)
     try:
         run_twice(e, {"a": prompt(3, 29)})
         assert e.worker.counts["loads"] == 1 and e.worker.counts["expedited_loads"] == 0

@@ -1,7 +1,10 @@
 """End to end: vLLM's real Scheduler and OffloadingConnector (both roles) with kvoffload behind them.
 
 Every engine step checks every computed position of every running request against the value the
-fake model wrote for that (token, position) (see ``vllm_harness``).
+fake model wrote for that (token, position) (see ``vllm_harness``). Every test runs with vLLM's
+``async_scheduling`` off and on (the ``async_scheduling`` fixture: vLLM's ``AsyncScheduler``, steps
+overlapped as vLLM's engine core overlaps them; see ``test_vllm_async_order`` for why not through a
+vLLM ``LLM`` on this CPU build).
 """
 
 from __future__ import annotations
@@ -94,8 +97,8 @@ def run_twice(e: Engine, prompts: dict[str, list[int]], max_tokens: int = 3) -> 
 
 @pytest.mark.parametrize("factor", [1, 2])
 @pytest.mark.parametrize("policy", ["lru", "arc", "s3fifo", "headstart", "kvoffload.cache.policies.lru:LRUPolicy"])
-def test_offload_then_reload(policy: str, factor: int) -> None:
-    e = Engine(extra(factor=factor, eviction_policy=policy))
+def test_offload_then_reload(policy: str, factor: int, async_scheduling: bool) -> None:
+    e = Engine(extra(factor=factor, eviction_policy=policy), async_scheduling=async_scheduling)
     run_twice(e, {"a": prompt(1, 29)})
     full_chunks = 29 // (BLOCK_SIZE * factor)
     assert e.worker.counts["stores"] >= 1
@@ -105,16 +108,16 @@ def test_offload_then_reload(policy: str, factor: int) -> None:
     assert e.manager.core.num_tracked_requests == 0
 
 
-def test_plain_offloading_connector() -> None:
+def test_plain_offloading_connector(async_scheduling: bool) -> None:
     """Only spec_name / spec_module_path changed in vLLM's own OffloadingConnector config."""
-    e = Engine(extra(), connector="OffloadingConnector")
+    e = Engine(extra(), async_scheduling=async_scheduling, connector="OffloadingConnector")
     run_twice(e, {"a": prompt(2, 21)})
     assert e.worker.counts["loads"] == 1
 
 
 @pytest.mark.parametrize("policy", ["arc", "headstart"])
-def test_eviction_pressure_many_prompts(policy: str) -> None:
-    e = Engine(extra(chunks=12, eviction_policy=policy))
+def test_eviction_pressure_many_prompts(policy: str, async_scheduling: bool) -> None:
+    e = Engine(extra(chunks=12, eviction_policy=policy), async_scheduling=async_scheduling)
     prompts = {f"p{i}": prompt(10 + i, 17 + i % 5) for i in range(10)}
     for rid, p in prompts.items():
         e.add(rid, p, 2)
@@ -131,10 +134,10 @@ def test_eviction_pressure_many_prompts(policy: str) -> None:
     assert e.worker.counts["loads"] >= 1
 
 
-def test_headstart_learns_seen_before_from_finished_requests() -> None:
+def test_headstart_learns_seen_before_from_finished_requests(async_scheduling: bool) -> None:
     """vLLM never calls ``touch``: the request-scoped hooks must tell ``headstart`` which chunks a
     later request read (seen list) and which a request only stored (first-sight list)."""
-    e = Engine(extra(chunks=12, eviction_policy="headstart"))
+    e = Engine(extra(chunks=12, eviction_policy="headstart"), async_scheduling=async_scheduling)
     shared = prompt(3, 3 * BLOCK_SIZE + 1)
     e.add("a", shared, 2)
     e.run()
@@ -149,11 +152,11 @@ def test_headstart_learns_seen_before_from_finished_requests() -> None:
     assert e.worker.counts["loads"] == 1
 
 
-def test_a_kv_workload_tag_reaches_headstart() -> None:
+def test_a_kv_workload_tag_reaches_headstart(async_scheduling: bool) -> None:
     """``kv_transfer_params["kv_workload"]`` of a vLLM request reaches the policy through kvoffload's
     scheduler and manager: headstart counts the tags its requests carried, and an untagged request
     adds none."""
-    e = Engine(extra(chunks=12, eviction_policy="headstart"))
+    e = Engine(extra(chunks=12, eviction_policy="headstart"), async_scheduling=async_scheduling)
     shared = prompt(3, 3 * BLOCK_SIZE + 1)
     for rid, tag in (("a", "text/1"), ("b", None), ("c", "text/2")):
         e.add(rid, shared, 2, None if tag is None else {"kv_workload": tag})
@@ -165,7 +168,7 @@ def test_a_kv_workload_tag_reaches_headstart() -> None:
     assert int(tags.reused[1:].sum()) >= 1  # c read blocks that a tagged request had placed
 
 
-def test_kv_page_size_changes_no_scheduling() -> None:
+def test_kv_page_size_changes_no_scheduling(async_scheduling: bool) -> None:
     """A 1-byte, 1-head, 1-channel KV page (bench_vllm's) schedules, stores and loads exactly as the
     default page (8x the bytes per channel, 8x the channels) under eviction pressure with 2-block
     chunks: the same tokens, jobs, steps and chunks held; only the bytes moved shrink."""
@@ -174,7 +177,12 @@ def test_kv_page_size_changes_no_scheduling() -> None:
     runs = []
     for shape in (Shape(), small):
         # the small page cannot hold kv_value: for both, the model writes nothing and nothing is checked
-        e = Engine(extra(10, 2, eviction_policy="arc", cpu_bytes_to_use=20 * shape.page), shape=shape, check_kv=False)
+        e = Engine(
+            extra(10, 2, eviction_policy="arc", cpu_bytes_to_use=20 * shape.page),
+            async_scheduling=async_scheduling,
+            shape=shape,
+            check_kv=False,
+        )
         prompts = {f"p{i}": prompt(70 + i, 17 + i % 5) for i in range(10)}
         for rid, p in prompts.items():
             e.add(rid, p, 2)
@@ -188,11 +196,11 @@ def test_kv_page_size_changes_no_scheduling() -> None:
     assert runs[1] == runs[0]
     assert runs[0][1]["loads"] >= 1 and runs[0][1]["stores"] >= 10  # eviction pressure: chunks came back
     with pytest.raises(ValueError, match="check_kv"):
-        Engine(extra(), shape=small)
+        Engine(extra(), async_scheduling=async_scheduling, shape=small)
 
 
-def test_shared_prefix() -> None:
-    e = Engine(extra())
+def test_shared_prefix(async_scheduling: bool) -> None:
+    e = Engine(extra(), async_scheduling=async_scheduling)
     shared = prompt(3, 16)
     prompts = {f"s{i}": shared + prompt(30 + i, 6 + i) for i in range(4)}
     run_twice(e, prompts)
@@ -201,8 +209,8 @@ def test_shared_prefix() -> None:
     assert len(e.manager.core) == 4 + own
 
 
-def test_preemption() -> None:
-    e = Engine(extra(), num_gpu_blocks=14)
+def test_preemption(async_scheduling: bool) -> None:
+    e = Engine(extra(), async_scheduling=async_scheduling, num_gpu_blocks=14)
     prompts = {f"r{i}": prompt(50 + i, 14) for i in range(4)}
     preempted = 0
     for rid, p in prompts.items():
@@ -218,8 +226,8 @@ def test_preemption() -> None:
         assert len(e.outputs[rid]) == 12
 
 
-def test_failed_store_then_reload_recomputes() -> None:
-    e = Engine(extra())
+def test_failed_store_then_reload_recomputes(async_scheduling: bool) -> None:
+    e = Engine(extra(), async_scheduling=async_scheduling)
     be = wrap_backend(e)
     be.fail_pack = 100  # every store of the first run fails
     e.add("a", prompt(4, 25), 3)
@@ -238,8 +246,8 @@ def test_failed_store_then_reload_recomputes() -> None:
     assert len(e.manager.core) == 25 // BLOCK_SIZE and e.worker.valid.sum() == 25 // BLOCK_SIZE
 
 
-def test_failed_load_recomputes() -> None:
-    e = Engine(extra())
+def test_failed_load_recomputes(async_scheduling: bool) -> None:
+    e = Engine(extra(), async_scheduling=async_scheduling)
     be = wrap_backend(e)
     e.add("a", prompt(5, 25), 3)
     e.run()
@@ -262,8 +270,8 @@ def test_failed_load_recomputes() -> None:
     assert len(e.manager.core) == n and e.worker.counts["loads"] >= 1 and e.worker.counts["failed_loads"] == 1
 
 
-def test_persistent_load_failures_do_not_livelock() -> None:
-    e = Engine(extra())
+def test_persistent_load_failures_do_not_livelock(async_scheduling: bool) -> None:
+    e = Engine(extra(), async_scheduling=async_scheduling)
     be = wrap_backend(e)
     e.add("a", prompt(15, 25), 3)
     e.run()
@@ -278,8 +286,8 @@ def test_persistent_load_failures_do_not_livelock() -> None:
     assert e.worker.counts["failed_loads"] in (2, 3) and e.worker.counts["loads"] == 0
 
 
-def test_negative_control_load_that_moves_nothing_is_caught() -> None:
-    e = Engine(extra())
+def test_negative_control_load_that_moves_nothing_is_caught(async_scheduling: bool) -> None:
+    e = Engine(extra(), async_scheduling=async_scheduling)
     be = wrap_backend(e)
     e.add("a", prompt(6, 25), 3)
     e.run()
@@ -291,17 +299,17 @@ def test_negative_control_load_that_moves_nothing_is_caught() -> None:
 
 
 @pytest.mark.parametrize("factor", [1, 2])
-def test_hybrid_model_with_sliding_window_group(factor: int) -> None:
+def test_hybrid_model_with_sliding_window_group(factor: int, async_scheduling: bool) -> None:
     """Two KV-cache groups sharing the block pool: full attention + an 8-token sliding window."""
-    e = Engine(extra(chunks=128, factor=factor), sliding_window=8)
+    e = Engine(extra(chunks=128, factor=factor), async_scheduling=async_scheduling, sliding_window=8)
     run_twice(e, {"a": prompt(7, 37), "b": prompt(7, 21) + prompt(8, 10)})
     assert e.worker.counts["loads"] >= 1 and e.worker.counts["failed_loads"] == 0
     groups = {bytes(key[-4:]) for key in e.manager.core.table.index}
     assert groups == {b"\0\0\0\0", b"\0\0\0\1"}  # both groups were offloaded
 
 
-def test_connector_reset_empties_the_cpu_tier() -> None:
-    e = Engine(extra())
+def test_connector_reset_empties_the_cpu_tier(async_scheduling: bool) -> None:
+    e = Engine(extra(), async_scheduling=async_scheduling)
     e.add("a", prompt(9, 25), 3)
     e.run()
     assert len(e.manager.core) > 0
@@ -314,10 +322,10 @@ def test_connector_reset_empties_the_cpu_tier() -> None:
     assert e.outputs["b"] == e.outputs["a"] and e.worker.counts["loads"] == 0
 
 
-def test_plain_connector_stops_rather_than_load_a_failed_store() -> None:
+def test_plain_connector_stops_rather_than_load_a_failed_store(async_scheduling: bool) -> None:
     """Without KVOffloadConnector nobody collects failed transfers: a load from chunks whose store
     failed is refused and reported as failed, and vLLM stops instead of running on wrong KV."""
-    e = Engine(extra(), connector="OffloadingConnector")
+    e = Engine(extra(), async_scheduling=async_scheduling, connector="OffloadingConnector")
     be = wrap_backend(e)
     be.fail_pack = 100
     e.add("a", prompt(11, 25), 3)
@@ -331,8 +339,8 @@ def test_plain_connector_stops_rather_than_load_a_failed_store() -> None:
     assert e.worker.counts["failed_loads"] == 1
 
 
-def test_decode_blocks_offloaded_when_not_prompt_only() -> None:
-    e = Engine(extra(offload_prompt_only=False))
+def test_decode_blocks_offloaded_when_not_prompt_only(async_scheduling: bool) -> None:
+    e = Engine(extra(offload_prompt_only=False), async_scheduling=async_scheduling)
     p = prompt(12, 25)
     e.add("a", p, 12)
     e.run()
@@ -343,8 +351,8 @@ def test_decode_blocks_offloaded_when_not_prompt_only() -> None:
     assert e.worker.counts["loads"] == 1
 
 
-def test_store_threshold_stores_on_the_second_offer() -> None:
-    e = Engine(extra(store_threshold=2))
+def test_store_threshold_stores_on_the_second_offer(async_scheduling: bool) -> None:
+    e = Engine(extra(store_threshold=2), async_scheduling=async_scheduling)
     e.add("a", prompt(14, 25), 2)
     e.run()
     assert len(e.manager.core) == 0  # first offer: counted, not stored

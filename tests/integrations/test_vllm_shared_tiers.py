@@ -72,10 +72,12 @@ def count_promotions(e: Engine) -> list[int]:
 
 
 @pytest.mark.parametrize("name", ["redis", "disk", "vllm-fs"])
-def test_second_engine_loads_what_the_first_computed(shared: Shared, name: str) -> None:
+def test_second_engine_loads_what_the_first_computed(shared: Shared, name: str, async_scheduling: bool) -> None:
+    """The second engine runs with vLLM's ``async_scheduling`` off and on (promotions and loads
+    complete a step later from its scheduler's view)."""
     assert set(shared.first[name]["outputs"]) == set(PROMPTS)
     t0 = time.perf_counter()
-    e = Engine(extra(shared.tiers[name]))
+    e = Engine(extra(shared.tiers[name]), async_scheduling=async_scheduling)
     try:
         assert len(e.manager.core) == 0  # its own CPU pool starts empty (and its GPU cache)
         promoted = count_promotions(e)
