@@ -12,7 +12,7 @@ require_vllm()
 from kvoffload.testing.redis_server import RedisServer  # noqa: E402
 from tests.integrations.engine_roles import ROW, run_prompts  # noqa: E402
 from tests.integrations.test_vllm_shared_tiers import count_promotions  # noqa: E402
-from tests.integrations.vllm_harness import BLOCK_SIZE, PAGE, SPEC_MODULE, Engine  # noqa: E402
+from tests.integrations.vllm_harness import BLOCK_SIZE, SPEC_MODULE, Engine  # noqa: E402
 from tests.readme_blocks import kv_transfer_config, marked_blocks  # noqa: E402
 
 
@@ -24,7 +24,7 @@ def test_readme_vllm_config_serves_and_reloads() -> None:
     assert (config["kv_role"], config["kv_load_failure_policy"]) == ("kv_both", "recompute")
     extra = dict(config["kv_connector_extra_config"])
     assert extra["cpu_bytes_to_use"] >= 2**30  # as written: gigabytes for a real model
-    extra["cpu_bytes_to_use"] = 64 * PAGE  # 64 blocks of the test model's 256-byte pages
+    extra["cpu_bytes_to_use"] = 64 * ROW  # 64 chunks of the test model's 256-byte pages (a page-sized row each)
     e = Engine(extra)
     prompt = [(i * 17) % 997 + 1 for i in range(29)]
     e.add("a", prompt)

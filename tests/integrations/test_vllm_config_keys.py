@@ -17,7 +17,7 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError  # noqa: E402
 from kvoffload.integrations.vllm.config_keys import KEYS, markdown_table, parse_size  # noqa: E402
-from tests.integrations.tier_roles import offloading_config  # noqa: E402
+from tests.integrations.tier_roles import ROW, offloading_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.integrations.vllm"}
@@ -84,12 +84,13 @@ def test_a_mistake_fails_at_start_naming_the_key(extra: dict[str, Any], error: t
 )
 def test_sizes_take_units(value: Any, nbytes: int) -> None:
     assert parse_size(value, "cpu_bytes_to_use") == nbytes
-    assert _start(cpu_bytes_to_use=value).num_chunks == nbytes // 256  # 256 KV bytes a block, one worker
+    # 256 KV bytes a block, one worker: a chunk takes one page-sized row, as in vLLM's CPU spec
+    assert _start(cpu_bytes_to_use=value).num_chunks == nbytes // ROW
 
 
 def test_vllms_own_size_flag_starts() -> None:
     """vLLM's --kv-offloading-size writes cpu_bytes_to_use as GiB * 2**30, a float."""
-    assert _start(cpu_bytes_to_use=0.5 * (1 << 30)).num_chunks == (1 << 29) // 256
+    assert _start(cpu_bytes_to_use=0.5 * (1 << 30)).num_chunks == (1 << 29) // ROW
 
 
 def test_strict_config_false_warns_once_and_starts(caplog: pytest.LogCaptureFixture) -> None:
@@ -115,7 +116,7 @@ def test_every_key_of_the_table_starts() -> None:
         canonical_layout=False,
         enable_telemetry=False,
     )
-    assert spec.num_chunks == 32 and spec.eviction_policy == "arc"
+    assert spec.num_chunks == 8192 // ROW and spec.eviction_policy == "arc"
 
 
 def test_the_docs_table_is_the_checked_list() -> None:

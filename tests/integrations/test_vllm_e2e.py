@@ -13,6 +13,7 @@ from tests.integrations.vllm_env import require_vllm
 
 require_vllm()
 
+import mmap  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -21,11 +22,17 @@ import torch  # noqa: E402
 from tests.integrations.vllm_harness import BLOCK_SIZE, PAGE, Engine, KVMismatch, Shape  # noqa: E402
 
 
+def row_bytes(factor: int = 1, page: int = PAGE) -> int:
+    """Host bytes one chunk of ``factor`` GPU blocks of ``page`` bytes costs: rounded up to the OS
+    page, as vLLM's CPU spec sizes a chunk."""
+    return -(-page * factor // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
 def extra(chunks: int = 64, factor: int = 1, **kw: Any) -> dict[str, Any]:
     cfg = {
         "spec_name": "KVOffloadSpec",
         "spec_module_path": "kvoffload.integrations.vllm",
-        "cpu_bytes_to_use": chunks * PAGE * factor,
+        "cpu_bytes_to_use": chunks * row_bytes(factor),
         "kernel_backend": "torch",
     }
     if factor != 1:
@@ -177,11 +184,8 @@ def test_kv_page_size_changes_no_scheduling(async_scheduling: bool) -> None:
     runs = []
     for shape in (Shape(), small):
         # the small page cannot hold kv_value: for both, the model writes nothing and nothing is checked
-        e = Engine(
-            extra(10, 2, eviction_policy="arc", cpu_bytes_to_use=20 * shape.page),
-            async_scheduling=async_scheduling,
-            shape=shape,
-            check_kv=False,
+        e = Engine(  # 10 chunks of 2 blocks
+            extra(10, 2, eviction_policy="arc"), async_scheduling=async_scheduling, shape=shape, check_kv=False
         )
         prompts = {f"p{i}": prompt(70 + i, 17 + i % 5) for i in range(10)}
         for rid, p in prompts.items():
@@ -191,7 +195,7 @@ def test_kv_page_size_changes_no_scheduling(async_scheduling: bool) -> None:
         for rid, p in reversed(prompts.items()):
             e.add(rid + "-again", p, 2)
         e.run()
-        assert e.worker.transfer_worker.host_pool.nbytes == 20 * shape.page
+        assert e.worker.transfer_worker.host_pool.nbytes == 20 * shape.page  # a private pool: no row padding
         runs.append((e.outputs, e.worker.counts, e.steps, len(e.manager.core)))
     assert runs[1] == runs[0]
     assert runs[0][1]["loads"] >= 1 and runs[0][1]["stores"] >= 10  # eviction pressure: chunks came back

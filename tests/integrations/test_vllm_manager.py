@@ -142,10 +142,10 @@ def test_config_info_carries_vllms_capacity_labels(world: int) -> None:
 def test_spec_reads_vllms_keys() -> None:
     s = KVOffloadSpec(
         _spec_config(
-            {"cpu_bytes_to_use": 10 * 2048 + 5, "eviction_policy": "arc", "store_threshold": 2, "max_tracker_size": 7}
+            {"cpu_bytes_to_use": 10 * 4096 + 5, "eviction_policy": "arc", "store_threshold": 2, "max_tracker_size": 7}
         )
     )
-    assert s.num_chunks == 10 and s.eviction_policy == "arc"
+    assert s.num_chunks == 10 and s.eviction_policy == "arc"  # a chunk of 2048 KV bytes takes a 4096-byte page
     m = s.get_manager()
     assert m is s.get_manager() and m.core.cache_policy == "arc" and m.core.reuse.max_tracker_size == 7
     s2 = KVOffloadSpec(_spec_config({"cpu_bytes_to_use": 8192, "cache_policy_module_path": "my.mod"}, world=2))

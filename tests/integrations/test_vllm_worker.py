@@ -1,4 +1,4 @@
-"""kvoffload's vLLM worker on vLLM's canonical KV-cache views, and the connector's worker metadata."""
+"""kvoffload's vLLM worker on vLLM's canonical KV-cache views, its arguments, and the connector's worker metadata."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ from tests.integrations.vllm_env import require_vllm
 
 require_vllm()
 
+import os  # noqa: E402
+import uuid  # noqa: E402
+
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from vllm.v1.kv_offload.base import (  # noqa: E402
     CanonicalKVCacheRef,
@@ -15,8 +19,10 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
 
+from kvoffload.errors import InvalidArgumentError, InvalidTypeError  # noqa: E402
 from kvoffload.integrations.vllm import KVOffloadWorker  # noqa: E402
 from kvoffload.integrations.vllm.connector import KVOffloadWorkerMetadata  # noqa: E402
+from kvoffload.integrations.vllm.shared_region import WorkerRegion, region_geometry  # noqa: E402
 
 NUM_BLOCKS, PAGE, PADDED = 8, 48, 64
 
@@ -105,3 +111,20 @@ def test_worker_metadata_aggregates_failed_stores() -> None:
     assert isinstance(agg, KVOffloadWorkerMetadata)
     assert agg.completed_jobs == {1: 2, 2: 1, 3: 1} and agg.failed_store_jobs == {2, 3}
     assert agg.failed_load_jobs == {1}
+
+
+def test_sole_writer_must_be_a_bool() -> None:
+    kv, _ = caches()
+    with pytest.raises(InvalidTypeError, match="sole_writer"):
+        KVOffloadWorker(kv, num_cpu_blocks=4, blocks_per_chunk=1, backend="torch", sole_writer=1)  # type: ignore[arg-type]
+
+
+def test_a_slot_outside_the_row_opens_no_region() -> None:
+    """A worker slot the row does not have is refused before the region's file is created."""
+    engine_id = f"kvoffload-test-{uuid.uuid4().hex[:12]}"
+    one_copy = region_geometry(16 * 4096, 256, 1, copies=1)
+    assert (one_copy.num_chunks, one_copy.row_bytes, one_copy.copies) == (16, 4096, 1)
+    for slot in (1, -1):
+        with pytest.raises(InvalidArgumentError, match="slot must be in"):
+            WorkerRegion(engine_id, one_copy, slot)
+    assert not os.path.exists(f"/dev/shm/vllm_offload_{engine_id}.mmap")

@@ -52,8 +52,9 @@ KEYS: tuple[ConfigKey, ...] = (
         "kvoffload",
         'host memory of the pool, all workers together: bytes, or a size with a unit (`"16GiB"`, '
         '`"500MB"`; KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024). The pool holds '
-        "`cpu_bytes_to_use // (KV bytes of one GPU block on one worker × GPU blocks per offloaded "
-        "block × workers)` offloaded blocks per worker.",
+        "`cpu_bytes_to_use // round_up(KV bytes of one GPU block on one worker × GPU blocks per offloaded "
+        "block × copies, OS page)` offloaded blocks per worker, as vLLM's CPU spec: `copies` is the number of "
+        "workers, or 1 under vLLM's replicated layout (MLA at tensor-parallel > 1: one copy, stored by rank 0).",
     ),
     ConfigKey(
         "block_size",

@@ -67,13 +67,17 @@ class KVOffloadConnector(OffloadingConnector):
         return set() if w is None else w.take_load_errors()
 
     def build_connector_worker_meta(self) -> Any:
+        """vLLM's metadata of this worker as a :class:`KVOffloadWorkerMetadata` with the jobs that
+        failed here; None when there is nothing to report. Never vLLM's own class: vLLM folds the
+        workers' metadata into the first worker's (``first.aggregate(other)``), and vLLM's
+        ``aggregate`` would drop the failed jobs of a later worker."""
         meta = super().build_connector_worker_meta()
         w = self._kvoffload_worker()
         if w is None:
             return meta
         stores, loads = w.take_failed_stores(), w.take_failed_loads()
-        if not (stores or loads):
-            return meta
+        if meta is None and not (stores or loads):
+            return None
         return KVOffloadWorkerMetadata(
             completed_jobs=dict(meta.completed_jobs) if meta is not None else {},
             transfer_stats=meta.transfer_stats if meta is not None else KVOffloadWorkerMetadata().transfer_stats,

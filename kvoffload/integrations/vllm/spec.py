@@ -12,6 +12,13 @@ error at start, never accepted and ignored. With ``secondary_tiers`` (kvoffload'
 shared offload region (``/dev/shm``), mapped by the scheduler (where the tiers read and write it)
 and by every worker (where kvoffload's kernels move the bytes).
 
+Under vLLM's replicated layout (``OffloadingConfig.replicated_layout``: MLA at tensor-parallel
+> 1, where every worker holds the same KV) the pool holds one copy of each chunk, in the shared
+region with or without tiers: every worker maps the same slot of each row, rank 0 alone stores
+(vLLM's connector worker reads :attr:`KVOffloadSpec.replicated_layout` to elect it), every worker
+loads. ``cpu_bytes_to_use`` buys as many chunks as it does with vLLM's own CPU spec on CUDA, with
+or without that layout (:mod:`kvoffload.integrations.vllm.shared_region` has the sizing).
+
 ``KVOffloadSpec`` is registered as a virtual subclass of vLLM's ``CPUOffloadingSpec``
 (``ABC.register``: nothing is inherited). vLLM 0.32's Prometheus exporter feeds its deprecated
 transfer metrics (``vllm:kv_offload_total_bytes``, ``_total_time``, ``_size``, labelled by
@@ -108,24 +115,35 @@ class KVOffloadSpec(OffloadingSpec):
         #: how a host record is laid out (part of a tier's namespace)
         self.host_layout = KVOFFLOAD_LAYOUT
         world = max(1, int(config.parallel.world_size))
-        self.region: RegionGeometry | None = None
-        if self.secondary_tier_configs:
-            if self.store_threshold >= 2:
-                raise InvalidArgumentError(
-                    "kv_connector_extra_config['store_threshold'] >= 2 cannot be combined with secondary_tiers"
-                )
-            self.region = region_geometry(cpu_bytes, config.worker_kv_bytes_per_block, self.blocks_per_chunk, world)
-            self.num_chunks = self.region.num_chunks
-            chunk_bytes = self.region.row_bytes
-        else:
-            chunk_bytes = int(config.worker_kv_bytes_per_block) * self.blocks_per_chunk * world
-            self.num_chunks = cpu_bytes // chunk_bytes if chunk_bytes > 0 else 0
-            if chunk_bytes > 0 and self.num_chunks == 0:
-                raise InvalidArgumentError(
-                    f"kv_connector_extra_config['cpu_bytes_to_use']={cpu_bytes} holds no chunk of {chunk_bytes} bytes"
-                )
-        #: host bytes of one chunk, every worker's copy (with tiers: one row of the shared region)
-        self.chunk_bytes: int = chunk_bytes
+        #: vLLM's replicated layout (MLA at tensor-parallel > 1, as vLLM decides it in
+        #: ``OffloadingConfig.replicated_layout``): the pool holds one copy of a chunk, rank 0 stores
+        #: it, every worker loads it. vLLM's connector worker reads this attribute to elect the
+        #: store writer. Unlike vLLM's CPU spec, it is not narrowed to CUDA / XPU platforms:
+        #: vLLM gates it there because its CPU worker keeps a private tensor elsewhere, where a
+        #: non-writer would load bytes nobody stored; kvoffload's workers always map one shared
+        #: region under this layout, whatever the platform.
+        self.replicated_layout: bool = bool(getattr(config, "replicated_layout", False))
+        #: whether this worker runs the stores (vLLM's election: every worker, or rank 0 alone
+        #: under a replicated layout)
+        self.store_writer: bool = not self.replicated_layout or int(config.parallel.rank) == 0
+        copies = 1 if self.replicated_layout else world
+        if self.secondary_tier_configs and self.store_threshold >= 2:
+            raise InvalidArgumentError(
+                "kv_connector_extra_config['store_threshold'] >= 2 cannot be combined with secondary_tiers"
+            )
+        #: the pool's shape, as vLLM's CPU spec sizes it (rows rounded up to the OS page)
+        self.geometry: RegionGeometry = region_geometry(
+            cpu_bytes, config.worker_kv_bytes_per_block, self.blocks_per_chunk, copies
+        )
+        self.num_chunks: int = self.geometry.num_chunks
+        #: whether the workers keep the pool in vLLM's shared region: with tiers (the scheduler's
+        #: tiers read and write it) or under a replicated layout (one copy for all workers)
+        self.shared_pool: bool = self.num_chunks > 0 and (bool(self.secondary_tier_configs) or self.replicated_layout)
+        #: host bytes of one chunk, every copy and the row's padding (vLLM's ``kv_bytes_per_chunk``)
+        self.chunk_bytes: int = self.geometry.row_bytes
+        #: vLLM's CPU spec's names of the same sizes: a row, one worker's part of it
+        self.kv_bytes_per_chunk: int = self.geometry.row_bytes
+        self.cpu_page_size_per_worker: int = self.geometry.worker_bytes
         self._manager: OffloadingManager | None = None
         self._worker: KVOffloadWorker | None = None
 
@@ -149,22 +167,32 @@ class KVOffloadSpec(OffloadingSpec):
                 "enable_events": bool(self.kv_events_config.enable_kv_cache_events),
                 "config_info": info,
             }
-            if self.region is None:
+            if not self.secondary_tier_configs:
                 self._manager = KVOffloadManager(self.num_chunks, **options)
             else:
                 from kvoffload.integrations.vllm.tiered_manager import build_tiering_manager
 
-                self._manager = build_tiering_manager(self, self.region, options)
+                self._manager = build_tiering_manager(self, self.geometry, options)
         return self._manager
 
     def get_worker(self, kv_caches: Any) -> OffloadingWorker:
         if self._worker is None:
             region = None
-            if self.region is not None:
-                region = WorkerRegion(self.config.engine_id, self.region, int(self.config.parallel.rank))
+            if self.shared_pool:
+                slot = 0 if self.replicated_layout else int(self.config.parallel.rank)
+                region = WorkerRegion(self.config.engine_id, self.geometry, slot)
+            # the worker checks its chunks itself only where its own stores are all that write them
+            sole_writer = region is None or (
+                self.store_writer and self.replicated_layout and not self.secondary_tier_configs
+            )
             try:
                 self._worker = KVOffloadWorker(
-                    kv_caches, self.num_chunks, self.blocks_per_chunk, self.kernel_backend, region=region
+                    kv_caches,
+                    self.num_chunks,
+                    self.blocks_per_chunk,
+                    self.kernel_backend,
+                    region=region,
+                    sole_writer=sole_writer,
                 )
             except Exception:
                 if region is not None:

@@ -10,9 +10,9 @@ Failures never reach vLLM as ``success=False`` (vLLM asserts on it):
 
 * a failed store is reported as finished, and its job id is kept for :meth:`take_failed_stores`,
   which :class:`~kvoffload.integrations.vllm.KVOffloadConnector` sends to the scheduler so the
-  manager drops the chunks. Whatever the connector, this worker also remembers the chunks as *not
-  valid* until a later store into them succeeds: a load that reads one of them is not run and
-  counts as a failed load;
+  manager drops the chunks. Whatever the connector, a worker whose own stores are the only writes
+  into its pool (``sole_writer``) also remembers the chunks as *not valid* until a later store
+  into them succeeds: a load that reads one of them is not run and counts as a failed load;
 * a failed load is reported as finished, its job id is kept for :meth:`take_failed_loads` (the
   connector has the scheduler drop its chunks, so vLLM does not try them again and again) and
   its GPU block ids for
@@ -20,6 +20,13 @@ Failures never reach vLLM as ``success=False`` (vLLM asserts on it):
   returns from ``get_block_ids_with_load_errors`` so that vLLM (``kv_load_failure_policy=
   "recompute"``) recomputes those blocks. Without that connector nobody collects them, and the
   load is reported as failed instead (vLLM stops on its assertion rather than run on wrong KV).
+
+Under vLLM's replicated layout every worker maps the same slot of each row and only rank 0 is
+handed stores (vLLM's connector worker elects it and acknowledges the store jobs on the other
+ranks without running them). Rank 0 is then the pool's sole writer and checks its chunks; the
+other ranks cannot know which of rank 0's stores failed, so they do not check: a failed store
+reaches them through the scheduler, which drops its chunks (``KVOffloadConnector``), and without
+that connector rank 0's own check fails the load (vLLM stops on its assertion).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 import numpy as np
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
 
+from kvoffload.checks import check_bool
 from kvoffload.core.base import CPULoadStoreSpec, GPULoadStoreSpec
 from kvoffload.kernels.layout import GenericLayout, KVCacheTable
 from kvoffload.transfer.worker import TransferWorker
@@ -65,11 +73,14 @@ class KVOffloadWorker(OffloadingWorker):
         backend: kvoffload kernel backend (``triton``, ``torch``, ``page_loop``, ``module:Class``) or
             None for the device's default.
         region: a :class:`~kvoffload.integrations.vllm.shared_region.WorkerRegion`: the host pool
-            lives in vLLM's shared offload region (``secondary_tiers``), where the scheduler's
-            tiers also write chunks (promotions). The worker then cannot know which chunks hold
-            valid bytes, so it does not check (failed stores are dropped by the scheduler through
-            :class:`~kvoffload.integrations.vllm.KVOffloadConnector`); the region is released at
-            :meth:`shutdown`.
+            lives in vLLM's shared offload region (``secondary_tiers``, or one copy for every
+            worker under a replicated layout); the region is released at :meth:`shutdown`.
+        sole_writer: whether this worker's own stores are the only writes into its pool: then it
+            tracks which chunks hold a complete, successful store and refuses loads of the others.
+            Default: True for a private pool, False with a region (the scheduler's tiers write
+            promotions into it; other workers may be the ones storing). Where it does not check,
+            failed stores are dropped by the scheduler through
+            :class:`~kvoffload.integrations.vllm.KVOffloadConnector`.
     """
 
     def __init__(
@@ -79,7 +90,9 @@ class KVOffloadWorker(OffloadingWorker):
         blocks_per_chunk: int,
         backend: str | None = None,
         region: Any = None,
+        sole_writer: bool | None = None,
     ) -> None:
+        check = region is None if sole_writer is None else check_bool(sole_writer, "sole_writer")
         host: dict[str, Any] = {}
         if region is not None:
             host = {"host_memory": region.memory, "host_offset": region.offset, "slot_stride": region.stride}
@@ -87,9 +100,9 @@ class KVOffloadWorker(OffloadingWorker):
         self.transfer_worker = TransferWorker(
             table_from_canonical(kv_caches), num_cpu_blocks, blocks_per_chunk, backend=backend, **host
         )
-        #: per chunk: its bytes are a complete, successful store (all True, unchecked, with a region)
-        self.valid = np.full(num_cpu_blocks, region is not None, dtype=bool)
-        self._check_valid = region is None
+        #: per chunk: its bytes are a complete, successful store (all True, unchecked, unless sole_writer)
+        self.valid = np.full(num_cpu_blocks, not check, dtype=bool)
+        self._check_valid = check
         #: set by KVOffloadConnector: it collects failed loads through take_load_errors()
         self.report_load_errors = False
         self._jobs: dict[int, tuple[bool, np.ndarray, GPULoadStoreSpec]] = {}  # job -> (store, cpu ids, gpu spec)
