@@ -29,15 +29,14 @@ INTERNAL_ATTRIBUTES: dict[str, str] = {
     "stores_skipped_in_current_batch": "CPUOffloadingManager: the skipped-store counter before get_stats",
     "events": "CPUOffloadingManager: its event list (the contract is take_events())",
     "create_worker": "CPUOffloadingSpec: the helper behind its get_worker (builds vLLM's CUDA worker)",
-    "cpu_page_size_per_worker": "CPUOffloadingSpec: its per-worker row size",
-    "kv_bytes_per_chunk": "CPUOffloadingSpec: its page-aligned row size",
 }
 
 #: test node id (no parameters) -> one-line reason; ``version:node`` keys apply to one version only
 _FACTORY = "tests/v1/kv_offload/test_factory.py::"
 _REPLICATED = (
-    "replicated layout not implemented: KVOffloadSpec keeps one host record per worker (no shared region, "
-    "replicated_layout stays False, capacity divided by the workers); vLLM's CPU spec on CUDA keeps one copy"
+    "replicated layout on every platform: kvoffload's workers always map one shared region under it, so "
+    "KVOffloadSpec keeps replicated_layout (one copy) where vLLM's CPU spec turns it off because its worker "
+    "keeps a private tensor there (ROCm, non-CUDA platforms)"
 )
 REASONS: dict[str, str] = {
     _FACTORY + "test_cpu_spec_missing_cpu_bytes_to_use_raises": (
@@ -45,13 +44,12 @@ REASONS: dict[str, str] = {
         'missing...", the test matches vLLM\'s wording "cpu_bytes_to_use must be specified"'
     ),
     _FACTORY + "test_cpu_spec_replicated_layout_truth_matrix": _REPLICATED,
-    _FACTORY + "test_cpu_config_info_capacity_dedups_a_replicated_layout": _REPLICATED,
+    _FACTORY + "test_cpu_spec_replicated_disabled_without_shared_region": _REPLICATED,
     _FACTORY + "test_cpu_config_info_*": (
-        "vLLM 0.33 config_info labels: KVOffloadSpec's manager reports backend / num_chunks / eviction_policy / "
-        "store_threshold / kernel_backend, not vLLM's CPUOffloadingInfo labels (cpu_num_chunks, "
-        "cpu_blocks_per_chunk, cpu_kv_cache_size_bytes, cpu_kv_cache_size_tokens) that the test reads"
+        "vLLM 0.33 config_info labels: KVOffloadSpec's manager reports vLLM's CPUOffloadingInfo labels "
+        "(cpu_num_chunks, cpu_blocks_per_chunk, cpu_kv_cache_size_bytes, cpu_kv_cache_size_tokens) and its own "
+        "(backend, num_chunks, eviction_policy, store_threshold, kernel_backend); the test compares the whole dict"
     ),
-    _FACTORY + "test_cpu_spec_replicated_sizing_on_shared_region": _REPLICATED,
 }
 
 
