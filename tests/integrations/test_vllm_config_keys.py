@@ -17,7 +17,10 @@ from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
 from kvoffload.errors import InvalidArgumentError, InvalidTypeError  # noqa: E402
 from kvoffload.integrations.vllm.config_keys import KEYS, markdown_table, parse_size  # noqa: E402
+from kvoffload.transfer.numa import bound_node  # noqa: E402
 from tests.integrations.tier_roles import ROW, offloading_config  # noqa: E402
+from tests.integrations.vllm_harness import PAGE, SPEC_MODULE, Engine  # noqa: E402
+from tests.transfer.test_numa import USABLE, needs_syscalls  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"spec_name": "KVOffloadSpec", "spec_module_path": "kvoffload.integrations.vllm"}
@@ -69,6 +72,9 @@ MISTAKES = [
         r"store_threshold'\] must be an integer",
     ),
     ({"cpu_bytes_to_use": "4KiB", "secondary_tiers": "redis://x"}, InvalidArgumentError, r"must be a list"),
+    ({"cpu_bytes_to_use": "4KiB", "numa_node": "near"}, InvalidArgumentError, r"numa_node'\] must be 'auto'"),
+    ({"cpu_bytes_to_use": "4KiB", "numa_node": -1}, InvalidArgumentError, r"numa_node'\] must be 'auto'"),
+    ({"cpu_bytes_to_use": "4KiB", "numa_node": True}, InvalidArgumentError, r"numa_node'\] must be 'auto'"),
 ]
 
 
@@ -117,6 +123,33 @@ def test_every_key_of_the_table_starts() -> None:
         enable_telemetry=False,
     )
     assert spec.num_chunks == 8192 // ROW and spec.eviction_policy == "arc"
+
+
+@pytest.mark.parametrize(
+    "value, numa", [("auto", None), (None, None), (False, False), ("off", False), (0, 0), ("1", 1)]
+)
+def test_numa_node_values(value: Any, numa: Any) -> None:
+    spec = _start(cpu_bytes_to_use="4KiB", numa_node=value)
+    assert spec.numa == numa and type(spec.numa) is type(numa)
+
+
+@needs_syscalls
+def test_numa_node_places_the_workers_pool() -> None:
+    """The key reaches the worker's host pool: its pages prefer that node before they are touched."""
+    node = USABLE[-1]
+    engine = Engine(
+        {
+            "spec_name": "KVOffloadSpec",
+            "spec_module_path": SPEC_MODULE,
+            "cpu_bytes_to_use": 64 * PAGE,
+            "numa_node": node,
+        }
+    )
+    try:
+        pool = engine.worker.transfer_worker.host_pool
+        assert pool.numa_node == node and bound_node(pool.buffer.data_ptr()) == node
+    finally:
+        engine.close()
 
 
 def test_the_docs_table_is_the_checked_list() -> None:

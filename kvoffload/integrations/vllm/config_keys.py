@@ -107,6 +107,16 @@ KEYS: tuple[ConfigKey, ...] = (
         "kvoffload's data path: `triton`, `torch`, `page_loop` or `package.module:Class`.",
     ),
     ConfigKey(
+        "numa_node",
+        "str/int/bool",
+        "`auto`",
+        "kvoffload",
+        "NUMA node of the host pool's pages: `auto` (the node of the worker's GPU, from its PCI bus id in "
+        "sysfs; nothing where unknown), `false` (first touch places them), or a node number. In a shared "
+        "region each worker places its own area of each row; under the replicated layout the writer (rank 0) "
+        "places the one copy.",
+    ),
+    ConfigKey(
         "secondary_tiers",
         "list",
         "[]",

@@ -67,6 +67,26 @@ def _int(extra: Any, name: str, default: int) -> int:
         raise InvalidTypeError(f"kv_connector_extra_config[{name!r}] must be an integer, got {value!r}") from None
 
 
+def _numa(extra: Any) -> bool | int | None:
+    """``numa_node``: ``"auto"`` -> None (the GPU's node where known), false -> False, a node -> that int."""
+    value = extra.get("numa_node", "auto")
+    if value == "auto" or value is None:
+        return None
+    if value is False or (isinstance(value, str) and value.lower() in ("false", "off", "none")):
+        return False
+    if isinstance(value, bool):
+        raise InvalidArgumentError("kv_connector_extra_config['numa_node'] must be 'auto', false or a node, got true")
+    try:
+        node = int(value)
+    except (TypeError, ValueError):
+        node = -1
+    if node < 0:
+        raise InvalidArgumentError(
+            f"kv_connector_extra_config['numa_node'] must be 'auto', false or a node number >= 0, got {value!r}"
+        )
+    return node
+
+
 class KVOffloadSpec(OffloadingSpec):
     """vLLM offloading spec backed by kvoffload (see the module docstring for its keys)."""
 
@@ -108,6 +128,8 @@ class KVOffloadSpec(OffloadingSpec):
         self.store_threshold = _int(extra, "store_threshold", 0)
         self.max_tracker_size = _int(extra, "max_tracker_size", 64_000)
         self.kernel_backend: str | None = extra.get("kernel_backend") or None
+        #: NUMA placement of the pool's pages (``numa_node``; HostPool's ``numa``)
+        self.numa = _numa(extra)
         #: the checked ``secondary_tiers`` (empty: no tiers, a private pool in each worker)
         self.secondary_tier_configs = secondary_tier_configs(extra)
         #: options of vLLM's tiering manager set in the config (with tiers)
@@ -193,6 +215,8 @@ class KVOffloadSpec(OffloadingSpec):
                     self.kernel_backend,
                     region=region,
                     sole_writer=sole_writer,
+                    # one copy for every worker (replicated layout): its writer places it
+                    numa=self.numa if self.store_writer or not self.replicated_layout else False,
                 )
             except Exception:
                 if region is not None:

@@ -81,6 +81,7 @@ class KVOffloadWorker(OffloadingWorker):
             promotions into it; other workers may be the ones storing). Where it does not check,
             failed stores are dropped by the scheduler through
             :class:`~kvoffload.integrations.vllm.KVOffloadConnector`.
+        numa: NUMA placement of the pool's pages (:class:`~kvoffload.transfer.HostPool`'s ``numa``).
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class KVOffloadWorker(OffloadingWorker):
         backend: str | None = None,
         region: Any = None,
         sole_writer: bool | None = None,
+        numa: bool | int | None = None,
     ) -> None:
         check = region is None if sole_writer is None else check_bool(sole_writer, "sole_writer")
         host: dict[str, Any] = {}
@@ -98,7 +100,7 @@ class KVOffloadWorker(OffloadingWorker):
             host = {"host_memory": region.memory, "host_offset": region.offset, "slot_stride": region.stride}
         self.region = region
         self.transfer_worker = TransferWorker(
-            table_from_canonical(kv_caches), num_cpu_blocks, blocks_per_chunk, backend=backend, **host
+            table_from_canonical(kv_caches), num_cpu_blocks, blocks_per_chunk, backend=backend, numa=numa, **host
         )
         #: per chunk: its bytes are a complete, successful store (all True, unchecked, unless sole_writer)
         self.valid = np.full(num_cpu_blocks, not check, dtype=bool)
