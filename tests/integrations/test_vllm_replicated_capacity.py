@@ -114,3 +114,32 @@ def test_replicated_layout_is_not_narrowed_to_cuda() -> None:
     assert theirs.replicated_layout is False and ours.replicated_layout is True
     assert ours.num_chunks == 3 * GiB // 1126400  # one copy: 1124352 bytes rounded up to 275 pages
     assert theirs.num_chunks == 3 * GiB // (8 * 1124352)  # eight copies (a whole number of pages)
+
+
+def capacity_table() -> str:
+    """The chunks ``cpu_bytes_to_use`` buys, kvoffload's spec beside vLLM's CPU spec on CUDA, for
+    the table's models at tensor-parallel 1 / 2 / 4 / 8 (no tiers, one GPU block a chunk), and what
+    one copy per rank held (kvoffload before it stored the replicated layout once): what
+    docs/vllm.md shows, printed by ``python -m tests.integrations.test_vllm_replicated_capacity``."""
+    real = CPUOffloadingSpec._uses_shared_region
+    CPUOffloadingSpec._uses_shared_region = lambda self: True  # type: ignore[method-assign]
+    try:
+        lines = [
+            "| model | cpu_bytes_to_use | TP | replicated | kvoffload chunks | vLLM chunks | a copy per rank |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, kv, mla, cpu in MODELS:
+            for tp in (1, 2, 4, 8):
+                cfg = config(kv(tp), mla, cpu, tp, 1, [])
+                ours, theirs = KVOffloadSpec(cfg), CPUOffloadingSpec(cfg)
+                lines.append(
+                    f"| {name} | {cpu:,} | {tp} | {'yes' if ours.replicated_layout else 'no'} | "
+                    f"{ours.num_chunks:,} | {theirs.num_chunks:,} | {cpu // (kv(tp) * tp):,} |"
+                )
+        return "\n".join(lines)
+    finally:
+        CPUOffloadingSpec._uses_shared_region = real  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    print(capacity_table())
