@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,18 @@ _FAKE_OTHER = "def run(quick=False):\n    return {'quick': quick, 'value': 1}\n"
 
 
 @pytest.fixture
-def fake_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def fake_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A checkout whose bench/ holds fake benchmarks; the real ``bench.*`` modules (and sys.path)
+    come back afterwards, for the tests that import them."""
+    saved = {name: m for name, m in sys.modules.items() if name == "bench" or name.startswith("bench.")}
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield _make_fake_checkout(tmp_path, monkeypatch)
+    for name in [n for n in sys.modules if n == "bench" or n.startswith("bench.")]:
+        del sys.modules[name]
+    sys.modules.update(saved)
+
+
+def _make_fake_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bench = tmp_path / "checkout" / "bench"
     bench.mkdir(parents=True)
     shutil.copy(REPO / "bench" / "common.py", bench / "common.py")
