@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import mmap
 import os
 import sys
 import time
@@ -229,7 +230,10 @@ def _run_once(
     extra = {
         "spec_name": "KVOffloadSpec",
         "spec_module_path": "kvoffload.integrations.vllm",
-        "cpu_bytes_to_use": s.chunks * shape.page * (s.chunk_tokens // s.block_size),
+        # a chunk's row is rounded up to whole OS pages (as vLLM's CPU spec does): s.chunks rows
+        "cpu_bytes_to_use": s.chunks
+        * -(-shape.page * (s.chunk_tokens // s.block_size) // mmap.PAGESIZE)
+        * mmap.PAGESIZE,
         "eviction_policy": policy,
         "kernel_backend": "torch",
     }
@@ -237,6 +241,7 @@ def _run_once(
         extra["block_size"] = s.chunk_tokens
     e = Engine(extra, num_gpu_blocks=s.gpu_blocks, shape=shape, check_kv=s.small_trace)
     sched = e.connector.connector_scheduler
+    assert e.worker.transfer_worker.host_pool.num_slots == s.chunks, "the pool must hold the setting's chunks"
     if use_vllm_manager:
         sched.manager = CPUOffloadingManager(s.chunks, cache_policy=policy)
     spent = [0.0, 0.0]
