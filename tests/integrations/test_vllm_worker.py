@@ -128,3 +128,22 @@ def test_a_slot_outside_the_row_opens_no_region() -> None:
         with pytest.raises(InvalidArgumentError, match="slot must be in"):
             WorkerRegion(engine_id, one_copy, slot)
     assert not os.path.exists(f"/dev/shm/vllm_offload_{engine_id}.mmap")
+
+
+def test_chunks_beyond_the_pool_fail_the_job_not_the_engine() -> None:
+    """A manager sized apart from the pool hands out a chunk past it: that store and that load are
+    reported failed (the load's GPU blocks for recompute), the pool and the other chunks untouched."""
+    kv, (a, b) = caches()
+    w = KVOffloadWorker(kv, num_cpu_blocks=4, blocks_per_chunk=1, backend="torch")
+    w.report_load_errors = True
+    before = w.transfer_worker.host_pool.records().copy()
+    src = GPULoadStoreSpec([1, 2], group_sizes=[1, 1], block_indices=[0, 0])
+    assert w.submit_store(1, src, CPULoadStoreSpec([3, 4]))
+    assert w.submit_load(
+        2, CPULoadStoreSpec([4, 5]), GPULoadStoreSpec([5, 6], group_sizes=[1, 1], block_indices=[0, 0])
+    )
+    # (vLLM asserts success: the failures travel in the worker metadata and the invalid-block channel)
+    assert {(r.job_id, r.success) for r in w.get_finished()} == {(1, True), (2, True)}
+    assert w.take_failed_stores() == {1} and w.take_load_errors() == {5, 6}
+    assert (w.transfer_worker.host_pool.records() == before).all()
+    assert w.valid.tolist() == [True, True, True, False]  # chunk 3: its store failed

@@ -136,12 +136,17 @@ class KVOffloadWorker(OffloadingWorker):
             return True
         cpu_ids = cspec.block_ids
         self._jobs[job_id] = (store, cpu_ids, gspec)
-        if not self._check_valid:
-            pass
-        elif store:
-            self.valid[cpu_ids] = False  # being overwritten: not loadable until this store succeeds
-        elif not self.valid[cpu_ids].all():
-            logger.error("offloading job %d: load from chunks whose store failed; not loaded", job_id)
+        try:
+            if not self._check_valid:
+                pass
+            elif store:
+                self.valid[cpu_ids] = False  # being overwritten: not loadable until this store succeeds
+            elif not self.valid[cpu_ids].all():
+                logger.error("offloading job %d: load from chunks whose store failed; not loaded", job_id)
+                self._fail(job_id, gpu, store)
+                return True
+        except IndexError:  # a chunk past the pool (a manager sized apart from it): the job fails, vLLM goes on
+            logger.exception("offloading job %d: chunk ids beyond the pool's %d", job_id, len(self.valid))
             self._fail(job_id, gpu, store)
             return True
         pair = (gspec, cspec) if store else (cspec, gspec)
