@@ -37,6 +37,8 @@ from typing import Any
 
 from kvoffload.checks import check_int
 from kvoffload.errors import InvalidArgumentError, NumaError
+from kvoffload.transfer.pin_plan import row_pages
+from kvoffload.transfer.pinning import runtime_library
 
 logger = logging.getLogger(__name__)
 
@@ -135,14 +137,12 @@ def _cuda_bus_id(index: int) -> str | None:
     ids = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
     if all(isinstance(v, int) for v in ids):
         return f"{ids[0]:04x}:{ids[1]:02x}:{ids[2]:02x}.0"
-    for lib_name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            lib = ctypes.CDLL(lib_name, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
-        except OSError:
-            continue
-        out = ctypes.create_string_buffer(64)
-        if lib.cudaDeviceGetPCIBusId(out, ctypes.c_int(64), ctypes.c_int(index)) == 0:
-            return out.value.decode()
+    lib = runtime_library()
+    if lib is None:
+        return None
+    out = ctypes.create_string_buffer(64)
+    if lib.cudaDeviceGetPCIBusId(out, ctypes.c_int(64), ctypes.c_int(index)) == 0:
+        return out.value.decode()
     return None
 
 
@@ -283,13 +283,8 @@ def own_ranges(base: int, num_rows: int, stride: int, used: int, end: int) -> li
             MAX_BIND_RANGES,
         )
         return []
-    out = []
-    for row in range(num_rows):
-        start = base + row * stride
-        stop = min(start + used, end)
-        first = start - start % PAGE
-        out.append((first, -(-stop // PAGE) * PAGE - first))
-    return out
+    starts, sizes = row_pages(base, num_rows, stride, used, end, PAGE)
+    return list(zip(starts.tolist(), sizes.tolist(), strict=True))
 
 
 def place_pool(ranges: Sequence[tuple[int, int]], device: Any, numa: bool | int | None = None) -> int | None:

@@ -36,7 +36,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_REGISTER_BYTES", "MIN_SAVED_BYTES_PER_ROW", "RegisterPlan", "plan_registrations"]
+__all__ = ["MAX_REGISTER_BYTES", "MIN_SAVED_BYTES_PER_ROW", "RegisterPlan", "plan_registrations", "row_pages"]
 
 #: Largest ``cudaHostRegister`` call by default (vLLM 0.33's bound; a single registration of
 #: >= 512 GiB fails, vLLM issues #51080/#51081).
@@ -96,6 +96,16 @@ def _warn_oversized(sizes: np.ndarray, max_bytes: int, stride: int) -> None:
         )
 
 
+def row_pages(
+    base: int, num_rows: int, stride: int, used: int, end: int, page: int = mmap.PAGESIZE
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's used range (its first ``used`` bytes, up to ``end``) rounded out to whole pages:
+    ``(starts, sizes)``, ``int64[num_rows]`` each (what a row registers, or binds to a NUMA node, alone)."""
+    row_start = base + np.arange(num_rows, dtype=np.int64) * stride
+    starts = row_start // page * page
+    return starts, -(-np.minimum(row_start + used, end) // page) * page - starts
+
+
 def plan_registrations(
     base: int,
     num_rows: int,
@@ -114,8 +124,7 @@ def plan_registrations(
     row_start = base + np.arange(n, dtype=np.int64) * stride
     used_end = np.minimum(row_start + used, end)
     if used < stride and stride - used >= max(page, MIN_SAVED_BYTES_PER_ROW):
-        starts = row_start // page * page
-        sizes = -(-used_end // page) * page - starts
+        starts, sizes = row_pages(base, n, stride, used, end, page)
         chunk = int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right"))
         _warn_oversized(sizes, max_bytes, stride)
         return RegisterPlan(
