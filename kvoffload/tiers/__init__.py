@@ -13,15 +13,14 @@ See ``docs/contract.md`` §8. Imports only :mod:`kvoffload.errors` and numpy (an
 packages when it is used); it never imports the cache, transfer or scheduler layers, which drive it.
 """
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.errors import BackendUnavailableError
 from kvoffload.tiers.base import Tier
 from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION, TierNamespace
 from kvoffload.tiers.record import RecordCodec
 from kvoffload.tiers.registry import (
     ENTRY_POINT_GROUP,
+    TIERS,
     TierSpec,
     check_tier_spec,
     open_tier,
@@ -56,15 +55,9 @@ _BACKENDS = {"RedisTier": "redis", "DiskTier": "disk"}
 
 
 def __getattr__(name: str) -> Any:
-    """``RedisTier`` / ``DiskTier``, imported on first use (PEP 562); a missing extra raises
-    :class:`~kvoffload.errors.BackendUnavailableError` with its ``pip install`` line."""
+    """``RedisTier`` / ``DiskTier``, imported on first use (PEP 562) through the tier registry, whose
+    :class:`~kvoffload.errors.BackendUnavailableError` names the missing extra's ``pip install`` line."""
     backend = _BACKENDS.get(name)
     if backend is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        module = importlib.import_module(f"{__name__}.{backend}")
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"kvoffload.tiers.{name} cannot be imported ({exc}): pip install 'kvoffload[{backend}]'"
-        ) from exc
-    return getattr(module, name)
+    return TIERS.get(f"{__name__}.{backend}:{name}")
