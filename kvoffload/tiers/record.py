@@ -24,8 +24,9 @@ XXH3-128 (the ``xxhash`` package) detects corruption and truncation like a CRC w
 smaller miss rate, at memory speed (over 10 GB/s on one core where zlib's CRC-32 gives ~1.5),
 so checking a multi-MiB record costs little next to moving it; it is not a MAC (against a
 writer who forges values, use ``integrity_key``). ``xxhash`` comes with the tier extras
-(``kvoffload[redis]``, ``kvoffload[disk]``): it is imported when a :class:`RecordCodec` is built
-(a tier's start), so the tier interface imports without it.
+(``kvoffload[redis]``, ``kvoffload[disk]``): imported with this module when installed; without
+it the tier interface still imports and building a :class:`RecordCodec` (a tier's start) raises
+the ``pip install`` line.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ import numpy as np
 from kvoffload.checks import check_int
 from kvoffload.errors import BackendUnavailableError, InvalidArgumentError, InvalidTypeError
 from kvoffload.tiers.namespace import RECORD_FORMAT_VERSION
+
+_xxhash: Any
+try:  # a tier extra: imported with the module when installed (before a process drops privileges)
+    import xxhash as _xxhash
+except ImportError:  # not installed: the interface still imports; building a codec says what to install
+    _xxhash = None
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -134,13 +141,11 @@ def key_in_header(read: Callable[[int], bytes]) -> bytes | None:
 
 def _xxh3_128() -> Callable[[bytes], Any]:
     """``xxhash.xxh3_128``, or the error naming the extras that install it."""
-    try:
-        import xxhash  # noqa: PLC0415 - a tier extra: imported when a tier starts
-    except ImportError as exc:
+    if _xxhash is None:
         raise BackendUnavailableError(
             "a tier's value format needs the xxhash package: pip install 'kvoffload[redis]' (or 'kvoffload[disk]')"
-        ) from exc
-    return xxhash.xxh3_128
+        )
+    return _xxhash.xxh3_128
 
 
 class RecordCodec:
