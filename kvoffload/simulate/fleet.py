@@ -227,7 +227,10 @@ def replay_fleet(
     n_req = trace.num_requests
     nodes = [HostReplay(policy, capacity) for _ in range(replicas)] if capacity else []
     tier = LRUTierModel(tier_capacity if capacity else 0)
-    routes = None if routing in (PREFIX, KV_AWARE) else ft.routes(routing, replicas, seed, window_s)
+    if replicas == 1:
+        routes: np.ndarray | None = np.zeros(n_req, dtype=np.int64)  # whatever the routing
+    else:
+        routes = None if routing in (PREFIX, KV_AWARE) else ft.routes(routing, replicas, seed, window_s)
     router = None
     if routing == KV_AWARE and replicas > 1:
         assert timing is not None

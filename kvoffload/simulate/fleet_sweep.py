@@ -73,16 +73,22 @@ class FleetSpec:
                                     for s in self.rate_scales
                                     for w in self.kv_weights
                                 )
+                            elif routing == KV_AWARE:
+                                out.extend((routing, n, policy, cap, tier, 0.0, w) for w in self.kv_weights)
                             else:
                                 out.append((routing, n, policy, cap, tier, 0.0, -1.0))
         return out
 
+    def replayed(self, key: _Key) -> _Key:
+        """The key of the replay that gives fleet ``key``: one replica is the same fleet whatever
+        the routing (and weight), replayed once under a key of its own."""
+        routing, n, policy, cap, tier, *_ = key
+        return ("one", 1, policy, cap, tier, 0.0, -1.0) if n == 1 else key
+
     def tasks(self) -> list[_Task]:
         out: list[_Task] = []
-        for key in self.keys():
+        for key in dict.fromkeys(self.replayed(k) for k in self.keys()):
             routing, n, _, cap, tier, *_ = key
-            if n == 1 and routing != self.routings[0]:
-                continue  # one replica: the same fleet whatever the routing
             split = tier == 0 and cap > 0 and n > 1 and routing not in (PREFIX, KV_AWARE)
             out.extend((key, i) for i in (range(n) if split else [-1]))
         return out
@@ -100,13 +106,15 @@ def _run(task: _Task) -> tuple[_Task, ReplayResult | FleetResult]:
     ft, spec, lists, timing = _shared["trace"], _shared["spec"], _shared["lists"], _shared["timing"]
     assert isinstance(ft, FleetTrace) and isinstance(spec, FleetSpec) and isinstance(lists, list)
     assert timing is None or isinstance(timing, EngineTime)
+    # a pool holding every distinct block never evicts: a larger one replays the same, without its memory
+    eff = min(cap, max(ft.trace.num_blocks, 1))
     if part >= 0:
         routes = _shared[f"routes:{routing}:{n}"]
         assert isinstance(routes, np.ndarray)
-        return task, replay_replica(ft.trace, routes, part, policy, cap, lists)
+        return task, replay_replica(ft.trace, routes, part, policy, eff, lists)
     w = weight if weight >= 0 else KV_WEIGHT
-    res = replay_fleet(ft, routing, n, policy, cap, tier, lists, spec.seed, spec.window_s, timing, w, scale or 1.0)
-    return task, res
+    res = replay_fleet(ft, routing, n, policy, eff, tier, lists, spec.seed, spec.window_s, timing, w, scale or 1.0)
+    return task, replace(res, capacity=cap)
 
 
 def sweep_fleet(
@@ -148,12 +156,11 @@ def sweep_fleet(
         _shared.clear()
     out = []
     for key in spec.keys():
-        if key in fleets:
-            out.append(fleets[key])
-        else:  # one replica under another routing: the first routing's replay
-            routing, n, policy, cap, tier, *_ = key
-            one = fleets[(spec.routings[0], n, policy, cap, tier, 0.0, -1.0)]
-            out.append(replace(one, routing=routing))
+        res = fleets[spec.replayed(key)]
+        if key[1] == 1:
+            out.append(replace(res, routing=key[0], kv_weight=key[6] if key[6] >= 0 else None))
+        else:
+            out.append(res)
     return out
 
 

@@ -11,7 +11,8 @@ For every request, at its arrival and for every replica ``i``:
   the rest of the one in service, as the engine-time model of :mod:`kvoffload.simulate.engine_time`
   puts it), converted to blocks at the replica's linear prefill rate.
 
-The request goes to the lowest cost, ties to the least queued, then the lowest index. ``weight``
+The request goes to the lowest cost, ties to the least queued, then to the replica handed the
+fewest prompt tokens so far, then the lowest index. ``weight``
 (``--kv-weight``, default :data:`KV_WEIGHT` = 1) trades cache affinity against load: with 1 the
 cost is the request's own prefill plus the queue ahead of it, the replica that would give it the
 earliest first token; above 1 hits count for more than queue (``prefix``, the longest run alone,
@@ -69,16 +70,17 @@ class KVAwareRouter:
         share = float(decode_s.sum()) * rate_scale / (replicas * span_s) if span_s > 0 else 0.0
         self.speed = max(1.0 - share, 0.05)  # the prefill's share of a replica's time, as the router sees it
         self.busy_until = [0.0] * replicas
+        self.assigned = [0] * replicas
         self._block_s = et.token_s * block_tokens
 
     def choose(self, r: int, runs: list[int]) -> int:
         """The replica of request ``r``, given the leading run of its blocks each host pool holds."""
         t, n, bt, w = self.arrival[r], self.prompt[r], self.bt, self.weight
-        best, best_key = 0, (float("inf"), float("inf"), 0)
+        best, best_key = 0, (float("inf"), float("inf"), 0, 0)
         for i, run in enumerate(runs):
             queued = max(self.busy_until[i] - t, 0.0) / self._block_s
             new = (n - min(run * bt, n - 1)) / bt
-            key = (w * new + queued, queued, i)
+            key = (w * new + queued, queued, self.assigned[i], i)
             if key < best_key:
                 best, best_key = i, key
         return best
@@ -88,4 +90,5 @@ class KVAwareRouter:
         et, n = self.et, self.prompt[r]
         work = host_tokens * et.link_s + tier_tokens * et.tier_s
         work += et.prefill_one(n, host_tokens + tier_tokens) / self.speed
+        self.assigned[replica] += n
         self.busy_until[replica] = max(self.busy_until[replica], self.arrival[r]) + work
