@@ -171,8 +171,9 @@ def percentile(values: np.ndarray, q: float) -> float:
 
 @dataclass
 class FleetTimes:
-    """Time figures of one fleet at one arrival rate (per request: ``ttft``, ``queue``; per
-    replica: ``util``, ``decode_share``, ``queue_mean``), seconds."""
+    """Time figures of one fleet at one arrival rate (per request: ``ttft``, ``queue``, ``service``
+    (the time in service, the TTFT it would have without queueing); per replica: ``util``,
+    ``decode_share``, ``queue_mean``), seconds."""
 
     rate_scale: float
     ttft: np.ndarray
@@ -180,6 +181,7 @@ class FleetTimes:
     util: np.ndarray
     decode_share: np.ndarray
     queue_mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    service: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def ttft_p(self, q: float) -> float:
         return percentile(self.ttft, q)
@@ -209,18 +211,20 @@ def time_requests(
     decode = et.decode_s(prompt, output)
     ttft = np.empty(len(arrival))
     queue = np.empty(len(arrival))
+    service = np.empty(len(arrival))
     util, share, qmean = (np.zeros(replicas) for _ in range(3))
     for r in range(replicas):
         idx = np.flatnonzero(replica == r)
         share[r] = decode[idx].sum() / span
         util[r] = (compute[idx].sum() + load[idx].sum()) / span + share[r]
         if share[r] >= 1.0:
-            ttft[idx] = queue[idx] = math.inf
+            ttft[idx] = queue[idx] = service[idx] = math.inf
             qmean[r] = math.inf
             continue
         work = load[idx] + compute[idx] / (1.0 - share[r])
+        service[idx] = work
         start, finish = serve_fifo(arrival[idx], work)
         ttft[idx] = finish - arrival[idx]
         queue[idx] = start - arrival[idx]
         qmean[r] = float(queue[idx].mean()) if len(idx) else 0.0
-    return FleetTimes(rate_scale, ttft, queue, util, share, qmean)
+    return FleetTimes(rate_scale, ttft, queue, util, share, qmean, service)

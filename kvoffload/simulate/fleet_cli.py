@@ -27,7 +27,13 @@ from kvoffload.simulate.engine_time import CHUNK_TOKENS, TIER_GBPS, EngineTime
 from kvoffload.simulate.fleet import FleetResult, FleetTrace
 from kvoffload.simulate.fleet_report import fleet_rows, write_rows
 from kvoffload.simulate.fleet_sweep import FleetSpec, sweep_fleet
-from kvoffload.simulate.fleet_tables import fleet_table, imbalance_lines, replicas_needed, replicas_table
+from kvoffload.simulate.fleet_tables import (
+    fleet_table,
+    floor_line,
+    imbalance_lines,
+    replicas_needed,
+    replicas_table,
+)
 from kvoffload.simulate.gpu_profile import MAX_RATE, MODEL_COMPUTE, gpu_profile
 from kvoffload.simulate.kv_router import KV_AWARE, KV_WEIGHT, MAX_KV_WEIGHT
 from kvoffload.simulate.model_config import ConfigShape
@@ -199,6 +205,7 @@ def run_fleet(
         print(line)
     needed = replicas_needed(rows, target)
     print(replicas_table(needed, target))
+    print(floor_line(rows))
     settings = {
         "source": source,
         "trace_name": trace_name,

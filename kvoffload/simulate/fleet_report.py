@@ -11,7 +11,8 @@ offloading) x tier capacity x arrival-rate scale:
 * prefill saved: the GPU-seconds of prefill the loaded tokens did not need (the engine-time model's
   prefill of every prompt without and with its hits);
 * time (:mod:`kvoffload.simulate.engine_time`) at ``rate_scale`` x the trace's arrival rate: TTFT
-  p50 / p90 / p99 and mean, queueing delay (mean, p99), utilisation and decode share per replica
+  p50 / p90 / p99 and mean, queueing delay (mean, p99), time in service (p99: the TTFT p99 no
+  number of replicas goes below), utilisation and decode share per replica
   (mean and max in the CSV, every replica's in the JSON and the CSV's ``;``-joined columns).
 """
 
@@ -72,6 +73,7 @@ class FleetRow:
     ttft_mean_s: float
     queue_mean_s: float
     queue_p99_s: float
+    service_p99_s: float
     util_mean: float
     util_max: float
     decode_share_max: float
@@ -155,6 +157,7 @@ def fleet_rows(
                     float(tm.ttft.mean()) if len(tm.ttft) else 0.0,
                     float(tm.queue.mean()) if len(tm.queue) else 0.0,
                     percentile(tm.queue, 99),
+                    percentile(tm.service, 99),
                     float(tm.util.mean()),
                     float(tm.util.max()),
                     float(tm.decode_share.max()),

@@ -12,6 +12,7 @@ __all__ = [
     "UNBALANCED",
     "NeededRow",
     "fleet_table",
+    "floor_line",
     "imbalance_lines",
     "memory_label",
     "replicas_needed",
@@ -108,6 +109,20 @@ def replicas_table(needed: list[NeededRow], target_s: float) -> str:
             cells.append("" if n is None else str(n.replicas) if n.replicas else f">{n.most_swept}")
         lines.append(f"{routing:<16}{scale:>5g}x" + "".join(f"{c:>12}" for c in cells))
     return "\n".join(lines)
+
+
+def floor_line(rows: list[FleetRow]) -> str:
+    """The TTFT p99 no number of replicas goes below (each request alone on its replica), per
+    memory: the time in service's p99 of the most replicated fleet at the lowest rate."""
+    low = min(r.rate_scale for r in rows)
+    most = max(r.replicas for r in rows)
+    best: dict[str, float] = {}
+    for r in rows:
+        if r.rate_scale == low and r.replicas == most:
+            m = memory_label(r)
+            best[m] = min(best.get(m, math.inf), r.service_p99_s)
+    cells = ", ".join(f"{m} {seconds_label(v)} s" for m, v in best.items())
+    return f"TTFT p99 without any queueing (time in service alone, {most} replicas at {low:g}x): {cells}"
 
 
 def imbalance_lines(rows: list[FleetRow], threshold: float = UNBALANCED) -> list[str]:
