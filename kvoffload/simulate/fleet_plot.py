@@ -21,7 +21,8 @@ from kvoffload.simulate.fleet_tables import memory_label, routing_label, tokens_
 
 __all__ = ["plot_fleet"]
 
-_STYLES = ["-", "--", ":", "-."]
+_STYLES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1))]
+_MARKERS = ["o", "s", "^", "D", "v"]
 
 
 def _log_if_wide(ax: Any, values: list[float], axis: str) -> None:
@@ -53,7 +54,7 @@ def plot_fleet(rows: list[FleetRow], trace_name: str, target_s: float, out: Path
                 )
                 pts = [(n, t) for n, t in pts if math.isfinite(t)]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", color=f"C{ci}", linestyle=_STYLES[si % 4],
+                    ax.plot(*zip(*pts, strict=True), marker=_MARKERS[si % 5], color=f"C{ci}", linestyle=_STYLES[si % 5],
                             label=f"{routing}, {mem}")  # fmt: skip
         ax.axhline(target_s, color="0.4", linewidth=0.8, label=f"target {target_s:g} s")
         replicas = sorted({r.replicas for r in rows})
@@ -84,7 +85,7 @@ def plot_fleet(rows: list[FleetRow], trace_name: str, target_s: float, out: Path
                     if r.tier_blocks == tier and routing_label(r) == routing and r.replicas == n
                 )
                 if hp:
-                    ax.plot(*zip(*hp, strict=True), marker="o", color=f"C{ci}", linestyle=_STYLES[si % 4],
+                    ax.plot(*zip(*hp, strict=True), marker=_MARKERS[si % 5], color=f"C{ci}", linestyle=_STYLES[si % 5],
                             label=f"{routing}, {n} replicas")  # fmt: skip
         if gib:
             pad = (max(gib) - min(gib)) * 0.05 or max(gib) * 0.05
