@@ -79,7 +79,9 @@ def _engine_ttft(path: Path, capacity: int, budget: int) -> tuple[dict[str, floa
 
 
 @pytest.mark.parametrize(("capacity", "budget"), [(4, 1024), (12, 1024), (400, 96)])
-def test_model_ttft_equals_the_reference_engine_clocked_by_its_costs(tmp_path: Path, capacity: int, budget: int) -> None:
+def test_model_ttft_equals_the_reference_engine_clocked_by_its_costs(
+    tmp_path: Path, capacity: int, budget: int
+) -> None:
     lines = random_mooncake(60, 5, block_tokens=64, max_blocks=8)
     for i, line in enumerate(lines):
         line["timestamp"] = i * 150  # busy enough to queue: a 500-token prompt takes ~0.55 s
