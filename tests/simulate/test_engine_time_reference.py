@@ -1,6 +1,7 @@
 """The fleet's engine-time model against kvoffload's reference engine on a small workload.
 
-The reference engine runs one replica (one request at a time, no GPU prefix cache) and is clocked by the model's own costs, step by step: each step
+The reference engine runs one replica (one request at a time, no GPU prefix cache) and is clocked
+by the model's own costs, step by step: each step
 takes the computed tokens' linear cost plus their causal attention for the chunk it computed, and
 the loaded tokens' link time. Every request's first token then comes, by the engine's clock, when
 the model's FIFO server says: the engine chooses what is loaded and computed (its scheduler and

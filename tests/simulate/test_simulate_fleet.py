@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from kvoffload.app.cli import main
-from kvoffload.simulate.fleet import FleetTrace, replay_fleet
 from kvoffload.simulate.engine_time import EngineTime
+from kvoffload.simulate.fleet import FleetTrace, replay_fleet
 from kvoffload.simulate.fleet_report import peak_rate
-from kvoffload.simulate.gpu_profile import GPU_PROFILES, MODEL_COMPUTE
 from kvoffload.simulate.fleet_sweep import FleetSpec, sweep_fleet
+from kvoffload.simulate.gpu_profile import GPU_PROFILES, MODEL_COMPUTE
 from kvoffload.simulate.mooncake import read_mooncake_trace
 from tests.simulate.mooncake_traces import random_mooncake, system_prompt_headed, write_mooncake
 from tests.simulate.test_simulate_trace import assert_refused
