@@ -182,7 +182,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="kvoffload's --jobs (the cores)")
     ap.add_argument("--block-size", type=int, default=512)
     ap.add_argument("--fleet-replicas", default="8")
-    ap.add_argument("--fleet-routings", default="random,least-loaded,session,prefix")
+    ap.add_argument("--fleet-routings", default="random,least-loaded,session,kv-aware")
     ap.add_argument("--fleet-hosts", default="1Mtok,2Mtok,3Mtok")
     ap.add_argument("--fleet-tiers", default="20Mtok")
     ap.add_argument("--skip-fleet", action="store_true")

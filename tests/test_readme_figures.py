@@ -83,29 +83,48 @@ def _newcomer_load() -> str:
 
 def _fleet_table() -> str:
     """The README's fleet table, from ``bench/results/fleet-conversation/fleet.csv``: per routing and
-    replica count (one replica is the same fleet whatever the routing), the share of prompt tokens
-    found in the replica's host pool, then in host pool + shared tier, and prefill GPU-seconds saved."""
+    replica count (one replica is the same fleet whatever the routing), the TTFT p99 at the trace's
+    arrival rate without offloading, with 1M / 3M tokens of host memory per replica, and with a
+    20M-token tier beneath them; then the replicas needed for the run's TTFT target at each rate
+    scale (from ``fleet.json``), and the TTFT p99 without queueing (8 replicas at the lowest rate)."""
     with (RESULTS / "fleet-conversation" / "fleet.csv").open() as f:
-        rows = {(r["routing"], r["replicas"], r["host_tokens"], r["tier_tokens"] != "0"): r for r in csv.DictReader(f)}
-    hosts = sorted({k[2] for k in rows}, key=int)
-    lines = [
-        "routing       replicas | host pool only: 1M / 3M tok, GPU-s saved | + 20M-token tier: 1M / 3M,"
-        " GPU-s saved, tier GB/s read 1M / 3M / written"
-    ]
-    keys = [("random", "1")] + [(r, n) for r in ("random", "least-loaded", "session", "prefix") for n in ("4", "8")]
+        rows = list(csv.DictReader(f))
+    mem = ("none", "1M", "3M", "1M+20M", "3M+20M")
+
+    def label(r: dict[str, str]) -> str:
+        if r["host_blocks"] == "0":
+            return "none"
+        host = f"{int(r['host_tokens']) / 1e6:.0f}M"
+        return host + (f"+{int(r['tier_tokens']) / 1e6:.0f}M" if r["tier_blocks"] != "0" else "")
+
+    def sec(v: str) -> str:
+        x = float(v)
+        return f"{x:.1f}" if x < 100 else f"{x:,.0f}"
+
+    at1 = {(r["routing"], r["replicas"], label(r)): r for r in rows if float(r["rate_scale"]) == 1.0}
+    lines = ["TTFT p99, s, 1x rate | host memory per replica: none / 1M / 3M / 1M+20M tier / 3M+20M tier"]
+    keys = [("random", "1")] + [(r, n) for r in ("random", "least-loaded", "session", "kv-aware") for n in ("4", "8")]
     for routing, n in keys:
-        alone = [rows[(routing, n, h, False)] for h in hosts]
-        tier = [rows[(routing, n, h, True)] for h in hosts]
-        cells = [
-            " / ".join(f"{100 * float(r['host_share']):4.1f}%" for r in alone),
-            " / ".join(f"{float(r['prefill_gpu_s_saved']):5,.0f}" for r in alone),
-            " / ".join(f"{100 * (float(r['host_share']) + float(r['tier_share'])):4.1f}%" for r in tier),
-            " / ".join(f"{float(r['prefill_gpu_s_saved']):5,.0f}" for r in tier),
-            " / ".join(f"{float(r['tier_read_gbps']):.2f}" for r in tier)
-            + f" / {float(tier[0]['tier_write_gbps']):.2f}",
-        ]
-        name = "any" if n == "1" else routing
-        lines.append(f"{name:<13} {n:>8} | {cells[0]}, {cells[1]} | {cells[2]}, {cells[3]}, {cells[4]}")
+        cells = " / ".join(sec(at1[(routing, n, m)]["ttft_p99_s"]) for m in mem)
+        lines.append(f"{'any' if n == '1' else routing:<13}{n:>2} | {cells}")
+    data = json.loads((RESULTS / "fleet-conversation" / "fleet.json").read_text())["fleet"]
+    need = {(x["routing"], x["memory"], x["rate_scale"]): x for x in data["replicas_needed"]}
+    scales = data["rate_scales"]
+    lines.append(
+        f"replicas for TTFT p99 <= {data['ttft_target_s']:g} s at "
+        + " / ".join(f"{s:g}x" for s in scales)
+        + " the rate | none | 3M | 3M+20M tier"
+    )
+    for routing in ("random", "least-loaded", "session", "kv-aware w=1"):
+        cells = []
+        for m in ("none", "3M", "3M+20M"):
+            got = [need[(routing, m, s)] for s in scales]
+            cells.append(" / ".join(str(x["replicas"]) if x["replicas"] else f">{x['most_swept']}" for x in got))
+        lines.append(f"{routing:<13} | " + " | ".join(cells))
+    low = min(float(r["rate_scale"]) for r in rows)
+    floor = {m: min(float(r["service_p99_s"]) for r in rows if r["replicas"] == "8" and float(r["rate_scale"]) == low
+                    and label(r) == m) for m in ("none", "3M", "3M+20M")}  # fmt: skip
+    lines.append("TTFT p99 with no queueing at all | " + " | ".join(f"{m} {v:.1f} s" for m, v in floor.items()))
     return "\n".join(lines)
 
 

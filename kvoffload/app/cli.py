@@ -224,8 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--routing",
         type=_name_list,
         default=None,
-        help="comma-separated routings compared in one report: random, round-robin, least-loaded, session, prefix "
-        "(default random,least-loaded,session,prefix)",
+        help="comma-separated routings compared in one report: random, round-robin, least-loaded, session, kv-aware, "
+        "prefix (default random,least-loaded,session,kv-aware)",
+    )
+    fleet.add_argument(
+        "--kv-weight",
+        default=None,
+        help="kv-aware routing: weight of the prefill blocks still to compute against the queued work, "
+        "comma-separated to sweep (default 1; 0: shortest queue)",
     )
     fleet.add_argument(
         "--load-window",
@@ -234,10 +240,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="least-loaded's load: prompt tokens routed to a replica over this many seconds of trace time (60)",
     )
     fleet.add_argument(
+        "--rate-scale",
+        default=None,
+        help="comma-separated multiples of the trace's arrival rate to time the fleets at (default 1)",
+    )
+    fleet.add_argument(
+        "--ttft-target", default=None, help="TTFT p99 target for the replicas-needed table (default 2s; e.g. 500ms)"
+    )
+    fleet.add_argument(
+        "--gpu", default=None, help="GPU profile: h100 (default), h200, or a JSON file (docs/simulate.md, A fleet)"
+    )
+    fleet.add_argument(
         "--prefill-tokens-per-s",
         type=_positive_float,
         default=None,
-        help="prefill throughput per GPU for the GPU-seconds saved (default 25000 for --model 8b, 2800 for 70b)",
+        help="prefill throughput per replica, overriding the GPU profile's (default for --model 8b on an H100: "
+        "24.6K; required with --model-config)",
+    )
+    fleet.add_argument("--link-gbps", default=None, help="host-to-GPU link, GB/s per GPU (default: the GPU profile's)")
+    fleet.add_argument("--tier-gbps", default=None, help="shared-tier read rate per replica, GB/s (default 10)")
+    fleet.add_argument(
+        "--chunk-tokens", type=_positive_int, default=None, help="chunked-prefill token budget per step (8192)"
     )
     shape = p_sim.add_argument_group("model shape (turns blocks into bytes)")
     shape.add_argument(

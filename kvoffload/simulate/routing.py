@@ -7,9 +7,12 @@
   goes to the least loaded replica (a trace that names conversations gives them:
   :func:`chat_conversations` follows a Bailian trace's ``chat_id`` / ``parent_chat_id``; otherwise
   :func:`conversation_ids` finds them in the prompts' prefixes, e.g. Mooncake's ``hash_ids``);
-* ``prefix``: the replica whose host pool holds the longest leading run of the request's blocks
-  (what a KV-aware router's index of stored blocks answers), ties to the least loaded. The only
-  routing that reads the caches, so its replicas replay together in arrival order.
+* ``kv-aware``: the replica with the least prefill still to compute plus queued work
+  (:mod:`kvoffload.simulate.kv_router`), the KV-aware router real fleets use;
+* ``prefix``: the degenerate case of ``kv-aware`` without its load term: the replica whose host
+  pool holds the longest leading run of the request's blocks, ties to the least loaded. Prompts
+  that all start with one shared block (a system prompt) all go where the first one went.
+  ``kv-aware`` and ``prefix`` read the caches, so their replicas replay together in arrival order.
 
 **The load model** (``least-loaded`` and the ties of ``session`` and ``prefix``): a replica's load
 is the prompt tokens routed to it whose arrival lies within the last ``window_s`` seconds of trace
@@ -28,6 +31,7 @@ from kvoffload.errors import InvalidArgumentError
 
 __all__ = [
     "LOAD_WINDOW_S",
+    "PREFIX",
     "ROUTINGS",
     "LoadModel",
     "chat_conversations",
@@ -36,7 +40,9 @@ __all__ = [
     "static_routes",
 ]
 
-ROUTINGS = ("random", "round-robin", "least-loaded", "session", "prefix")
+ROUTINGS = ("random", "round-robin", "least-loaded", "session", "kv-aware", "prefix")
+#: the routing that reads the host pools alone (longest cached run)
+PREFIX = "prefix"
 #: default sliding window of the load model, seconds of trace time
 LOAD_WINDOW_S = 60.0
 
@@ -152,7 +158,7 @@ def static_routes(
     window_s: float = LOAD_WINDOW_S,
 ) -> np.ndarray:
     """The replica of every request (``int64[R]``) for a routing that does not read the caches
-    (every routing but ``prefix``)."""
+    (every routing but ``kv-aware`` and ``prefix``)."""
     n = len(arrival_s)
     if routing == "random":
         return np.random.default_rng(seed).integers(0, replicas, n).astype(np.int64)

@@ -13,6 +13,7 @@ import pytest
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.bailian import read_bailian_trace
 from kvoffload.simulate.cache_replay import replay_cache
+from kvoffload.simulate.engine_time import EngineTime
 from kvoffload.simulate.fleet import FleetTrace, fleet_of_parts, replay_fleet, replay_replica
 from kvoffload.simulate.mooncake import read_mooncake_trace
 from kvoffload.simulate.routing import ROUTINGS, chat_conversations, check_routings, conversation_ids
@@ -58,6 +59,11 @@ def _ref_conversations(prefixes: list[list[int]]) -> list[int]:
     return conv
 
 
+#: the engine-time model the kv-aware router queues with in these tests: 1 ms per computed token,
+#: 0.2 ms per token loaded from host memory, 0.5 ms from the tier
+TIMING = EngineTime(token_s=1e-3, attn_s=0.0, step_s=0.0, kv_read_s=0.0, link_s=2e-4, tier_s=5e-4)
+
+
 def _ref_load(times: list[float], tokens: list[int], routed: list[int], r: int, n: int) -> list[int]:
     load = [0] * n
     for j in range(r):
@@ -81,6 +87,8 @@ def reference_fleet(
     routed: list[int] = []
     hits: list[int] = []
     owner: dict[int, int] = {}
+    bt = ft.trace.block_tokens
+    busy, given = [0.0] * n, [0] * n  # kv-aware: when each replica's queue empties; tokens handed
     for r, blocks in enumerate(reqs):
         load = _ref_load(times, tokens, routed, r, n)
 
@@ -97,11 +105,28 @@ def reference_fleet(
             if convs[r] not in owner:
                 owner[convs[r]] = least(list(range(n)))
             rep = owner[convs[r]]
+        elif routing == "kv-aware":  # weight 1: blocks still to compute + blocks of work queued
+            runs = [_lead(blocks, c) for c in caches]
+            t, nt = times[r] - times[0], tokens[r]
+
+            def cost(i: int, runs: list[int] = runs, t: float = t, nt: int = nt) -> tuple[float, float, int, int]:
+                queued = max(busy[i] - t, 0.0) / (TIMING.token_s * bt)
+                return ((nt - min(runs[i] * bt, nt - 1)) / bt + queued, queued, given[i], i)
+
+            rep = min(range(n), key=cost)
         else:
             runs = [_lead(blocks, c) for c in caches]
             rep = least([i for i in range(n) if runs[i] == max(runs)])
         routed.append(rep)
-        hits.append(reference_request(caches[rep], shared, blocks, host, tier)[0])
+        hit, from_tier = reference_request(caches[rep], shared, blocks, host, tier)
+        hits.append(hit)
+        if routing == "kv-aware":
+            t, nt = times[r] - times[0], tokens[r]
+            got = min(hit * bt, nt - 1)
+            tier_tok = min(from_tier * bt, got)
+            work = (got - tier_tok) * TIMING.link_s + tier_tok * TIMING.tier_s + (nt - got) * TIMING.token_s
+            busy[rep] = max(busy[rep], t) + work
+            given[rep] += nt
     return routed, hits
 
 
@@ -112,7 +137,7 @@ def test_fleet_matches_an_independent_reference(tmp_path: Path, routing: str, se
     spread = False
     for n in (1, 3, 4):
         for host, tier in ((2, 0), (6, 0), (6, 15), (20, 60)):
-            got = replay_fleet(ft, routing, n, "lru", host, tier, seed=seed, window_s=WINDOW)
+            got = replay_fleet(ft, routing, n, "lru", host, tier, seed=seed, window_s=WINDOW, timing=TIMING)
             routed, hits = reference_fleet(ft, routing, n, host, tier, seed)
             assert got.replica.tolist() == routed, (n, host, tier)
             assert got.hits.tolist() == hits, (n, host, tier)
@@ -126,7 +151,7 @@ def test_one_replica_is_the_single_node_replay(tmp_path: Path, routing: str, pol
     ft = _fleet(tmp_path, 150, 5)
     for host, tier in ((3, 0), (20, 0), (4, 30), (20, 200)):
         node = replay_cache(ft.trace, policy, host, tier_capacity=tier)
-        got = replay_fleet(ft, routing, 1, policy, host, tier, window_s=WINDOW)
+        got = replay_fleet(ft, routing, 1, policy, host, tier, window_s=WINDOW, timing=TIMING)
         assert got.hits.tolist() == node.per_request.tolist()
         assert got.tier_hits.tolist() == node.tier_per_request.tolist()
         assert (got.hit_tokens, got.tier_hit_tokens, got.evictions, got.tier_evictions) == (

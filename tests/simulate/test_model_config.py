@@ -117,4 +117,4 @@ def test_simulate_takes_the_config_and_refuses_mixing_it_with_shape_flags(
     assert rc == 2 and "needs --prefill-tokens-per-s" in capsys.readouterr().err
     rc = main([*argv, "--capacities", "8", "--model-config", str(cfg), "--replicas", "2",
                "--prefill-tokens-per-s", "5000", "--out", str(out)])  # fmt: skip
-    assert rc == 0 and "5,000 tokens/s per GPU (--prefill-tokens-per-s)" in capsys.readouterr().out
+    assert rc == 0 and "5,000 prefill tokens/s (--prefill-tokens-per-s)" in capsys.readouterr().out

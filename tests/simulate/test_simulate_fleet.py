@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from kvoffload.app.cli import main
+from kvoffload.simulate.engine_time import EngineTime
 from kvoffload.simulate.fleet import FleetTrace, replay_fleet
-from kvoffload.simulate.fleet_report import PREFILL_TOKENS_PER_S, peak_rate
+from kvoffload.simulate.fleet_report import peak_rate
 from kvoffload.simulate.fleet_sweep import FleetSpec, sweep_fleet
+from kvoffload.simulate.gpu_profile import GPU_PROFILES, MODEL_COMPUTE
 from kvoffload.simulate.mooncake import read_mooncake_trace
 from tests.simulate.mooncake_traces import random_mooncake, system_prompt_headed, write_mooncake
 from tests.simulate.test_simulate_trace import assert_refused
@@ -35,13 +37,15 @@ def test_fleet_sweep_writes_the_table_csv_json_and_plot(tmp_path: Path, capsys: 
     )  # fmt: skip
     assert rc == 0
     text = capsys.readouterr().out
-    assert "load model:" in text and "prefill:         25,000 tokens/s per GPU (default for --model 8b)" in text
+    assert "load model:" in text and "24,633 prefill tokens/s + attention" in text
     with (out / "fleet.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 * 2 * 2 * 2  # routings x replicas x host x tier capacities
+    # routings x replicas x (host capacities x tier capacities + no offloading)
+    assert len(rows) == 2 * 2 * (2 * 2 + 1)
     data = json.loads((out / "fleet.json").read_text())
-    assert data["fleet"]["tier_capacities_blocks"] == [0, 40] and len(data["rows"]) == 16
-    assert (out / "fleet.png").read_bytes()[:4] == b"\x89PNG"
+    assert data["fleet"]["tier_capacities_blocks"] == [0, 40] and len(data["rows"]) == 20
+    for name in ("fleet.png", "fleet_hit_rate.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
     # the figures are the replay's: one row recomputed
     ft = FleetTrace.from_mooncake(read_mooncake_trace(trace, 64), 64, 64)
     got = replay_fleet(ft, "prefix", 3, "lru", 12, 40)
@@ -49,7 +53,12 @@ def test_fleet_sweep_writes_the_table_csv_json_and_plot(tmp_path: Path, capsys: 
         "prefix", 3, 12, 40))  # fmt: skip
     assert row["host_hit_tokens"] == got.host_hit_tokens and row["tier_hit_tokens"] == got.tier_hit_tokens
     assert row["computed_tokens"] == got.prompt_tokens - got.hit_tokens
-    assert row["prefill_gpu_s_saved"] == pytest.approx(got.hit_tokens / PREFILL_TOKENS_PER_S["8b"])
+    et = EngineTime.build(GPU_PROFILES["h100"], MODEL_COMPUTE["8b"], 128 * 1024)
+    pt = ft.trace.prompt_tokens
+    host, tier = got.token_split(pt, 64)
+    saved = et.prefill_s(pt, 0 * pt).sum() - et.prefill_s(pt, host + tier).sum()
+    assert row["prefill_gpu_s_saved"] == pytest.approx(saved)
+    assert host.sum() == got.host_hit_tokens and tier.sum() == got.tier_hit_tokens
     block_bytes = 64 * 128 * 1024
     assert row["tier_read_gbps"] == pytest.approx(got.tier_reads.sum() * block_bytes / 1e9 / ft.duration_s)
     per = np.bincount(got.replica, minlength=3)
@@ -65,8 +74,8 @@ def test_one_replica_rows_equal_the_single_node_sweep(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet"
     rc = main([*argv, "--replicas", "1", "--capacities", "5", "--tier-capacity", "30", "--out", str(fleet)])
     assert rc == 0
-    rows = json.loads((fleet / "fleet.json").read_text())["rows"]
-    assert {r["routing"] for r in rows} == {"random", "least-loaded", "session", "prefix"}
+    rows = [r for r in json.loads((fleet / "fleet.json").read_text())["rows"] if r["host_blocks"]]
+    assert {r["routing"] for r in rows} == {"random", "least-loaded", "session", "kv-aware"}
     for r in rows:
         p = node[r["tier_blocks"]]
         assert (r["host_hit_tokens"], r["tier_hit_tokens"]) == (p["cpu_hit_tokens"], p["tier_hit_tokens"])
@@ -102,7 +111,29 @@ def test_peak_rate_is_the_busiest_window() -> None:
         (["--replicas", "2", "--capacities", ""], "--replicas needs --capacities"),
         (["--replicas", "2", "--replay", "engine"], "--replicas needs the cache-level replay"),
         (["--replicas", "2", "--prefill-tokens-per-s", "-1"], "expected a positive number"),
+        (["--replicas", "2", "--prefill-tokens-per-s", "1e300"], "--prefill-tokens-per-s must be a positive number"),
         (["--replicas", "2", "--trace-block-view", "0.5"], "--trace-block-view is a single-node figure"),
+        (["--replicas", "100000"], "--replicas must be at most 4,096"),
+        (["--replicas", "2", "--capacities", "1e30Mtok"], "--capacities: at most"),
+        (["--replicas", "2", "--tier-capacity", "1e30Mtok"], "--tier-capacity: at most"),
+        (["--replicas", "2", "--rate-scale", "0"], "--rate-scale must be comma-separated positive numbers"),
+        (["--replicas", "2", "--rate-scale", "1,x"], "--rate-scale must be"),
+        (["--replicas", "2", "--rate-scale", "1e300"], "--rate-scale must be"),
+        (["--replicas", "2", "--rate-scale", "nan"], "--rate-scale must be"),
+        (["--replicas", "2", "--kv-weight", "-1"], "--kv-weight must be comma-separated numbers in"),
+        (["--replicas", "2", "--kv-weight", "1e300"], "--kv-weight must be"),
+        (["--replicas", "2", "--ttft-target", "0s"], "--ttft-target must be a positive duration"),
+        (["--replicas", "2", "--ttft-target", "soon"], "--ttft-target must be a duration"),
+        (["--replicas", "2", "--ttft-target", "1e300"], "--ttft-target must be a positive duration"),
+        (["--replicas", "2", "--gpu", "a100"], "--gpu: unknown GPU 'a100'"),
+        (["--replicas", "2", "--gpu", "missing.json"], "--gpu missing.json: cannot be read"),
+        (["--replicas", "2", "--link-gbps", "0"], "--link-gbps must be"),
+        (["--replicas", "2", "--link-gbps", "1e300"], "--link-gbps must be"),
+        (["--replicas", "2", "--link-gbps", "1,2"], "--link-gbps and --tier-gbps take one number each"),
+        (["--replicas", "2", "--tier-gbps", "-3"], "--tier-gbps must be"),
+        (["--replicas", "2", "--chunk-tokens", "0"], "expected a positive integer"),
+        (["--replicas", "2", "--chunk-tokens", str(2**40)], "--chunk-tokens must be a positive integer up to"),
+        (["--replicas", "2", "--routing", "kv-aware,sticky"], "--routing: unknown routing 'sticky'"),
     ],
 )
 def test_bad_fleet_flags_are_refused(
