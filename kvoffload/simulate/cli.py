@@ -190,7 +190,8 @@ def _shape(args: argparse.Namespace) -> ModelShape | ConfigShape:
 
 
 def _read_workload(args: argparse.Namespace, settings: DemoSettings) -> tuple[list[Any], str, int]:
-    """The workload's items, its description and the trace block size (tokens per hash)."""
+    """The workload's items, its description (a trace by its file name) and the trace block size
+    (tokens per hash)."""
     if getattr(args, "suite", None):
         if args.trace:
             raise InvalidArgumentError("--suite and --trace are exclusive: pick one workload")
@@ -202,22 +203,23 @@ def _read_workload(args: argparse.Namespace, settings: DemoSettings) -> tuple[li
         items = list(settings.workload())
         return items, f"chat workload ({settings.conversations} conversations x {settings.turns} turns)", 16
     fmt = detect_trace_format(args.trace) if args.trace_format == "auto" else args.trace_format
+    name = Path(args.trace).name  # the report's and the plot title's: the file's name, not its path
     if fmt == "bailian":
         if args.trace_block_size not in (None, BAILIAN_BLOCK_TOKENS):
             raise InvalidArgumentError(f"--trace-block-size: a Bailian trace has {BAILIAN_BLOCK_TOKENS}-token blocks")
         breqs = read_bailian_trace(args.trace)
-        return breqs, f"Bailian trace {args.trace} ({len(breqs):,} requests)", BAILIAN_BLOCK_TOKENS
+        return breqs, f"Bailian trace {name} ({len(breqs):,} requests)", BAILIAN_BLOCK_TOKENS
     if fmt == "mooncake":
         tb = MOONCAKE_BLOCK_TOKENS if args.trace_block_size is None else args.trace_block_size
         reqs = read_mooncake_trace(args.trace, tb)
-        return reqs, f"Mooncake trace {args.trace} ({len(reqs):,} requests)", tb
+        return reqs, f"Mooncake trace {name} ({len(reqs):,} requests)", tb
     if args.trace_block_size not in (None, HASH_BLOCK_TOKENS):
         raise InvalidArgumentError(
             f"--trace-block-size {args.trace_block_size}: a kvoffload trace hashes {HASH_BLOCK_TOKENS}-token blocks; "
             "the option is for Mooncake traces"
         )
     trace_items = list(read_trace(args.trace, HASH_BLOCK_TOKENS))
-    return trace_items, f"trace {args.trace} ({len(trace_items):,} requests)", HASH_BLOCK_TOKENS
+    return trace_items, f"trace {name} ({len(trace_items):,} requests)", HASH_BLOCK_TOKENS
 
 
 def _prompt_tokens(items: list[Any]) -> int:
