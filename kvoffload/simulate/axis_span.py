@@ -45,6 +45,13 @@ class XSpan:
         """Widen the range to ``x`` (a reference drawn beside the swept values)."""
         self.lo, self.hi = min(self.lo, x), max(self.hi, x)
 
+    def share(self, x: float) -> float:
+        """Where ``x`` lies on the axis of :meth:`limits`: 0 at its left end, 1 at its right."""
+        left, right = self.limits()
+        if self.log:
+            return math.log(x / left) / math.log(right / left)
+        return (x - left) / (right - left)
+
     def limits(self) -> tuple[float, float]:
         """``(left, right)`` for the axis: the range and a margin each side (never below 0)."""
         if self.log:

@@ -65,15 +65,17 @@ def fit_title(fig: Any, text: str, fontsize: float = 11, smallest: float = 6) ->
         title.set_fontsize(max(smallest, title.get_fontsize() * fig.bbox.width / box.width - 0.5))
 
 
-def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
-    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes' height)."""
+def _mark(ax: Any, x: float, linestyle: str, y: float, label: str, left: bool = False) -> None:
+    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes'
+    height), on its right, or on its left with ``left`` (a line near the axes' right edge)."""
     ax.axvline(x, color="grey", linestyle=linestyle, linewidth=1)
     ax.annotate(
         label,
         (x, y),
         xycoords=("data", "axes fraction"),
-        xytext=(4, 0),
+        xytext=(-4 if left else 4, 0),
         textcoords="offset points",
+        ha="right" if left else "left",
         fontsize=8,
         color="dimgrey",
     )
@@ -175,23 +177,30 @@ def plot_hit_rates(
     if span.log:
         ax.set_xscale("log")
     ws_gib = report.ws * gib_per_block
-    marks = [(ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:,.2f} GiB")]
+    # (x, line style, label height beside the line / at the edge, label): beside a line low down,
+    # where the curves, rising with memory, leave room; at the edge, for a sweep far below it, mid-height
+    marks = [(ws_gib, "--", (0.06, 0.45), f"prompts' working set\n{report.ws:,} blocks = {ws_gib:,.2f} GiB")]
     top_run = largest_run(points)
     if top_run.cpu_evictions == 0 and top_run.distinct_blocks_stored > report.ws:
         all_gib = top_run.distinct_blocks_stored * gib_per_block
         n_all = top_run.distinct_blocks_stored
         marks.append(
-            (all_gib, ":", 0.6, f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:,.2f} GiB")
+            (
+                all_gib,
+                ":",
+                (0.2, 0.62),
+                f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:,.2f} GiB",
+            )
         )
     for mark in marks:
         if span.near(mark[0]):
             span.include(mark[0])
-    for x, style, y, label in marks:
-        if span.near(x):
-            _mark(ax, x, style, y, label)
-        else:  # far outside the swept range: named at the edge it lies beyond, not drawn
-            _off_axis(ax, x, y, label, span)
     ax.set_xlim(*span.limits())
+    for x, style, (y_line, y_edge), label in marks:
+        if span.near(x):
+            _mark(ax, x, style, y_line, label, left=span.share(x) > 0.75)
+        else:  # far outside the swept range: named at the edge it lies beyond, not drawn
+            _off_axis(ax, x, y_edge, label, span)
     ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
     ax.set_ylabel("% of prompt tokens loaded" if tiered else "% of prompt tokens loaded from the CPU tier")
 

@@ -42,6 +42,9 @@ def test_far_references_are_not_near_and_near_ones_widen_the_span() -> None:
     assert log.near(1 / NEAR_RATIO * 1.01) and not log.near(1 / NEAR_RATIO * 0.99)
     log.include(140.0)
     assert log.limits()[1] > 140.0
+    left, right = log.limits()
+    assert (log.share(left), log.share(right), log.share(math.sqrt(left * right))) == pytest.approx((0, 1, 0.5))
+    assert (span.share(span.limits()[0]), span.share(1.5)) == pytest.approx((0, 0.5))
 
 
 @pytest.mark.parametrize("values", [[], [0.0, 1.0], [-1.0], [float("inf")], [float("nan")]])
