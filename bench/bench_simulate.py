@@ -4,12 +4,13 @@ Two measurements, each a whole command line timed from start to exit (imports, t
 replays, report and plot included):
 
 * **one node** (wall and CPU seconds): ``kvoffload simulate --policies lru --no-plot`` (the
-  production manager and policy; Belady and the infinite cache beside it; tables, CSV and JSON but
-  no PNG, as ``kvcache-simulator`` draws none) at 8 host capacities against ``kvcache-simulator run
-  --policies lru,optimal`` (KVCache.AI's simulator from PyPI, C++ core) at the same 8 capacities in
-  GiB, same trace and block size, alternated ``--rounds`` times in the same run; the ratio of their
-  medians is the figure. The same ``kvoffload`` command with the plot is timed in each round too;
-  then the CPU seconds of its parts, one at a time in one process (:func:`breakdown`);
+  manager's LRU decisions, :mod:`kvoffload.simulate.lru_replay`; Belady and the infinite cache
+  beside it; tables, CSV and JSON but no PNG, as ``kvcache-simulator`` draws none) at 8 host
+  capacities against ``kvcache-simulator run --policies lru,optimal`` (KVCache.AI's simulator
+  from PyPI, C++ core) at the same 8 capacities in GiB, same trace and block size, alternated
+  ``--rounds`` times in the same run; the ratio of their medians is the figure. The same
+  ``kvoffload`` command with the plot is timed in each round too; then the CPU seconds of its
+  parts, one at a time in one process (:func:`breakdown`);
 * **fleet**: ``kvoffload simulate --replicas`` with the given replicas, routings, host and tier
   capacities, once.
 
@@ -105,7 +106,8 @@ def one_node(trace: str, kvsim: str, rounds: int, jobs: int, block: int) -> dict
 
 def breakdown(trace: str, block: int) -> dict[str, Any]:
     """CPU seconds of the one-node sweep's parts, one at a time in one process: importing what the
-    command imports (a fresh interpreter), reading the trace, its block keys, each LRU replay,
+    command imports (a fresh interpreter), reading the trace, its block keys, each LRU replay (as the
+    command runs it, :mod:`kvoffload.simulate.lru_replay`, and the same through the manager's calls),
     Belady's plan and runs, the infinite cache."""
     from kvoffload.simulate.block_trace import BlockTrace
     from kvoffload.simulate.cache_replay import replay_cache
@@ -126,11 +128,14 @@ def breakdown(trace: str, block: int) -> dict[str, Any]:
     lists = bt.key_lists()
     keys_s = clock() - t
     caps = [int(c * 1e6) // block for c in CAPACITIES_MTOK]
-    lru, belady = [], []
+    lru, lru_manager, belady = [], [], []
     for c in caps:
         t = clock()
-        replay_cache(bt, "lru", c, lists)
+        replay_cache(bt, "lru", c)
         lru.append(clock() - t)
+        t = clock()
+        replay_cache(bt, "lru", c, lists, manager=True)  # the same decisions, through CPUOffloadingManager
+        lru_manager.append(clock() - t)
     t = clock()
     plan = BeladyPlan(bt)
     plan_s = clock() - t
@@ -146,6 +151,8 @@ def breakdown(trace: str, block: int) -> dict[str, Any]:
         "block_keys_cpu_s": keys_s,
         "lru_replay_cpu_s": lru,
         "lru_us_per_request": 1e6 * statistics.median(lru) / bt.num_requests,
+        "lru_through_manager_cpu_s": lru_manager,
+        "lru_through_manager_us_per_request": 1e6 * statistics.median(lru_manager) / bt.num_requests,
         "belady_plan_cpu_s": plan_s,
         "belady_cpu_s": belady,
         "belady_peak_held_blocks": plan.peak_held,

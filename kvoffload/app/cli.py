@@ -16,6 +16,11 @@ from kvoffload.errors import KVOffloadError
 from kvoffload.simulate.suite import SUITE
 from kvoffload.simulate.sweep import DTYPE_BYTES, MODEL_SHAPES
 
+#: ``simulate --gpu-blocks``: at most 2**22 16-token blocks (67M tokens: more than any GPU's KV cache)
+MAX_GPU_BLOCKS = 2**22
+#: ``simulate --conversations``: at most this many conversations of the generated chat workload
+MAX_CONVERSATIONS = 10_000
+
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, no usage dump."""
@@ -24,17 +29,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"kvoffload: error: {message}\n")
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``minimum``, else a one-line error."""
+def _int_at_least(minimum: int, maximum: int | None = None, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum`` (and <= ``maximum``; ``why``, said of a larger
+    value, says why), else a one-line error."""
     what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    if maximum is not None:
+        what = f"an integer from {minimum} to {maximum:,}"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected {what}{why if value > minimum else ''}, got {value}")
         return value
 
     return parse
@@ -282,8 +290,18 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument(
         "--block-size", type=_positive_int, default=32, help="tokens per offloaded block, a multiple of 16 (default 32)"
     )
-    p_sim.add_argument("--gpu-blocks", type=_positive_int, default=None, help="GPU KV capacity in 16-token GPU blocks")
-    p_sim.add_argument("--conversations", type=_positive_int, default=None)
+    p_sim.add_argument(
+        "--gpu-blocks",
+        type=_int_at_least(2, MAX_GPU_BLOCKS, " (more 16-token blocks than any GPU holds)"),
+        default=None,
+        help="GPU KV capacity in 16-token GPU blocks (engine replay)",
+    )
+    p_sim.add_argument(
+        "--conversations",
+        type=_int_at_least(1, MAX_CONVERSATIONS, " (the chat workload is a demo: a larger one is a --trace)"),
+        default=None,
+        help="conversations of the chat workload (default 128)",
+    )
     p_sim.add_argument("--seed", type=_non_negative_int, default=0)
     p_sim.add_argument(
         "--out", default="simulate-out", help="directory for hit_rate.png, results.csv, results.json (./simulate-out)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from itertools import chain
 
 import numpy as np
@@ -54,6 +55,15 @@ class BlockTrace:
     @property
     def total_prompt_tokens(self) -> int:
         return int(self.prompt_tokens.sum())
+
+    @cached_property
+    def has_repeats(self) -> bool:
+        """Whether a request names one block twice (computed once)."""
+        if not len(self.ids):
+            return False
+        req = np.repeat(np.arange(self.num_requests, dtype=np.int64), np.diff(self.starts))
+        pairs = req * max(self.num_blocks, 1) + self.ids
+        return len(np.unique(pairs)) != len(pairs)
 
     def key_lists(self) -> list[list[OffloadKey]]:
         """Per request, its prompt blocks' manager keys, head first."""

@@ -9,7 +9,7 @@ one progress line per finished run, and returns the points in the report's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvoffload.engine.reference.request import hash_blocks
@@ -18,7 +18,7 @@ from kvoffload.simulate.block_trace import BlockTrace
 from kvoffload.simulate.cache_replay import ReplayResult
 from kvoffload.simulate.cache_sweep import CacheSweep, sweep_cache
 from kvoffload.simulate.mooncake import MooncakeRequest
-from kvoffload.simulate.sweep import HASH_BLOCK_TOKENS, SimPoint
+from kvoffload.simulate.sweep import HASH_BLOCK_TOKENS, SimPoint, spread_capacities
 
 __all__ = ["CacheSweepPoints", "block_trace_of", "run_cache_sweep", "to_point", "trace_blocks"]
 
@@ -85,6 +85,15 @@ class CacheSweepPoints:
     belady: list[SimPoint]
     infinite: SimPoint
     seconds: float
+
+    def at_capacities(self, capacities: list[int], bound: int, block_bytes: int, block_tokens: int) -> CacheSweepPoints:
+        """The sweep run at ``min(c, bound)`` blocks given for each of ``capacities``
+        (:func:`~kvoffload.simulate.sweep.spread_capacities`; ``bound``: the trace's distinct blocks)."""
+        return replace(
+            self,
+            points=spread_capacities(self.points, capacities, bound, block_bytes, block_tokens),
+            belady=spread_capacities(self.belady, capacities, bound, block_bytes, block_tokens),
+        )
 
 
 def run_cache_sweep(

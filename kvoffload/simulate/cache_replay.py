@@ -53,6 +53,7 @@ from kvoffload.cache.manager import CPUOffloadingManager
 from kvoffload.core.base import OffloadKey, ReqContext
 from kvoffload.core.lookup_code import LOOKUP_HIT
 from kvoffload.simulate.block_trace import BlockTrace
+from kvoffload.simulate.lru_replay import replay_lru
 from kvoffload.simulate.shared_tier import LRUTierModel
 
 __all__ = ["HostReplay", "ReplayResult", "replay_cache", "split_hit_tokens"]
@@ -209,12 +210,17 @@ def replay_cache(
     capacity: int,
     key_lists: list[list[OffloadKey]] | None = None,
     tier_capacity: int = 0,
+    manager: bool = False,
 ) -> ReplayResult:
     """Replay ``trace`` through a fresh ``CPUOffloadingManager(capacity, policy)`` with a shared
     tier of ``tier_capacity`` blocks beneath it (module docstring).
 
-    ``key_lists`` (``trace.key_lists()``) may be passed to share one copy between runs.
+    ``key_lists`` (``trace.key_lists()``) may be passed to share one copy between runs. The ``lru``
+    policy without a tier takes :func:`~kvoffload.simulate.lru_replay.replay_lru` (the same decisions
+    without the manager's calls; ``manager=True`` makes them through the manager all the same).
     """
+    if policy == "lru" and not (manager or tier_capacity) and capacity > 0 and not trace.has_repeats:
+        return _lru_result(trace, capacity)
     t0 = time.perf_counter()
     tier = LRUTierModel(tier_capacity)
     lists = trace.key_lists() if key_lists is None else key_lists
@@ -262,6 +268,26 @@ def replay_cache(
         per_request=hits,
         tier_per_request=tier_hits,
         seconds=time.perf_counter() - t0,
+    )
+
+
+def _lru_result(trace: BlockTrace, capacity: int) -> ReplayResult:
+    """The one-tier LRU replay as :func:`~kvoffload.simulate.lru_replay.replay_lru` makes it (the
+    manager's decisions without its calls)."""
+    hits, ever_stored, stored, evicted, failed, seconds = replay_lru(trace, capacity)
+    return ReplayResult(
+        policy="lru",
+        capacity=capacity,
+        prompt_tokens=trace.total_prompt_tokens,
+        hit_blocks=int(hits.sum()),
+        hit_tokens=hit_tokens_of(hits, trace.prompt_tokens, trace.block_tokens),
+        stored_blocks=stored,
+        evictions=evicted,
+        failed_stores=failed,
+        distinct_stored=int(ever_stored.sum()),
+        per_request=hits,
+        tier_per_request=np.zeros(len(hits), dtype=np.int64),
+        seconds=seconds,
     )
 
 

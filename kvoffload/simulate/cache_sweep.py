@@ -59,11 +59,11 @@ def _run(task: _Task) -> ReplayResult:
 
 
 def _cost(task: _Task) -> float:
-    """Rough relative cost, to start the long runs first (lru is the cheapest policy)."""
+    """Rough relative cost, to start the long runs first (Belady and one-tier lru, which run without
+    the manager, are the cheapest)."""
     name, capacity, tier_capacity = task
-    return (
-        (0.2 if name == BELADY else 1.0 if name == "lru" else 3.0) * (1 + capacity**0.1) * (1.5 if tier_capacity else 1)
-    )
+    weight = 0.2 if name == BELADY else 3.0 if name != "lru" else 1.0 if tier_capacity else 0.3
+    return weight * (1 + capacity**0.1) * (1.5 if tier_capacity else 1)
 
 
 def sweep_cache(
@@ -92,7 +92,8 @@ def sweep_cache(
     _shared.clear()
     _shared["trace"] = trace
     if jobs > 1:
-        _shared["lists"] = trace.key_lists()  # built once, inherited by the forked workers
+        if any(p != "lru" for p in policies) or any(tiers) or trace.has_repeats:  # runs through the manager
+            _shared["lists"] = trace.key_lists()  # built once, inherited by the forked workers
         _shared["plan"] = BeladyPlan(trace)
     results: list[ReplayResult] = []
     try:

@@ -29,13 +29,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvoffload.cache.policies.base import available_policies, get_policy_class
+from kvoffload.cache.policies.base import available_policies
 from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.engine.reference.request import SimRequest
 from kvoffload.engine.reference.workload import TraceRequest, read_trace
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.bailian import BAILIAN_BLOCK_TOKENS, read_bailian_trace
-from kvoffload.simulate.capacity import to_blocks
+from kvoffload.simulate.capacity import capacity_blocks
+from kvoffload.simulate.flags import policy_names
 from kvoffload.simulate.model_config import ConfigShape, read_model_config
 from kvoffload.simulate.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
@@ -54,6 +55,8 @@ from kvoffload.simulate.sweep import (
     SimPoint,
     default_capacities,
     log_capacities,
+    spread_capacities,
+    stored_blocks_bound,
     working_set_blocks,
 )
 from kvoffload.simulate.trace_block_view import trace_block_view
@@ -190,34 +193,45 @@ def _shape(args: argparse.Namespace) -> ModelShape | ConfigShape:
 
 
 def _read_workload(args: argparse.Namespace, settings: DemoSettings) -> tuple[list[Any], str, int]:
-    """The workload's items, its description and the trace block size (tokens per hash)."""
+    """The workload's items, its description (a trace by its file name) and the trace block size
+    (tokens per hash)."""
     if getattr(args, "suite", None):
         if args.trace:
             raise InvalidArgumentError("--suite and --trace are exclusive: pick one workload")
         generated = suite_workload(args.suite, args.seed)
         return generated, f"suite workload {args.suite} ({len(generated):,} requests)", HASH_BLOCK_TOKENS
+    if args.trace is not None and not args.trace.strip():
+        raise InvalidArgumentError("--trace names no file: give a JSONL trace (or drop the flag for the chat workload)")
     if not args.trace:
         if args.trace_format != "auto" or args.trace_block_size is not None:
             raise InvalidArgumentError("--trace-format and --trace-block-size need --trace")
         items = list(settings.workload())
         return items, f"chat workload ({settings.conversations} conversations x {settings.turns} turns)", 16
+    try:
+        return _read_trace(args)
+    except InvalidArgumentError as exc:  # the trace's own errors (unreadable, a bad line) name the flag too
+        raise InvalidArgumentError(str(exc) if str(exc).startswith("--") else f"--trace: {exc}") from None
+
+
+def _read_trace(args: argparse.Namespace) -> tuple[list[Any], str, int]:
     fmt = detect_trace_format(args.trace) if args.trace_format == "auto" else args.trace_format
+    name = Path(args.trace).name  # the report's and the plot title's: the file's name, not its path
     if fmt == "bailian":
         if args.trace_block_size not in (None, BAILIAN_BLOCK_TOKENS):
             raise InvalidArgumentError(f"--trace-block-size: a Bailian trace has {BAILIAN_BLOCK_TOKENS}-token blocks")
         breqs = read_bailian_trace(args.trace)
-        return breqs, f"Bailian trace {args.trace} ({len(breqs):,} requests)", BAILIAN_BLOCK_TOKENS
+        return breqs, f"Bailian trace {name} ({len(breqs):,} requests)", BAILIAN_BLOCK_TOKENS
     if fmt == "mooncake":
         tb = MOONCAKE_BLOCK_TOKENS if args.trace_block_size is None else args.trace_block_size
         reqs = read_mooncake_trace(args.trace, tb)
-        return reqs, f"Mooncake trace {args.trace} ({len(reqs):,} requests)", tb
+        return reqs, f"Mooncake trace {name} ({len(reqs):,} requests)", tb
     if args.trace_block_size not in (None, HASH_BLOCK_TOKENS):
         raise InvalidArgumentError(
             f"--trace-block-size {args.trace_block_size}: a kvoffload trace hashes {HASH_BLOCK_TOKENS}-token blocks; "
             "the option is for Mooncake traces"
         )
     trace_items = list(read_trace(args.trace, HASH_BLOCK_TOKENS))
-    return trace_items, f"trace {args.trace} ({len(trace_items):,} requests)", HASH_BLOCK_TOKENS
+    return trace_items, f"trace {name} ({len(trace_items):,} requests)", HASH_BLOCK_TOKENS
 
 
 def _prompt_tokens(items: list[Any]) -> int:
@@ -234,11 +248,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     from kvoffload.simulate.cache_cli import block_trace_of, run_cache_sweep, trace_blocks
     from kvoffload.simulate.report import SweepReport
 
-    policies = available_policies() if not args.policies else [p.strip() for p in args.policies.split(",") if p]
-    if not policies:
-        raise InvalidArgumentError("--policies must name at least one policy")
-    for p in policies:
-        get_policy_class(p)
+    policies = available_policies() if args.policies is None else policy_names(args.policies)
     if args.block_size % HASH_BLOCK_TOKENS:
         raise InvalidArgumentError(
             f"--block-size must be a multiple of the {HASH_BLOCK_TOKENS}-token GPU block, got {args.block_size}"
@@ -255,8 +265,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     settings = replace(DemoSettings(), **overrides)
     items, source, trace_block = _read_workload(args, settings)
     raw_items = items
-    tier_items = [t for group in (getattr(args, "tier_capacity", None) or []) for t in group]
-    tiers = sorted({0, *(to_blocks(v, u, block_bytes, args.block_size, "--tier-capacity") for v, u in tier_items)})
+    tier_groups = getattr(args, "tier_capacity", None)
+    tier_items = [t for group in tier_groups or [] for t in group]
+    tiers = [0] if tier_groups is None else capacity_blocks(tier_items, block_bytes, args.block_size, "--tier-capacity")
+    tiers = [0, *tiers] if tiers[0] else tiers
     replay = args.replay
     if getattr(args, "replicas", None):
         from kvoffload.simulate.fleet_cli import run_fleet
@@ -273,28 +285,39 @@ def run_simulate(args: argparse.Namespace) -> int:
         if args.trace:
             _check_fits(items, settings, args.trace)
         ws = working_set_blocks(items, HASH_BLOCK_TOKENS, factor)
+        bound = stored_blocks_bound(items, args.block_size)
     else:
         btrace = block_trace_of(items, args.block_size, trace_block)
-        ws = btrace.num_blocks
-    if args.capacities:
-        capacities = sorted({to_blocks(v, unit, block_bytes, args.block_size) for v, unit in args.capacities})
+        ws = bound = btrace.num_blocks  # the cache-level replay stores prompt blocks only
+    if args.capacities is not None:
+        capacities = capacity_blocks(args.capacities, block_bytes, args.block_size)
     else:
         capacities = default_capacities(ws) if replay == "engine" else log_capacities(ws)
+    # a pool of `bound` blocks never fills: a larger one is run at that size (same figures, no giant pool)
+    run_caps = sorted({max(1, min(c, bound)) for c in capacities})
     out = _out_dir(args.out)
     report = SweepReport(source, shape, settings, policies, capacities, ws, block_bytes, replay, tiers)
     print(report.header(), flush=True)
+    if capacities[-1] > bound:
+        print(
+            f"  larger than:     {max(1, bound):,} blocks, the most this workload can store: capacities above it "
+            "never fill and run at that size",
+            flush=True,
+        )
     if replay == "engine":
         import torch
 
         torch.set_num_threads(1)  # tiny tensors: more threads only contend
-        points = simulate(items, settings, policies, capacities, block_bytes=block_bytes)
+        points = simulate(items, settings, policies, run_caps, block_bytes=block_bytes)
+        points = spread_capacities(points, capacities, max(1, bound), block_bytes, args.block_size)
         print(report.finish(points, out, plot=args.plot))
     else:
         print(
             f"  replay:          cache-level, {jobs} processes; Belady's optimum and the infinite cache beside",
             flush=True,
         )
-        swept = run_cache_sweep(btrace, policies, capacities, jobs, block_bytes, tier_capacities=tiers)
+        swept = run_cache_sweep(btrace, policies, run_caps, jobs, block_bytes, tier_capacities=tiers)
+        swept = swept.at_capacities(capacities, max(1, bound), block_bytes, args.block_size)
         print(report.finish(swept.points, out, swept, plot=args.plot))
     if args.trace_block_view is not None:
         print(report.trace_block_line(trace_block_view(trace_blocks(raw_items), args.trace_block_view), trace_block))
@@ -302,6 +325,8 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def _out_dir(path: str) -> Path:
+    if not path.strip():
+        raise InvalidArgumentError("--out names no directory: give one (default ./simulate-out)")
     out = Path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvoffload.simulate.axis_span import XSpan
 from kvoffload.simulate.sweep import SimPoint, largest_run
 from kvoffload.simulate.units import size_label
 
@@ -64,15 +65,36 @@ def fit_title(fig: Any, text: str, fontsize: float = 11, smallest: float = 6) ->
         title.set_fontsize(max(smallest, title.get_fontsize() * fig.bbox.width / box.width - 0.5))
 
 
-def _mark(ax: Any, x: float, linestyle: str, y: float, label: str) -> None:
-    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes' height)."""
+def _mark(ax: Any, x: float, linestyle: str, y: float, label: str, left: bool = False) -> None:
+    """A vertical grey line at ``x`` with ``label`` beside it at ``y`` (a fraction of the axes'
+    height), on its right, or on its left with ``left`` (a line near the axes' right edge)."""
     ax.axvline(x, color="grey", linestyle=linestyle, linewidth=1)
     ax.annotate(
         label,
         (x, y),
         xycoords=("data", "axes fraction"),
-        xytext=(4, 0),
+        xytext=(-4 if left else 4, 0),
         textcoords="offset points",
+        ha="right" if left else "left",
+        fontsize=8,
+        color="dimgrey",
+    )
+
+
+def _off_axis(ax: Any, x: float, y: float, label: str, span: XSpan) -> None:
+    """``label`` of a reference at ``x``, far outside the swept range, written inside the axes at
+    the edge it lies beyond (at ``y``, a fraction of the axes' height), with how far it is."""
+    beyond = x > span.hi
+    far = (
+        f"{x / span.hi:,.0f}x the largest capacity →" if beyond else f"← 1/{span.lo / x:,.0f} of the smallest capacity"
+    )
+    ax.annotate(
+        f"{label}\n(off the axis: {far})",
+        (1.0 if beyond else 0.0, y),
+        xycoords="axes fraction",
+        xytext=(-4 if beyond else 4, 0),
+        textcoords="offset points",
+        ha="right" if beyond else "left",
         fontsize=8,
         color="dimgrey",
     )
@@ -105,11 +127,12 @@ def plot_hit_rates(
     tiered: list[SimPoint] | None = None,
 ) -> Path:
     """Share of prompt tokens loaded from the CPU tier vs host memory (GiB), one line per policy;
-    offloaded blocks on the top axis, the prompts' working set as a dashed line; with ``ref``,
+    offloaded blocks on the top axis, the prompts' working set as a dashed line (named at the edge
+    instead when it lies far beyond the swept capacities, :class:`~kvoffload.simulate.axis_span.XSpan`); with ``ref``,
     Belady's optimum and the infinite cache beside the policies; with ``tiered`` (runs with a
     shared tier), one dash-dotted line per (policy, tier capacity) of the share loaded from host
-    memory and the tier together. The x axis is logarithmic when the capacities span two decades
-    or more."""
+    memory and the tier together. The x axis spans the swept capacities, logarithmic when they
+    span a decade or more."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,16 +173,34 @@ def plot_hit_rates(
             label="Belady (offline optimum)",
         )
         ax.axhline(100 * ref.infinite.cpu_hit_rate, color="black", linestyle=":", label="infinite cache")
-    log_x = report.capacities[-1] >= 100 * report.capacities[0]
-    if log_x:
+    span = XSpan([c * gib_per_block for c in report.capacities])
+    if span.log:
         ax.set_xscale("log")
     ws_gib = report.ws * gib_per_block
-    _mark(ax, ws_gib, "--", 0.45, f"prompts' working set\n{report.ws:,} blocks = {ws_gib:.2f} GiB")
+    # (x, line style, label height beside the line / at the edge, label): beside a line low down,
+    # where the curves, rising with memory, leave room; at the edge, for a sweep far below it, mid-height
+    marks = [(ws_gib, "--", (0.06, 0.45), f"prompts' working set\n{report.ws:,} blocks = {ws_gib:,.2f} GiB")]
     top_run = largest_run(points)
     if top_run.cpu_evictions == 0 and top_run.distinct_blocks_stored > report.ws:
         all_gib = top_run.distinct_blocks_stored * gib_per_block
         n_all = top_run.distinct_blocks_stored
-        _mark(ax, all_gib, ":", 0.6, f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:.2f} GiB")
+        marks.append(
+            (
+                all_gib,
+                ":",
+                (0.2, 0.62),
+                f"all stored blocks (prompts + generated)\n{n_all:,} blocks = {all_gib:,.2f} GiB",
+            )
+        )
+    for mark in marks:
+        if span.near(mark[0]):
+            span.include(mark[0])
+    ax.set_xlim(*span.limits())
+    for x, style, (y_line, y_edge), label in marks:
+        if span.near(x):
+            _mark(ax, x, style, y_line, label, left=span.share(x) > 0.75)
+        else:  # far outside the swept range: named at the edge it lies beyond, not drawn
+            _off_axis(ax, x, y_edge, label, span)
     ax.set_xlabel(f"host memory for the CPU tier (GiB) — {report.shape.describe()}")
     ax.set_ylabel("% of prompt tokens loaded" if tiered else "% of prompt tokens loaded from the CPU tier")
 
@@ -171,11 +212,9 @@ def plot_hit_rates(
 
     top = ax.secondary_xaxis("top", functions=(to_blocks, to_gib))
     top.set_xlabel(f"offloaded blocks of {report.block_tokens} tokens ({size_label(report.block_bytes)} each)")
-    if not log_x:
-        ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(title="eviction policy", loc="lower right", fontsize=8 if tiered else None)
+    ax.legend(title="eviction policy", loc="best", fontsize=8 if tiered else None)
     fit_title(fig, title_lines(f"How much host memory? {report.source}"))
     fig.savefig(path, dpi=110)
     plt.close(fig)

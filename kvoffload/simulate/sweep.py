@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvoffload.engine.reference.request import hash_blocks
@@ -17,6 +17,8 @@ __all__ = [
     "default_capacities",
     "largest_run",
     "log_capacities",
+    "spread_capacities",
+    "stored_blocks_bound",
     "working_set_blocks",
 ]
 
@@ -123,3 +125,27 @@ def log_capacities(working_set_offloaded_blocks: int, points: int = 9) -> list[i
 def largest_run(points: list[SimPoint]) -> SimPoint:
     """The run with the most CPU blocks (of those, the one that stored the most distinct blocks)."""
     return max(points, key=lambda p: (p.cpu_blocks, p.distinct_blocks_stored))
+
+
+def stored_blocks_bound(items: list[Any], block_tokens: int) -> int:
+    """An upper bound on the distinct offloaded blocks the engine replay of ``items`` (chat turns or
+    trace requests) can ever store: every full block of every prompt with its decoded tokens."""
+    return sum(
+        ((it.num_tokens if isinstance(it, TraceRequest) else len(it.prompt_token_ids)) + it.max_tokens) // block_tokens
+        for it in items
+    )
+
+
+def spread_capacities(
+    points: list[SimPoint], capacities: list[int], bound: int, block_bytes: int, block_tokens: int
+) -> list[SimPoint]:
+    """``points`` run at ``min(c, bound)`` for each of ``capacities`` (ascending), given for every
+    ``c``: a pool of at least ``bound`` blocks, the most the workload can ever store, never evicts,
+    so any larger one makes the same run (a point's capacity fields are the only ones set again)."""
+    out: list[SimPoint] = []
+    for p in points:
+        for c in capacities:
+            if min(c, bound) == p.cpu_blocks:
+                gib, tokens = c * block_bytes / 2**30, c * block_tokens
+                out.append(p if c == p.cpu_blocks else replace(p, cpu_blocks=c, cpu_gib=gib, cpu_tokens=tokens))
+    return out
