@@ -22,7 +22,7 @@ from typing import Any
 
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.cache_cli import block_trace_of
-from kvoffload.simulate.capacity import to_blocks
+from kvoffload.simulate.capacity import capacity_blocks
 from kvoffload.simulate.engine_time import CHUNK_TOKENS, TIER_GBPS, EngineTime
 from kvoffload.simulate.fleet import FleetResult, FleetTrace
 from kvoffload.simulate.fleet_report import fleet_rows, write_rows
@@ -48,8 +48,6 @@ __all__ = ["DEFAULT_ROUTINGS", "fleet_trace_of", "parse_numbers", "parse_seconds
 DEFAULT_ROUTINGS = ("random", "least-loaded", "session", KV_AWARE)
 #: the most replicas one fleet may have (each is a manager in memory)
 MAX_REPLICAS = 4096
-#: the most offloaded blocks per replica (beyond any host's memory)
-MAX_BLOCKS = 2**40
 #: the largest --rate-scale
 MAX_RATE_SCALE = 1e6
 
@@ -63,8 +61,8 @@ def fleet_trace_of(items: list[Any], block_tokens: int, trace_block_tokens: int)
 
 
 def parse_numbers(text: str | None, flag: str, default: list[float], maximum: float, zero: bool = False) -> list[float]:
-    """Comma-separated finite numbers in ``(0, maximum]`` (``[0, maximum]`` with ``zero``), sorted
-    without repeats; an :class:`InvalidArgumentError` naming ``flag`` otherwise."""
+    """Comma-separated finite numbers in ``(0, maximum]`` (``[0, maximum]`` with ``zero``), each once,
+    sorted; an :class:`InvalidArgumentError` naming ``flag`` otherwise."""
     if text is None:
         return list(default)
     what = (
@@ -80,6 +78,8 @@ def parse_numbers(text: str | None, flag: str, default: list[float], maximum: fl
             raise InvalidArgumentError(f"{flag} must be {what}, got {part!r}") from None
         if not math.isfinite(v) or v > maximum or v < 0 or (v == 0 and not zero):
             raise InvalidArgumentError(f"{flag} must be {what}, got {part!r}")
+        if v in out:
+            raise InvalidArgumentError(f"{flag} names {v:g} twice; give each value once")
         out.append(v)
     if not out:
         raise InvalidArgumentError(f"{flag} must be {what}, got {text!r}")
@@ -138,8 +138,10 @@ def run_fleet(
 ) -> int:
     """The fleet sweep of ``run_simulate`` (``--replicas`` given; ``out_dir`` creates ``--out``
     once every flag is checked)."""
-    routings = check_routings(args.routing or DEFAULT_ROUTINGS)
-    replicas = sorted(set(args.replicas))
+    routings = check_routings(DEFAULT_ROUTINGS if args.routing is None else args.routing)
+    if len(set(args.replicas)) != len(args.replicas):
+        raise InvalidArgumentError(f"--replicas names a count twice ({args.replicas}); give each count once")
+    replicas = sorted(args.replicas)
     if replicas[-1] > MAX_REPLICAS:
         raise InvalidArgumentError(f"--replicas must be at most {MAX_REPLICAS:,}, got {replicas[-1]:,}")
     if not args.capacities:
@@ -149,12 +151,7 @@ def run_fleet(
     if getattr(args, "trace_block_view", None) is not None:
         raise InvalidArgumentError("--trace-block-view is a single-node figure: drop it with --replicas")
     block_bytes = shape.bytes_per_token * args.block_size
-    capacities = sorted({to_blocks(v, u, block_bytes, args.block_size) for v, u in args.capacities})
-    if capacities[-1] > MAX_BLOCKS or tiers[-1] > MAX_BLOCKS:
-        flag = "--capacities" if capacities[-1] > MAX_BLOCKS else "--tier-capacity"
-        raise InvalidArgumentError(
-            f"{flag}: at most {MAX_BLOCKS:,} offloaded blocks, got {max(capacities[-1], tiers[-1]):,}"
-        )
+    capacities = capacity_blocks(args.capacities, block_bytes, args.block_size)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else ["lru"]
     window = LOAD_WINDOW_S if args.load_window is None else args.load_window
     scales = parse_numbers(getattr(args, "rate_scale", None), "--rate-scale", [1.0], MAX_RATE_SCALE)

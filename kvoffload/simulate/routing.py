@@ -48,13 +48,15 @@ LOAD_WINDOW_S = 60.0
 
 
 def check_routings(routings: Sequence[str]) -> list[str]:
-    """``routings`` without repeats, each one of :data:`ROUTINGS`; InvalidArgumentError otherwise."""
-    out = list(dict.fromkeys(routings))
+    """``routings``, each one of :data:`ROUTINGS`, each once; InvalidArgumentError otherwise."""
+    out = list(routings)
     if not out:
         raise InvalidArgumentError(f"--routing must name at least one of {', '.join(ROUTINGS)}")
-    for r in out:
+    for i, r in enumerate(out):
         if r not in ROUTINGS:
             raise InvalidArgumentError(f"--routing: unknown routing {r!r}, expected one of {', '.join(ROUTINGS)}")
+        if r in out[:i]:
+            raise InvalidArgumentError(f"--routing names {r!r} twice; give each routing once")
     return out
 
 

@@ -114,8 +114,14 @@ def test_peak_rate_is_the_busiest_window() -> None:
         (["--replicas", "2", "--prefill-tokens-per-s", "1e300"], "--prefill-tokens-per-s must be a positive number"),
         (["--replicas", "2", "--trace-block-view", "0.5"], "--trace-block-view is a single-node figure"),
         (["--replicas", "100000"], "--replicas must be at most 4,096"),
-        (["--replicas", "2", "--capacities", "1e30Mtok"], "--capacities: at most"),
-        (["--replicas", "2", "--tier-capacity", "1e30Mtok"], "--tier-capacity: at most"),
+        (
+            ["--replicas", "2", "--capacities", "1e30Mtok"],
+            "--capacities 1e+30Mtok is more than 2,147,483,647 offloaded blocks",
+        ),
+        (
+            ["--replicas", "2", "--tier-capacity", "1e30Mtok"],
+            "--tier-capacity 1e+30Mtok is more than 2,147,483,647 offloaded blocks",
+        ),
         (["--replicas", "2", "--rate-scale", "0"], "--rate-scale must be comma-separated positive numbers"),
         (["--replicas", "2", "--rate-scale", "1,x"], "--rate-scale must be"),
         (["--replicas", "2", "--rate-scale", "1e300"], "--rate-scale must be"),
@@ -134,6 +140,13 @@ def test_peak_rate_is_the_busiest_window() -> None:
         (["--replicas", "2", "--chunk-tokens", "0"], "expected a positive integer"),
         (["--replicas", "2", "--chunk-tokens", str(2**40)], "--chunk-tokens must be a positive integer up to"),
         (["--replicas", "2", "--routing", "kv-aware,sticky"], "--routing: unknown routing 'sticky'"),
+        (["--replicas", "2", "--routing", ""], "--routing must name at least one of"),
+        (["--replicas", "2", "--routing", ","], "--routing must name at least one of"),
+        (["--replicas", "2", "--routing", "session,session"], "--routing names 'session' twice"),
+        (["--replicas", "2,2"], "--replicas names a count twice"),
+        (["--replicas", "2", "--capacities", "8,8"], "--capacities 8 given twice"),
+        (["--replicas", "2", "--rate-scale", "1,1.0"], "--rate-scale names 1 twice"),
+        (["--replicas", "2", "--kv-weight", "0.5,0.5"], "--kv-weight names 0.5 twice"),
     ],
 )
 def test_bad_fleet_flags_are_refused(
