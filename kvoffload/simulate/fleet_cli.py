@@ -24,6 +24,7 @@ from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.cache_cli import block_trace_of
 from kvoffload.simulate.capacity import capacity_blocks
 from kvoffload.simulate.engine_time import CHUNK_TOKENS, TIER_GBPS, EngineTime
+from kvoffload.simulate.flags import policy_names
 from kvoffload.simulate.fleet import FleetResult, FleetTrace
 from kvoffload.simulate.fleet_report import fleet_rows, write_rows
 from kvoffload.simulate.fleet_sweep import FleetSpec, sweep_fleet
@@ -83,7 +84,7 @@ def parse_numbers(text: str | None, flag: str, default: list[float], maximum: fl
         out.append(v)
     if not out:
         raise InvalidArgumentError(f"{flag} must be {what}, got {text!r}")
-    return sorted(set(out))
+    return sorted(out)
 
 
 def parse_seconds(text: str | None, flag: str, default: float) -> float:
@@ -152,7 +153,7 @@ def run_fleet(
         raise InvalidArgumentError("--trace-block-view is a single-node figure: drop it with --replicas")
     block_bytes = shape.bytes_per_token * args.block_size
     capacities = capacity_blocks(args.capacities, block_bytes, args.block_size)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else ["lru"]
+    policies = ["lru"] if args.policies is None else policy_names(args.policies)
     window = LOAD_WINDOW_S if args.load_window is None else args.load_window
     scales = parse_numbers(getattr(args, "rate_scale", None), "--rate-scale", [1.0], MAX_RATE_SCALE)
     weights = parse_numbers(getattr(args, "kv_weight", None), "--kv-weight", [KV_WEIGHT], MAX_KV_WEIGHT, zero=True)
