@@ -56,7 +56,7 @@ from kvoffload.simulate.block_trace import BlockTrace
 from kvoffload.simulate.lru_replay import replay_lru
 from kvoffload.simulate.shared_tier import LRUTierModel
 
-__all__ = ["HostReplay", "ReplayResult", "replay_cache", "split_hit_tokens"]
+__all__ = ["HostReplay", "ReplayResult", "replay_cache", "split_hit_tokens", "tier_tokens_of"]
 
 
 @dataclass
@@ -127,12 +127,18 @@ def split_hit_tokens(
     hits: np.ndarray, tier_hits: np.ndarray, last_from_tier: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int
 ) -> tuple[int, int]:
     """``(hit_tokens, tier_hit_tokens)`` of per-request hit blocks, tier blocks among them and
-    whether the last hit block came from the tier (the prompt's last token, never loaded, is
-    taken from the tier's share then)."""
+    whether the last hit block came from the tier (:func:`tier_tokens_of`, summed)."""
+    tier = tier_tokens_of(hits, tier_hits, last_from_tier, prompt_tokens, block_tokens)
+    return hit_tokens_of(hits, prompt_tokens, block_tokens), int(tier.sum())
+
+
+def tier_tokens_of(
+    hits: np.ndarray, tier_hits: np.ndarray, last_from_tier: np.ndarray, prompt_tokens: np.ndarray, block_tokens: int
+) -> np.ndarray:
+    """Per request, the tokens loaded from the tier: its tier blocks' tokens, less the prompt's last
+    token (never loaded) when the last hit block came from the tier."""
     excess = np.maximum(hits * block_tokens - (prompt_tokens - 1), 0)
-    return hit_tokens_of(hits, prompt_tokens, block_tokens), int(
-        (tier_hits * block_tokens - excess * last_from_tier).sum()
-    )
+    return tier_hits * block_tokens - excess * last_from_tier
 
 
 class HostReplay:

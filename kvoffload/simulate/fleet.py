@@ -28,7 +28,7 @@ from kvoffload.core.base import OffloadKey
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.bailian import BailianRequest
 from kvoffload.simulate.block_trace import BlockTrace
-from kvoffload.simulate.cache_replay import HostReplay, ReplayResult, replay_cache, split_hit_tokens
+from kvoffload.simulate.cache_replay import HostReplay, ReplayResult, replay_cache, split_hit_tokens, tier_tokens_of
 from kvoffload.simulate.engine_time import EngineTime
 from kvoffload.simulate.kv_router import KV_AWARE, KV_WEIGHT, KVAwareRouter
 from kvoffload.simulate.mooncake import MooncakeRequest
@@ -139,13 +139,12 @@ class FleetResult:
         return self.hit_tokens - self.tier_hit_tokens
 
     def token_split(self, prompt_tokens: np.ndarray, block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per request, ``(host tokens, tier tokens)`` loaded: :func:`split_hit_tokens` request by request."""
+        """Per request, ``(host tokens, tier tokens)`` loaded (:func:`tier_tokens_of` for the tier's)."""
         hit = np.minimum(self.hits * block_tokens, prompt_tokens - 1)
         if not len(self.tier_hits):
             return hit, np.zeros_like(hit)
-        excess = np.maximum(self.hits * block_tokens - (prompt_tokens - 1), 0)
         last = np.zeros(len(hit), dtype=bool) if self.last_from_tier is None else self.last_from_tier
-        tier = self.tier_hits * block_tokens - excess * last
+        tier = tier_tokens_of(self.hits, self.tier_hits, last, prompt_tokens, block_tokens)
         return hit - tier, tier
 
     def per_replica(self, weights: np.ndarray | None = None) -> np.ndarray:
