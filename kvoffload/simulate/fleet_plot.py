@@ -16,8 +16,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kvoffload.simulate.axis_span import XSpan
 from kvoffload.simulate.fleet_report import FleetRow
-from kvoffload.simulate.fleet_tables import memory_label, routing_label, tokens_label
+from kvoffload.simulate.fleet_tables import memory_label, routing_label
+from kvoffload.simulate.units import tokens_label
 
 __all__ = ["plot_fleet"]
 
@@ -26,8 +28,9 @@ _MARKERS = ["o", "s", "^", "D", "v"]
 
 
 def _log_if_wide(ax: Any, values: list[float], axis: str) -> None:
+    """A log scale on ``axis`` when the positive finite ``values`` span a decade (:class:`XSpan`'s rule)."""
     pos = [v for v in values if v > 0 and math.isfinite(v)]
-    if pos and max(pos) / min(pos) >= 10:
+    if pos and XSpan(pos).log:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
 
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from kvoffload.simulate.fleet_report import FleetRow
+from kvoffload.simulate.units import tokens_label
 
 __all__ = [
     "UNBALANCED",
@@ -19,16 +20,11 @@ __all__ = [
     "replicas_table",
     "routing_label",
     "seconds_label",
-    "tokens_label",
 ]
 
 #: a fleet whose busiest replica gets at least this many times the mean prompt tokens is named
 #: under the table (:func:`imbalance_lines`)
 UNBALANCED = 1.5
-
-
-def tokens_label(n: int) -> str:
-    return "-" if not n else f"{n / 1e6:.3g}M" if n >= 10**6 - 10**3 else f"{n / 1e3:.3g}K" if n >= 1000 else str(n)
 
 
 def memory_label(row: FleetRow) -> str:

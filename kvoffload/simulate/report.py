@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from kvoffload.engine.reference.demo_settings import DemoSettings
 from kvoffload.simulate.model_config import ConfigShape
 from kvoffload.simulate.sweep import ModelShape, SimPoint, largest_run
-from kvoffload.simulate.units import gib, size_label
+from kvoffload.simulate.units import gib, size_label, tokens_label
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,7 +73,9 @@ class SweepReport:
                 *(
                     [
                         "  shared tier:     none, "
-                        + ", ".join(f"{gib(t * bb)} ({_tokens(t * self.block_tokens)} tokens)" for t in self.tiers if t)
+                        + ", ".join(
+                            f"{gib(t * bb)} ({tokens_label(t * self.block_tokens)} tokens)" for t in self.tiers if t
+                        )
                         + " beneath each (an LRU model of Redis with allkeys-lru, written through, promoted on hits)"
                     ]
                     if len(self.tiers) > 1
@@ -129,7 +131,7 @@ class SweepReport:
             )
 
         def row(cap: int, cells: str) -> str:
-            t = f"{_tokens(cap * self.block_tokens):>8}  " if tok else ""
+            t = f"{tokens_label(cap * self.block_tokens):>8}  " if tok else ""
             return f"{size_label(cap * self.block_bytes):>12}  {t}{cap:>{bw},}  {cells}"
 
         lines = ["prompt tokens loaded from the CPU tier, % of prompt tokens:", head(cols)]
@@ -190,9 +192,11 @@ class SweepReport:
                 for pol in self.policies:
                     p = by[(pol, cap, t)]
                     cells.append(f"{p.cpu_hit_rate:6.1%} + {p.tier_hit_rate:5.1%} = {p.hit_rate:5.1%}".rjust(cell))
-                tsize, ttok = (size_label(t * self.block_bytes), _tokens(t * self.block_tokens)) if t else ("-", "-")
+                tsize, ttok = (
+                    (size_label(t * self.block_bytes), tokens_label(t * self.block_tokens)) if t else ("-", "-")
+                )
                 lines.append(
-                    f"{size_label(cap * self.block_bytes):>12}  {_tokens(cap * self.block_tokens):>8}  "
+                    f"{size_label(cap * self.block_bytes):>12}  {tokens_label(cap * self.block_tokens):>8}  "
                     f"{tsize:>12}  {ttok:>8}  " + "  ".join(cells)
                 )
         return "\n".join(lines)
@@ -340,18 +344,3 @@ def _ratio(hit: int, base: int) -> str:
 
 def _share(hit: int, best: int) -> str:
     return f"{hit / best:.1%}" if best else "-"
-
-
-def _tokens(n: int) -> str:
-    """``n`` tokens in three significant digits at most, never in exponent notation: ``999,936``
-    is ``1M`` (not ``1e+03K``), ``1,500,000`` is ``1.5M``, ``2.5e12`` is ``2500G``."""
-    units = (("", 1), ("K", 10**3), ("M", 10**6), ("G", 10**9))
-    for i, (unit, div) in enumerate(units):
-        value = n / div
-        decimals = 2 if value < 10 else 1 if value < 100 else 0
-        text = f"{value:.{decimals}f}"
-        if "." in text:
-            text = text.rstrip("0").rstrip(".")
-        if float(text) < 1000 or i == len(units) - 1:
-            return f"{text}{unit}"
-    raise AssertionError("unreachable")

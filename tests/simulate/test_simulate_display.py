@@ -11,8 +11,8 @@ import pytest
 from kvoffload.app.cli import main
 from kvoffload.errors import InvalidArgumentError
 from kvoffload.simulate.plot import TITLE_LINES, TITLE_WIDTH, fit_title, title_lines
-from kvoffload.simulate.report import _tokens
 from kvoffload.simulate.trace_block_view import trace_block_view
+from kvoffload.simulate.units import tokens_label
 from tests.simulate.mooncake_traces import random_mooncake, write_mooncake
 
 
@@ -32,13 +32,13 @@ from tests.simulate.mooncake_traces import random_mooncake, write_mooncake
     ],
 )
 def test_token_counts_read_as_numbers(n: int, want: str) -> None:
-    assert _tokens(n) == want
+    assert tokens_label(n) == want
 
 
 def test_no_token_count_in_exponent_notation() -> None:
     rnd = random.Random(0)
     for n in [*range(0, 2_000_000, 977), *(rnd.randrange(10**13) for _ in range(2_000))]:
-        text = _tokens(n)
+        text = tokens_label(n)
         assert "e" not in text and len(text) <= 6, (n, text)
         value = float(text.rstrip("KMG")) * {"K": 1e3, "M": 1e6, "G": 1e9}.get(text[-1], 1)
         assert value == pytest.approx(n, rel=0.006, abs=0.5), (n, text)
