@@ -19,12 +19,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import io
 import os
-import re
-import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,18 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import bench_vllm, bench_vllm_replay  # noqa: E402
-
-_IMPORT = re.compile(r"\bkvoffload(?=[.\s])")
-
-
-def extract_as_b(rev: str, into: Path) -> None:
-    """``rev``'s ``kvoffload`` package as ``into/kvoffload_b``, its imports of itself renamed."""
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kvoffload"], check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
-        tf.extractall(into, filter="data")
-    (into / "kvoffload").rename(into / "kvoffload_b")
-    for path in (into / "kvoffload_b").rglob("*.py"):
-        path.write_text(_IMPORT.sub("kvoffload_b", path.read_text()))
+from bench.revision import extract_as_b  # noqa: E402
 
 
 def compare(setting: str, policy: str, repeats: int, managers: dict[str, Any]) -> None:
